@@ -1,0 +1,129 @@
+"""The one schema every config starts from.
+
+Each section maps onto one constructor (``model`` -> ``models.bert.BertConfig``,
+``objective`` -> the objective registry, ``data``/``tokenizer`` -> ``encoder_jax.data``,
+``optim`` -> ``optimizer.make``, ``mesh`` -> ``sharding.make_mesh``, ``checkpoint`` ->
+``checkpointing.Checkpointer``), so no field is copied by hand into another object.
+Configs in ``configs/`` call :func:`base_config` and override what they change; the
+command line may only override keys that exist here (configs are locked).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from encoder_jax.data import config as data_config
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # Seeds parameter init, data order and the per-step masks.
+
+  # ---- model: fields of models.bert.BertConfig (BERT-base defaults). ----
+  c.model = ml_collections.ConfigDict(dict(
+      vocab_size=30522,  # Also the size of the tokenizer trained by prepare; checked at start-up.
+      hidden_size=768,  # d_model.
+      num_layers=12,
+      num_heads=12,
+      intermediate_size=3072,  # d_ff of the feed-forward block.
+      max_position_embeddings=512,  # Learned absolute positions.
+      type_vocab_size=2,  # Segment (A/B) embeddings.
+      hidden_dropout_rate=0.1,
+      attention_dropout_rate=0.1,
+      layer_norm_eps=1e-12,
+      initializer_range=0.02,  # Std of the truncated-normal init.
+      attention_kind='dot_product',  # Name in models.attention.REGISTRY.
+      dtype='float32',  # Activation dtype: 'float32' or 'bfloat16' (params stay float32).
+      remat=False,  # Rematerialise each layer in the backward pass (saves activation memory).
+  ))
+
+  # ---- objective: names in objectives.REGISTRY, summed; masking recipe. ----
+  c.objective = ml_collections.ConfigDict(dict(
+      names=('mlm', 'nsp'),  # Losses to add up; 'nsp'/'sop' need matching data.pair_kind.
+      mask_rate=0.15,  # Fraction of maskable tokens per sequence selected for prediction.
+      mask_token_rate=0.8,  # Of the selected: replaced by [MASK].
+      random_token_rate=0.1,  # Of the selected: replaced by a random token (rest unchanged).
+      random_token_distribution='uniform',  # 'uniform' over the vocabulary or 'unigram' counts.
+      whole_word_masking=False,  # Select whole words (all their pieces) instead of pieces.
+  ))
+
+  # ---- data and tokenizer: owned by encoder_jax.data. ----
+  c.data = data_config.data_config()
+  c.tokenizer = data_config.tokenizer_config()
+
+  # ---- train: steps, global batch, sequence-length phases. ----
+  c.train = ml_collections.ConfigDict(dict(
+      num_steps=1_000_000,  # Optimizer steps over all phases.
+      batch_size=256,  # Global sequences per optimizer step (all hosts, all micro-batches).
+      grad_accum_steps=1,  # Micro-batches per optimizer step (batch_size must divide).
+      seq_lens=(128, 512),  # Tokens per sequence in each phase.
+      max_predictions=(20, 80),  # MLM positions per sequence in each phase.
+      phase_fractions=(0.9, 0.1),  # Share of num_steps spent in each phase (sums to 1).
+      log_every_steps=100,
+      eval_every_steps=10_000,  # 0 disables periodic held-out evaluation.
+      eval_batches=20,  # Held-out batches per evaluation.
+      nonfinite_policy='stop',  # On NaN/inf loss: 'stop' (name the last good checkpoint) or 'skip'.
+      peak_tflops_per_device=0.0,  # For MFU; 0 = look the device up in metrics.PEAK_TFLOPS.
+  ))
+
+  # ---- optim: optimizer.make. ----
+  c.optim = ml_collections.ConfigDict(dict(
+      name='adamw',  # 'adamw' or 'lamb'.
+      learning_rate=1e-4,  # Peak, reached after warmup_steps.
+      warmup_steps=10_000,  # Linear warmup from 0; then linear decay to 0 at train.num_steps.
+      b1=0.9,
+      b2=0.999,
+      eps=1e-6,
+      weight_decay=0.01,  # Decoupled; not applied to LayerNorm parameters and biases.
+      grad_clip_norm=1.0,  # Global-norm clipping; 0 disables.
+  ))
+
+  # ---- mesh: sharding.make_mesh. -1 = all remaining devices. ----
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1,  # Pure data parallelism (replicated params).
+      fsdp=1,  # Data parallelism with params/optimizer state sharded (ZeRO-3 style).
+      tensor=1,  # Megatron-style tensor parallelism over heads / d_ff / vocab.
+  ))
+
+  # ---- checkpoint: checkpointing.Checkpointer. ----
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=10_000,  # Save period (plus a final save and one on SIGTERM).
+      keep=3,  # Most recent checkpoints kept.
+      async_save=True,  # Write in the background while training continues.
+  ))
+  return c
+
+
+def parse_arg(arg: str | None, **defaults):
+  """Parses a big_vision-style config argument: ``'runlocal=True,variant=x'``.
+
+  Only keys named in ``defaults`` are accepted; values are cast to the default's type.
+  """
+  out = dict(defaults)
+  for item in filter(None, (arg or '').split(',')):
+    key, sep, value = item.partition('=')
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f'Unknown config argument {key!r}; valid: {sorted(defaults)}')
+    default = defaults[key]
+    if isinstance(default, bool):
+      if not sep:
+        value = 'true'
+      if value.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError(f'Config argument {key!r} expects true/false, got {value!r}')
+      out[key] = value.lower() in ('true', '1')
+    else:
+      out[key] = type(default)(value) if default is not None else value
+  return ml_collections.ConfigDict(out)
+
+
+def shrink_for_local_run(c: ml_collections.ConfigDict) -> None:
+  """``runlocal``: the same recipe, small enough for a 2-core CPU in a few minutes."""
+  c.model.update(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512,
+                 max_position_embeddings=128)
+  c.data.sources = 'embedded'
+  c.train.update(num_steps=300, batch_size=32, seq_lens=(64, 128), max_predictions=(10, 20),
+                 phase_fractions=(0.9, 0.1), log_every_steps=20, eval_every_steps=100,
+                 eval_batches=4)
+  c.optim.update(learning_rate=1e-3, warmup_steps=30)
+  c.checkpoint.update(every_steps=100, keep=2)

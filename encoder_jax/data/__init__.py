@@ -1,0 +1,1 @@
+"""Input pipeline: sources -> tokenizer -> prepared shards -> resumable example stream."""
