@@ -1,0 +1,92 @@
+"""Layer helpers: the one place where parameters get their logical axis names.
+
+Logical axes (mapped onto the mesh by ``sharding.LOGICAL_RULES``):
+  batch, length, embed, heads, kv, mlp, vocab, layers.
+Every parameter is created through :func:`param`, so every parameter is an
+``nn.LogicallyPartitioned`` box whose names have the parameter's rank.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Axes = tuple[str | None, ...]
+
+
+def truncated_normal(stddev: float):
+  """BERT's initializer: normal truncated at 2 standard deviations."""
+  return nn.initializers.truncated_normal(stddev=stddev)
+
+
+def param(module: nn.Module, name: str, init, shape: Sequence[int], axes: Axes,
+          dtype=jnp.float32) -> jax.Array:
+  if len(axes) != len(shape):
+    raise ValueError(f'{module.name}/{name}: axes {axes} do not match shape {shape}')
+  return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), dtype)
+
+
+class Dense(nn.Module):
+  """y = x @ kernel + bias, contracting the last ``len(in_shape)`` input axes.
+
+  ``in_shape``/``out_shape`` may be multi-dimensional (e.g. (heads, kv)), so attention
+  projections keep a head axis that tensor parallelism can shard.
+  """
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+  in_axes: Axes
+  out_axes: Axes
+  init_stddev: float
+  dtype: jnp.dtype = jnp.float32
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = param(self, 'kernel', truncated_normal(self.init_stddev),
+                   self.in_shape + self.out_shape, self.in_axes + self.out_axes)
+    n_in = len(self.in_shape)
+    contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+    if self.use_bias:
+      bias = param(self, 'bias', nn.initializers.zeros, self.out_shape, self.out_axes)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis; statistics in float32 whatever the activation dtype."""
+  eps: float
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    d = x.shape[-1]
+    scale = param(self, 'scale', nn.initializers.ones, (d,), ('embed',))
+    bias = param(self, 'bias', nn.initializers.zeros, (d,), ('embed',))
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias
+    return y.astype(self.dtype)
+
+
+class Embed(nn.Module):
+  """A lookup table; ``attend`` multiplies by its transpose (the tied MLM decoder)."""
+  num_embeddings: int
+  features: int
+  axes: Axes
+  init_stddev: float
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = param(self, 'embedding', truncated_normal(self.init_stddev),
+                           (self.num_embeddings, self.features), self.axes)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    return jnp.einsum('...d,vd->...v', x.astype(self.dtype), self.embedding.astype(self.dtype))
