@@ -1,0 +1,299 @@
+"""Hugging Face BERT checkpoints <-> our parameters (import and export).
+
+Import reads ``config.json`` plus ``model.safetensors`` (or a sharded
+``model.safetensors.index.json``, or ``pytorch_model.bin``) of a ``BertForPreTraining``,
+``BertForMaskedLM`` or ``BertModel``; heads the checkpoint lacks keep a fresh
+initialisation and are listed in the :class:`ImportReport`. Export writes what
+``BertForPreTraining.save_pretrained`` writes, so ``from_pretrained`` reports no missing
+or unexpected keys. Every name and layout comes from :mod:`hf_table`.
+
+Params here are the *unboxed* ``'params'`` collection of ``bert.BertForPreTraining``
+(a nested dict of arrays, no ``{'params': ...}`` wrapper).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from encoder_jax.interop import hf_table
+from encoder_jax.models import bert
+
+Params = dict[str, Any]
+
+SAFETENSORS = 'model.safetensors'
+SAFETENSORS_INDEX = 'model.safetensors.index.json'
+PYTORCH_BIN = 'pytorch_model.bin'
+BERT_ARCHITECTURES = ('BertForPreTraining', 'BertForMaskedLM', 'BertModel')
+
+
+@dataclasses.dataclass
+class ImportReport:
+  """What an import did besides copying tensors."""
+  source: str
+  architectures: tuple[str, ...]
+  initialised_groups: list[str] = dataclasses.field(default_factory=list)  # Fresh init.
+  ignored_keys: list[str] = dataclasses.field(default_factory=list)  # HF tensors not used.
+
+  def summary(self) -> str:
+    lines = [f'Imported {self.source} (architectures={list(self.architectures)}).']
+    if self.initialised_groups:
+      lines.append('Not in the checkpoint, freshly initialised: '
+                   + ', '.join(self.initialised_groups) + '.')
+    else:
+      lines.append('Every parameter was found in the checkpoint.')
+    if self.ignored_keys:
+      lines.append(f'Ignored {len(self.ignored_keys)} checkpoint tensors: '
+                   + ', '.join(self.ignored_keys[:10])
+                   + (' ...' if len(self.ignored_keys) > 10 else ''))
+    return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def read_hf_config(hf_dir: str) -> dict[str, Any]:
+  path = os.path.join(hf_dir, 'config.json')
+  if not os.path.isdir(hf_dir):
+    raise FileNotFoundError(f'Hugging Face checkpoint directory {hf_dir!r} does not exist')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found; expected a Hugging Face BERT checkpoint '
+                            f'directory with config.json and {SAFETENSORS} or {PYTORCH_BIN}')
+  with open(path) as f:
+    return json.load(f)
+
+
+def bert_config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
+                        **overrides) -> bert.BertConfig:
+  """Our BertConfig for an HF BERT config; anything we would compute differently is an error."""
+  model_type = hf_config.get('model_type')
+  architectures = tuple(hf_config.get('architectures') or ())
+  if model_type != 'bert':
+    raise ValueError(
+        f'{source}: model_type={model_type!r}, architectures={list(architectures)}; expected '
+        f"model_type='bert' (one of {list(BERT_ARCHITECTURES)}). Only BERT checkpoints can be "
+        'imported.')
+  for key, expected in hf_table.REQUIRED_HF_VALUES.items():
+    value = hf_config.get(key, expected)
+    if value != expected:
+      raise ValueError(f'{source}: {key}={value!r} is not supported; expected {expected!r} '
+                       f'(our BERT computes exactly {key}={expected!r}).')
+  missing = [hf for _, hf in hf_table.CONFIG_FIELDS if hf not in hf_config]
+  if missing:
+    raise ValueError(f'{source}: missing fields {missing}; expected a BERT config.json')
+  fields = {ours: hf_config[hf] for ours, hf in hf_table.CONFIG_FIELDS}
+  fields.update(overrides)
+  return bert.BertConfig(**fields)
+
+
+def hf_config_from_bert(config: bert.BertConfig, pad_token_id: int = 0) -> dict[str, Any]:
+  """An HF ``BertConfig`` dict for a ``BertForPreTraining`` with our config."""
+  if config.attention_kind != 'dot_product':
+    raise ValueError(f"config.model.attention_kind={config.attention_kind!r} has no Hugging "
+                     "Face BERT equivalent; expected 'dot_product'")
+  out = {hf: getattr(config, ours) for ours, hf in hf_table.CONFIG_FIELDS}
+  out.update(hf_table.REQUIRED_HF_VALUES)
+  out.update(architectures=['BertForPreTraining'], model_type='bert', pad_token_id=pad_token_id,
+             tie_word_embeddings=True, dtype='float32')
+  return out
+
+
+# ------------------------------------------------------------------------ state dict
+
+
+def _to_numpy_f32(x) -> np.ndarray:
+  if hasattr(x, 'detach'):  # torch.Tensor (any dtype, bf16 included).
+    return x.detach().float().cpu().numpy()
+  return np.asarray(x, dtype=np.float32)
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  out = {}
+  try:
+    with safe_open(path, framework='numpy') as f:
+      for k in f.keys():
+        out[k] = _to_numpy_f32(f.get_tensor(k))
+  except (TypeError, ValueError):  # bfloat16 has no numpy dtype: read through flax/jax.
+    with safe_open(path, framework='flax') as f:
+      for k in f.keys():
+        out[k] = _to_numpy_f32(f.get_tensor(k))
+  return out
+
+
+def read_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
+  """The checkpoint's tensors (float32 numpy), whichever of the HF file layouts it uses."""
+  if os.path.exists(os.path.join(hf_dir, SAFETENSORS)):
+    return _read_safetensors(os.path.join(hf_dir, SAFETENSORS))
+  index = os.path.join(hf_dir, SAFETENSORS_INDEX)
+  if os.path.exists(index):
+    with open(index) as f:
+      shards = sorted(set(json.load(f)['weight_map'].values()))
+    out = {}
+    for shard in shards:
+      out.update(_read_safetensors(os.path.join(hf_dir, shard)))
+    return out
+  if os.path.exists(os.path.join(hf_dir, PYTORCH_BIN)):
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(f'{hf_dir}/{PYTORCH_BIN} needs torch to read; install torch or '
+                        f'convert the checkpoint to {SAFETENSORS}') from e
+    state = torch.load(os.path.join(hf_dir, PYTORCH_BIN), map_location='cpu', weights_only=True)
+    return {k: _to_numpy_f32(v) for k, v in state.items()}
+  raise FileNotFoundError(f'{hf_dir}: no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}; '
+                          'expected the weights of a Hugging Face BERT checkpoint')
+
+
+def normalise_keys(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """HF key spellings -> the ones in :data:`hf_table.PARAMS`.
+
+  A bare ``BertModel`` saves without the ``bert.`` prefix; old (TF-converted) checkpoints
+  name LayerNorm parameters ``gamma``/``beta``.
+  """
+  out = {}
+  for key, value in state.items():
+    if not key.startswith(('bert.', 'cls.')) and key.split('.')[0] in ('embeddings', 'encoder',
+                                                                          'pooler'):
+      key = 'bert.' + key
+    if 'LayerNorm.' in key:
+      key = key.replace('LayerNorm.gamma', 'LayerNorm.weight').replace('LayerNorm.beta',
+                                                                       'LayerNorm.bias')
+    out[key] = value
+  if 'cls.predictions.bias' not in out and 'cls.predictions.decoder.bias' in out:
+    out['cls.predictions.bias'] = out['cls.predictions.decoder.bias']
+  return out
+
+
+# ---------------------------------------------------------------------------- params
+
+
+def _get(tree: Params, path: str):
+  for part in path.split('/'):
+    tree = tree[part]
+  return tree
+
+
+def _set(tree: Params, path: str, value) -> None:
+  *parents, leaf = path.split('/')
+  for part in parents:
+    tree = tree.setdefault(part, {})
+  tree[leaf] = value
+
+
+def _hf_keys(entry: hf_table.Entry, num_layers: int) -> list[str]:
+  if entry.per_layer:
+    return [entry.hf.format(i=i) for i in range(num_layers)]
+  return [entry.hf]
+
+
+def init_params(config: bert.BertConfig, seed: int = 0) -> Params:
+  """Freshly initialised (unboxed) params of ``BertForPreTraining``, as numpy arrays."""
+  model = bert.BertForPreTraining(config)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(seed), **bert.init_inputs())
+  return jax.tree.map(np.asarray, nn.unbox(variables)['params'])
+
+
+def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig,
+                   fresh: Params, source: str = 'checkpoint',
+                   architectures: tuple[str, ...] = ()) -> tuple[Params, ImportReport]:
+  """Our params from an (already normalised) HF state dict.
+
+  ``fresh`` supplies the shapes and the values of heads the checkpoint does not have.
+  """
+  state = dict(state)
+  report = ImportReport(source, architectures)
+  used = set(hf_table.BUFFERS) & set(state)
+  by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in hf_table.GROUPS}
+  for entry in hf_table.PARAMS:
+    by_group[entry.group].append(entry)
+  params = jax.tree.map(lambda x: x, fresh)  # A copy of the dict structure.
+  for group, entries in by_group.items():
+    keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
+    present = [k for k in keys if k in state]
+    if not present and group != hf_table.ENCODER:
+      report.initialised_groups.append(group)
+      continue
+    absent = [k for k in keys if k not in state]
+    if absent:
+      raise ValueError(f'{source}: the {group!r} parameters are incomplete; missing '
+                       f'{absent[:5]}{" ..." if len(absent) > 5 else ""}; '
+                       f'expected a BERT checkpoint with num_hidden_layers={config.num_layers}')
+    for entry in entries:
+      expected_shape = _get(fresh, entry.ours).shape
+      per_key = []
+      for key in _hf_keys(entry, config.num_layers):
+        try:
+          per_key.append(entry.transform.to_ours(state[key], config))
+        except ValueError as e:
+          raise ValueError(f'{source}: tensor {key} has shape {state[key].shape}, which does '
+                           f'not fit {entry.ours} {expected_shape} for {config}') from e
+        used.add(key)
+      value = np.stack(per_key) if entry.per_layer else per_key[0]
+      if value.shape != expected_shape:
+        raise ValueError(f'{source}: {entry.hf} gives {entry.ours} shape {value.shape}; '
+                         f'expected {expected_shape} from config.json')
+      _set(params, entry.ours, value.astype(np.float32))
+  for tied, target in hf_table.TIED.items():
+    if tied in state:
+      used.add(tied)
+      if not np.array_equal(state[tied], state.get(target, state[tied])):
+        raise ValueError(f'{source}: {tied} differs from {target}; untied MLM decoders are not '
+                         'supported (our decoder is the word embedding and its bias)')
+  report.ignored_keys = sorted(set(state) - used)
+  # Layer tensors of layers beyond num_hidden_layers would be silently ignored: refuse.
+  extra_layers = [k for k in report.ignored_keys
+                  if k.startswith(f'bert.encoder.layer.{config.num_layers}.')]
+  if extra_layers:
+    raise ValueError(f'{source}: has tensors for layer {config.num_layers} ({extra_layers[0]}) '
+                     f'but config.json says num_hidden_layers={config.num_layers}')
+  return params, report
+
+
+def params_to_hf(params: Params, config: bert.BertConfig) -> dict[str, np.ndarray]:
+  """The HF ``BertForPreTraining`` state dict (tied keys left out, as save_pretrained does)."""
+  out = {}
+  for entry in hf_table.PARAMS:
+    value = np.asarray(_get(params, entry.ours), dtype=np.float32)
+    if entry.per_layer:
+      if value.shape[0] != config.num_layers:
+        raise ValueError(f'{entry.ours} has {value.shape[0]} layers; config.model.num_layers='
+                         f'{config.num_layers}')
+      for i in range(config.num_layers):
+        out[entry.hf.format(i=i)] = entry.transform.to_hf(value[i], config)
+    else:
+      out[entry.hf] = entry.transform.to_hf(value, config)
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------ directories
+
+
+def load_hf(hf_dir: str, seed: int = 0, **config_overrides
+            ) -> tuple[bert.BertConfig, Params, ImportReport]:
+  """Reads an HF BERT checkpoint directory: (our config, our params, what was done)."""
+  hf_config = read_hf_config(hf_dir)
+  source = os.path.join(hf_dir, 'config.json')
+  config = bert_config_from_hf(hf_config, source, **config_overrides)
+  state = normalise_keys(read_state_dict(hf_dir))
+  fresh = init_params(config, seed)
+  return (config, *params_from_hf(state, config, fresh, source=hf_dir,
+                                  architectures=tuple(hf_config.get('architectures') or ())))
+
+
+def save_hf(out_dir: str, config: bert.BertConfig, params: Params,
+            pad_token_id: int = 0) -> None:
+  """Writes ``config.json`` + ``model.safetensors`` for ``BertForPreTraining.from_pretrained``."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  params = jax.tree.map(np.asarray, jax.device_get(params))
+  save_file(params_to_hf(params, config), os.path.join(out_dir, SAFETENSORS),
+            metadata={'format': 'pt'})
+  with open(os.path.join(out_dir, 'config.json'), 'w') as f:
+    json.dump(hf_config_from_bert(config, pad_token_id), f, indent=2, sort_keys=True)
