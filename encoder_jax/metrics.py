@@ -1,0 +1,80 @@
+"""Training metrics: model FLOPs and MFU, and a writer for TensorBoard, JSONL and the console."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Mapping
+
+import jax
+from absl import logging
+
+# Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind.
+PEAK_TFLOPS = {
+    'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'B200': 2250.0,
+    'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0, 'TPU v5': 459.0,
+    'TPU v6 lite': 918.0, 'TPU v6e': 918.0, 'TPU v3': 123.0,
+}
+
+
+def peak_tflops_per_device(configured: float = 0.0) -> float:
+  """The configured peak, else the table entry for this device kind, else 0 (unknown)."""
+  if configured:
+    return float(configured)
+  kind = jax.devices()[0].device_kind
+  for name in sorted(PEAK_TFLOPS, key=len, reverse=True):
+    if name.lower() in kind.lower():
+      return PEAK_TFLOPS[name]
+  return 0.0
+
+
+def train_flops_per_sequence(model_config, seq_len: int, max_predictions: int) -> float:
+  """Training FLOPs (forward + backward) for one sequence.
+
+  Encoder: ``6*L*(4*d^2 + 2*d*d_ff) + 12*L*s*d`` per token; MLM head (d x d transform and
+  d x V decoder) only at the ``max_predictions`` predicted positions; pooler and pair head.
+  """
+  L, d, f, v = (model_config.num_layers, model_config.hidden_size,
+                model_config.intermediate_size, model_config.vocab_size)
+  per_token = 6 * L * (4 * d * d + 2 * d * f) + 12 * L * seq_len * d
+  head = 6 * max_predictions * (d * d + d * v) + 6 * (d * d + 2 * d)
+  return float(per_token * seq_len + head)
+
+
+class MetricWriter:
+  """Writes scalars to TensorBoard event files, ``metrics.jsonl`` and a console line."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.enabled = enabled
+    self._tb = None
+    self._jsonl = None
+    if enabled:
+      import tensorboardX  # Writes real TensorBoard event files without TensorFlow.
+      os.makedirs(workdir, exist_ok=True)
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+
+  def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
+    if not self.enabled:
+      return
+    scalars = {k: float(v) for k, v in scalars.items()}
+    for k, v in scalars.items():
+      self._tb.add_scalar(f'{prefix}/{k}', v, step)
+    self._jsonl.write(json.dumps({'step': step, 'split': prefix, 'time': time.time(),
+                                  **scalars}) + '\n')
+    self._jsonl.flush()
+    shown = ' '.join(f'{k}={_fmt(v)}' for k, v in scalars.items())
+    logging.info('[%s] step %d %s', prefix, step, shown)
+    print(f'[{prefix}] step {step:>7d} {shown}', flush=True)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._tb.close()
+      self._jsonl.close()
+
+
+def _fmt(v: float) -> str:
+  if v == 0 or 1e-3 <= abs(v) < 1e5:
+    return f'{v:.4g}'
+  return f'{v:.3e}'

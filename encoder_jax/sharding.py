@@ -1,0 +1,105 @@
+"""Device mesh and logical -> physical sharding rules (pjit semantics: jit over a Mesh).
+
+Mesh axes: ``data`` (replicated params), ``fsdp`` (params and optimizer state sharded,
+batch split too) and ``tensor`` (heads / d_ff / vocabulary split). Parameters name their
+logical axes in ``models.layers``; ``LOGICAL_RULES`` maps each logical name to mesh axes,
+first match wins. A dimension that a mesh axis does not divide stays replicated along
+that axis (``describe`` shows the result for every parameter).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    ('batch', ('data', 'fsdp')),
+    ('vocab', 'tensor'),
+    ('heads', 'tensor'),
+    ('mlp', 'tensor'),
+    ('embed', 'fsdp'),
+    ('kv', None),
+    ('length', None),
+    ('layers', None),
+)
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 (all remaining devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f'config.mesh sizes {dict(zip(MESH_AXES, sizes))}: each must be >= 1, '
+                     'and at most one may be -1 (= the remaining devices)')
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))}: {len(devices)} devices are '
+                       f'not divisible by the fixed axes product {known}')
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} '
+                     f'devices; {len(devices)} are available')
+  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def logical_to_spec(names: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
+  """Resolves logical axis names to a PartitionSpec for an array of ``shape``."""
+  rules = dict(LOGICAL_RULES)
+  used: set[str] = set()
+  spec = []
+  for name, dim in zip(names, shape):
+    if name is not None and name not in rules:
+      raise ValueError(f'Logical axis {name!r} has no rule; known: {sorted(rules)}')
+    target = rules.get(name) if name else None
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+    if axes and dim % math.prod(mesh.shape[a] for a in axes):
+      axes = ()  # Not divisible: replicate this dimension.
+    used.update(axes)
+    spec.append(axes[0] if len(axes) == 1 else (axes or None))
+  return P(*spec)
+
+
+def _is_box(x) -> bool:
+  return isinstance(x, nn.LogicallyPartitioned)
+
+
+def shardings_of(boxed_tree, mesh: Mesh):
+  """NamedShardings for the unboxed version of ``boxed_tree`` (unboxed leaves: replicated)."""
+  def one(x):
+    if _is_box(x):
+      return NamedSharding(mesh, logical_to_spec(x.names, x.value.shape, mesh))
+    return NamedSharding(mesh, P())
+  return jax.tree.map(one, boxed_tree, is_leaf=_is_box)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(('data', 'fsdp')))
+
+
+def check_batch(batch_size: int, mesh: Mesh, what: str = 'config.train.batch_size'):
+  n = mesh.shape['data'] * mesh.shape['fsdp']
+  if batch_size % n:
+    raise ValueError(f'{what}={batch_size} is not divisible by the data-parallel mesh size '
+                     f'data*fsdp={n} (mesh {dict(mesh.shape)})')
+
+
+def describe(boxed_params, mesh: Mesh) -> str:
+  """One line per parameter: path, shape, logical axes and mesh PartitionSpec."""
+  lines = []
+  flat = jax.tree_util.tree_flatten_with_path(boxed_params, is_leaf=_is_box)[0]
+  for path, box in flat:
+    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
+    shape = tuple(box.value.shape)
+    lines.append(f'{name:60s} {str(shape):22s} {str(box.names):40s} '
+                 f'{logical_to_spec(box.names, shape, mesh)}')
+  return '\n'.join(lines)

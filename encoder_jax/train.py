@@ -1,0 +1,330 @@
+"""The training loop: ``train_and_evaluate(config, workdir)``.
+
+It never names a model variant or an objective: the objective registry turns the config
+into one ``loss_fn(params, batch, rng, phase, train)``, differentiated here. State is
+born sharded (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), masks are
+drawn on device from ``fold_in(key, step)``, and every ``checkpoint.every_steps`` the
+params, optimizer state and data-iterator state are saved together.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+
+from encoder_jax import checkpointing
+from encoder_jax import data as data_lib
+from encoder_jax import feeding
+from encoder_jax import metrics as metrics_lib
+from encoder_jax import objectives
+from encoder_jax import optimizer as optimizer_lib
+from encoder_jax import schedule
+from encoder_jax import sharding
+from encoder_jax.models import bert
+from encoder_jax.objectives import masking
+
+# Independent random streams derived from config.seed.
+_INIT, _TRAIN, _EVAL = 0, 1, 2
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def build_model(config: ml_collections.ConfigDict) -> bert.BertForPreTraining:
+  return bert.BertForPreTraining(bert.BertConfig.from_config(config.model))
+
+
+def _boxed_init_fn(config, model, tx):
+  def init(rng):
+    params = model.init({'params': rng}, **bert.init_inputs())['params']
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return init
+
+
+def state_shardings(config, mesh, model=None, tx=None):
+  """(abstract boxed TrainState, NamedSharding tree of the unboxed TrainState)."""
+  model = model or build_model(config)
+  tx = tx or optimizer_lib.make(config)
+  boxed = jax.eval_shape(_boxed_init_fn(config, model, tx), jax.random.key(0))
+  return boxed, sharding.shardings_of(boxed, mesh)
+
+
+def abstract_state(config, mesh) -> TrainState:
+  """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
+  boxed, shards = state_shardings(config, mesh)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      nn.unbox(boxed), shards)
+
+
+def create_train_state(config: ml_collections.ConfigDict, mesh, params=None) -> TrainState:
+  """A new sharded TrainState (step 0); from ``params`` if given (e.g. imported weights)."""
+  model, tx = build_model(config), optimizer_lib.make(config)
+  _, shards = state_shardings(config, mesh, model, tx)
+  if params is None:
+    init = _boxed_init_fn(config, model, tx)
+    rng = jax.random.fold_in(jax.random.key(config.seed), _INIT)
+    return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)
+  new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+  return jax.jit(new, in_shardings=(shards.params,), out_shardings=shards)(params)
+
+
+def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: schedule.Phase):
+  """A jitted ``(state, batch) -> (state, metrics)`` for one sequence-length phase."""
+  accum = int(config.train.grad_accum_steps)
+  skip_nonfinite = config.train.nonfinite_policy == 'skip'
+  base_key = jax.random.fold_in(jax.random.key(config.seed), _TRAIN)
+  grad_fn = jax.value_and_grad(objective.loss_fn, has_aux=True)
+
+  def micro_step(params, batch, rng):
+    (_, m), g = grad_fn(params, batch, rng, phase, True)
+    return g, m
+
+  def step_fn(state: TrainState, batch):
+    rng = jax.random.fold_in(base_key, state.step)
+    if accum == 1:
+      grads, m = micro_step(state.params, batch, rng)
+    else:
+      # Micro-batch i takes rows i, i+A, i+2A, ...: every device keeps its share of each.
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(
+          micro_step, state.params, jax.tree.map(lambda x: x[0], micro), rng))
+
+      def body(carry, xs):
+        i, mb = xs
+        out = micro_step(state.params, mb, jax.random.fold_in(rng, i))
+        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, out), None
+
+      (grads, m), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+      grads, m = jax.tree.map(lambda x: x / accum, (grads, m))
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(m['loss']) & jnp.isfinite(grad_norm)
+    if skip_nonfinite:  # Drop the update; the batch still counts as consumed.
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+      params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+    m = dict(m, grad_norm=grad_norm, learning_rate=schedule_fn(state.step),
+             nonfinite=1.0 - finite.astype(jnp.float32))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), m
+
+  return jax.jit(step_fn, in_shardings=(shards, sharding.batch_sharding(mesh)),
+                 out_shardings=(shards, None), donate_argnums=(0,))
+
+
+def make_eval_step(config, objective, mesh, param_shardings, phase: schedule.Phase):
+  """A jitted ``(params, batch, index) -> metrics``: fixed masks, no dropout."""
+  base_key = jax.random.fold_in(jax.random.key(config.seed), _EVAL)
+
+  def step_fn(params, batch, index):
+    _, m = objective.loss_fn(params, batch, jax.random.fold_in(base_key, index), phase, False)
+    return m
+
+  return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
+
+
+def evaluate(eval_step, params, eval_batches, mesh) -> dict[str, float]:
+  """Mean of the per-batch metrics over a finite iterator of host batches."""
+  totals, n = {}, 0
+  for i, batch in enumerate(eval_batches):
+    m = jax.device_get(eval_step(params, feeding.to_global(batch, sharding.batch_sharding(mesh)),
+                                 i))
+    for k, v in m.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+    n += 1
+  if not n:
+    raise ValueError('The held-out split produced no evaluation batch')
+  out = {k: v / n for k, v in totals.items()}
+  if 'mlm_loss' in out:
+    out['mlm_perplexity'] = float(np.exp(min(out['mlm_loss'], 50.0)))
+  out['batches'] = n
+  return out
+
+
+def validate(config: ml_collections.ConfigDict, mesh) -> tuple[schedule.Phase, ...]:
+  """Checks the config fields that only make sense together; returns the phases."""
+  t = config.train
+  phases = schedule.phases(t)
+  if t.nonfinite_policy not in ('stop', 'skip'):
+    raise ValueError(f'config.train.nonfinite_policy={t.nonfinite_policy!r}; expected "stop" '
+                     'or "skip"')
+  if t.grad_accum_steps < 1 or t.batch_size % t.grad_accum_steps:
+    raise ValueError(f'config.train.batch_size={t.batch_size} must be divisible by '
+                     f'grad_accum_steps={t.grad_accum_steps} (>= 1)')
+  sharding.check_batch(t.batch_size // t.grad_accum_steps, mesh,
+                       'config.train.batch_size / grad_accum_steps')
+  if t.batch_size % jax.process_count():
+    raise ValueError(f'config.train.batch_size={t.batch_size} is not divisible by the '
+                     f'{jax.process_count()} processes')
+  longest = max(p.seq_len for p in phases)
+  if longest > config.model.max_position_embeddings:
+    raise ValueError(f'config.train.seq_lens has {longest} > model.max_position_embeddings='
+                     f'{config.model.max_position_embeddings}')
+  return phases
+
+
+def _vocab_tables(config, prepared) -> masking.VocabTables:
+  tok = prepared.tokenizer
+  if tok.vocab_size != config.model.vocab_size:
+    raise ValueError(
+        f'config.model.vocab_size={config.model.vocab_size} but the tokenizer in '
+        f'{prepared.directory} has {tok.vocab_size} pieces; set model.vocab_size to match '
+        '(it is also the size prepare trains)')
+  return masking.VocabTables.from_tokenizer(tok, prepared.unigram_counts)
+
+
+class _Preempted:
+  """Records SIGTERM (how TPU VMs are preempted) so the loop can save and exit cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # Not the main thread: no handler, nothing to restore.
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    logging.warning('SIGTERM received: saving a checkpoint after the current step.')
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Pretrains (or resumes) in ``workdir``; returns the last logged training metrics."""
+  mesh = sharding.make_mesh(config.mesh)
+  phases = validate(config, mesh)
+  prepared = data_lib.load_or_prepare(config)
+  model, tx = build_model(config), optimizer_lib.make(config)
+  objective = objectives.build(config, model.apply, _vocab_tables(config, prepared))
+  schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
+  boxed, shards = state_shardings(config, mesh, model, tx)
+  lead = jax.process_index() == 0
+  if lead:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+      f.write(config.to_json_best_effort(indent=2))
+    logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape),
+                 sharding.describe(boxed.params, mesh))
+  n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
+
+  ckpt = checkpointing.Checkpointer(workdir, config.checkpoint)
+  iterator = data_lib.make_train_iterator(config, prepared, jax.process_index(),
+                                          jax.process_count())
+  restored = ckpt.restore(abstract_state(config, mesh))
+  if restored is None:
+    state = create_train_state(config, mesh)
+    logging.info('Starting from scratch: %d parameters.', n_params)
+  else:
+    params, opt_state, data_state, step = restored
+    state = TrainState(step=jax.device_put(jnp.int32(step), shards.step), params=params,
+                       opt_state=opt_state)
+    if data_state:
+      iterator.set_state(data_state)
+    logging.info('Resumed from checkpoint step %d in %s.', step, workdir)
+
+  writer = metrics_lib.MetricWriter(workdir, enabled=lead)
+  peak = metrics_lib.peak_tflops_per_device(config.train.peak_tflops_per_device)
+  step_fns: dict[int, Any] = {}
+  eval_fns: dict[int, Any] = {}
+  feed = feeding.Prefetcher(iterator)
+  batch_shard = sharding.batch_sharding(mesh)
+  t = config.train
+  step = int(jax.device_get(state.step))
+  data_state: dict = {}
+  pending: list[dict] = []
+  last: dict[str, float] = {}
+  timer_start, timer_steps = None, 0
+
+  def flush_metrics(phase):
+    """Pulls pending step metrics to the host, checks them, logs their mean."""
+    nonlocal pending, timer_start, timer_steps, last
+    if not pending:
+      return
+    host = jax.device_get(pending)
+    bad = [step - len(host) + i for i, m in enumerate(host) if m['nonfinite']]
+    if bad and t.nonfinite_policy == 'stop':
+      raise FloatingPointError(
+          f'Non-finite loss or gradient at step {bad[0]}; stopping. Last good checkpoint: '
+          f'step {ckpt.latest_step()} in {checkpointing.checkpoint_dir(workdir)}')
+    last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+    last['nonfinite'] = float(sum(m['nonfinite'] for m in host))
+    if timer_start is not None and timer_steps:  # Steps since the timer (re)started.
+      jax.block_until_ready(state.step)
+      dt = (time.perf_counter() - timer_start) / timer_steps
+      flops = metrics_lib.train_flops_per_sequence(config.model, phase.seq_len,
+                                                   phase.max_predictions) * t.batch_size
+      last.update(step_time_s=dt, tokens_per_s=t.batch_size * phase.seq_len / dt,
+                  model_tflops_per_s_per_device=flops / dt / 1e12 / jax.device_count())
+      if peak:
+        last['mfu'] = last['model_tflops_per_s_per_device'] / peak
+    writer.write(step, last)
+    pending = []
+    timer_start, timer_steps = time.perf_counter(), 0
+
+  try:
+    with _Preempted() as preempted:
+      while step < t.num_steps:
+        phase = schedule.phase_at(phases, step)
+        if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
+          flush_metrics(schedule.phase_at(phases, max(step - 1, 0)))
+          step_fns[phase.index] = make_train_step(config, objective, tx, schedule_fn, mesh,
+                                                  shards, phase)
+          timer_start = None
+        batch, data_state = next(feed)
+        if batch['input_ids'].shape[1] != phase.seq_len:
+          raise RuntimeError(f'Step {step}: the data iterator gave length '
+                             f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
+                             f'{phase.seq_len}')
+        state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard))
+        step += 1
+        pending.append(m)
+        if timer_start is None:
+          jax.block_until_ready(state.step)
+          timer_start, timer_steps = time.perf_counter(), 0
+        else:
+          timer_steps += 1
+        if step % t.log_every_steps == 0 or step == t.num_steps:
+          flush_metrics(phase)
+        if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.num_steps):
+          if phase.index not in eval_fns:
+            eval_fns[phase.index] = make_eval_step(config, objective, mesh, shards.params, phase)
+          writer.write(step, evaluate(eval_fns[phase.index], state.params, data_lib.make_eval_iterator(
+              config, prepared, phase.seq_len, jax.process_index(), jax.process_count()), mesh),
+                       prefix='eval')
+          timer_start = None
+        if step % ckpt.every_steps == 0 or step == t.num_steps or preempted.requested:
+          flush_metrics(phase)  # Never save over a non-finite step.
+          ckpt.save(step, state, data_state)
+          timer_start = None
+        if preempted.requested:
+          logging.warning('Preempted at step %d: checkpoint saved, exiting.', step)
+          break
+  finally:
+    feed.close()
+    ckpt.close()
+    writer.close()
+  return last
+
