@@ -51,11 +51,19 @@ def dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropout_rate, 
   """
   if dropout_rate == 0.0 or dropout_rng is None:
     return jax.nn.dot_product_attention(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask=mask_Bx1x1xS)
+  return explicit_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS,
+                              dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+
+
+def explicit_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropout_rate,
+                         dropout_rng):
+  """The same attention with an explicit float32 softmax, and dropout on its output."""
   depth = q_BxLxHxD.shape[-1]
   logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD).astype(jnp.float32)
-  logits_BxHxLxS = logits_BxHxLxS / jnp.sqrt(depth).astype(jnp.float32)
+  logits_BxHxLxS = logits_BxHxLxS / jnp.sqrt(jnp.float32(depth))
   logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
   probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)
-  keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxLxS.shape)
-  probs_BxHxLxS = jnp.where(keep, probs_BxHxLxS / (1.0 - dropout_rate), 0.0)
+  if dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxLxS.shape)
+    probs_BxHxLxS = jnp.where(keep, probs_BxHxLxS / (1.0 - dropout_rate), 0.0)
   return jnp.einsum('bhls,bshd->blhd', probs_BxHxLxS.astype(v_BxSxHxD.dtype), v_BxSxHxD)

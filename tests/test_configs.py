@@ -1,0 +1,70 @@
+"""Every config builds (under eval_shape), is locked, and rejects typos clearly."""
+
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from encoder_jax import config_base
+from encoder_jax import schedule
+from encoder_jax import sharding
+from encoder_jax import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRETRAIN_CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, 'configs', 'bert_*.py')))
+
+
+def _load(path, arg=None):
+  spec = importlib.util.spec_from_file_location('cfg', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize('path', PRETRAIN_CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize('arg', [None, 'runlocal=True'])
+def test_config_builds_under_eval_shape(path, arg):
+  if arg and 'small' in path:
+    pytest.skip('bert_small takes no argument')
+  c = _load(path, arg)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  train.validate(c, mesh)
+  state = train.abstract_state(c, mesh)
+  n = sum(x.size for x in jax.tree.leaves(state.params))
+  assert n > 0
+  assert schedule.phases(c.train)[-1].end_step == c.train.num_steps
+
+
+def test_bert_base_is_the_papers_recipe():
+  c = _load(os.path.join(ROOT, 'configs', 'bert_base.py'))
+  assert (c.model.num_layers, c.model.hidden_size, c.model.num_heads) == (12, 768, 12)
+  assert c.train.batch_size == 256 and c.train.num_steps == 1_000_000
+  ph = schedule.phases(c.train)
+  assert [(p.seq_len, p.max_predictions, p.end_step - p.start_step) for p in ph] == [
+      (128, 20, 900_000), (512, 80, 100_000)]
+  assert (c.optim.learning_rate, c.optim.warmup_steps, c.optim.eps) == (1e-4, 10_000, 1e-6)
+
+
+def test_unknown_config_argument_is_rejected():
+  with pytest.raises(ValueError, match="Unknown config argument 'runlokal'"):
+    _load(os.path.join(ROOT, 'configs', 'bert_base.py'), 'runlokal=True')
+
+
+def test_misspelled_override_fails_clearly():
+  out = subprocess.run(
+      [sys.executable, '-m', 'encoder_jax.main', '--config=configs/bert_small.py',
+       '--workdir=/tmp/never_used', '--config.train.batch_sise=8'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  assert 'batch_sise' in out.stderr and 'Did you mean "batch_size"' in out.stderr
+
+
+def test_phase_fractions_must_sum_to_one():
+  c = config_base.base_config()
+  c.train.phase_fractions = (0.5, 0.4)
+  with pytest.raises(ValueError, match='phase_fractions'):
+    schedule.phases(c.train)
