@@ -193,19 +193,27 @@ def _hf_keys(entry: hf_table.Entry, num_layers: int) -> list[str]:
   return [entry.hf]
 
 
+def _init_fn(config: bert.BertConfig):
+  model = bert.BertForPreTraining(config)
+  return lambda rng: nn.unbox(model.init(rng, **bert.init_inputs()))['params']
+
+
 def init_params(config: bert.BertConfig, seed: int = 0) -> Params:
   """Freshly initialised (unboxed) params of ``BertForPreTraining``, as numpy arrays."""
-  model = bert.BertForPreTraining(config)
-  variables = jax.jit(model.init)(jax.random.PRNGKey(seed), **bert.init_inputs())
-  return jax.tree.map(np.asarray, nn.unbox(variables)['params'])
+  return jax.tree.map(np.asarray, jax.jit(_init_fn(config))(jax.random.PRNGKey(seed)))
 
 
-def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig,
-                   fresh: Params, source: str = 'checkpoint',
+def abstract_params(config: bert.BertConfig) -> Params:
+  """The shapes of :func:`init_params` (nothing is computed)."""
+  return jax.eval_shape(_init_fn(config), jax.random.PRNGKey(0))
+
+
+def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig, seed: int = 0,
+                   source: str = 'checkpoint',
                    architectures: tuple[str, ...] = ()) -> tuple[Params, ImportReport]:
   """Our params from an (already normalised) HF state dict.
 
-  ``fresh`` supplies the shapes and the values of heads the checkpoint does not have.
+  Heads the checkpoint does not have get a fresh initialisation from ``seed``.
   """
   state = dict(state)
   report = ImportReport(source, architectures)
@@ -213,13 +221,18 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig,
   by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in hf_table.GROUPS}
   for entry in hf_table.PARAMS:
     by_group[entry.group].append(entry)
-  params = jax.tree.map(lambda x: x, fresh)  # A copy of the dict structure.
+  fresh = abstract_params(config)
   for group, entries in by_group.items():
     keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
-    present = [k for k in keys if k in state]
-    if not present and group != hf_table.ENCODER:
+    if group != hf_table.ENCODER and not any(k in state for k in keys):
       report.initialised_groups.append(group)
+  # Only a checkpoint without some head pays for running the initialisers.
+  params = init_params(config, seed) if report.initialised_groups else jax.tree.map(
+      lambda x: None, fresh)
+  for group, entries in by_group.items():
+    if group in report.initialised_groups:
       continue
+    keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
     absent = [k for k in keys if k not in state]
     if absent:
       raise ValueError(f'{source}: the {group!r} parameters are incomplete; missing '
@@ -282,8 +295,7 @@ def load_hf(hf_dir: str, seed: int = 0, **config_overrides
   source = os.path.join(hf_dir, 'config.json')
   config = bert_config_from_hf(hf_config, source, **config_overrides)
   state = normalise_keys(read_state_dict(hf_dir))
-  fresh = init_params(config, seed)
-  return (config, *params_from_hf(state, config, fresh, source=hf_dir,
+  return (config, *params_from_hf(state, config, seed, source=hf_dir,
                                   architectures=tuple(hf_config.get('architectures') or ())))
 
 

@@ -1,0 +1,275 @@
+"""Loading a model for use (evaluate, fill-mask, embed, fine-tune), and HF -> workdir import.
+
+A model comes either from a pretraining workdir (``config.json`` + Orbax checkpoints,
+restored onto *this* machine's devices, whatever wrote them) or straight from a Hugging
+Face BERT directory. :func:`import_hf_to_workdir` turns the latter into the former: a
+step-0 checkpoint that ``encoder_jax.main`` continues pretraining from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from encoder_jax import checkpointing
+from encoder_jax import config_base
+from encoder_jax import sharding
+from encoder_jax.interop import hf
+from encoder_jax.interop import hf_table
+from encoder_jax.interop import tokenizer as tokenizer_io
+from encoder_jax.models import bert
+
+CONFIG_JSON = 'config.json'
+IMPORT_REPORT = 'import_report.txt'
+
+
+@dataclasses.dataclass
+class Loaded:
+  model_config: bert.BertConfig
+  params: Any  # Unboxed 'params' collection of bert.BertForPreTraining.
+  tokenizer: Any  # encoder_jax.data.tokenizer.Tokenizer
+  source: str  # Human-readable: where the weights came from.
+  step: int | None = None  # Checkpoint step (None for an HF directory).
+  run_config: ml_collections.ConfigDict | None = None  # The workdir's config, if any.
+  mesh: jax.sharding.Mesh | None = None  # Where ``params`` live.
+  report: hf.ImportReport | None = None  # For an HF directory: heads initialised, etc.
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _merge(schema: ml_collections.ConfigDict, values: dict, where: str) -> None:
+  for key, value in values.items():
+    if key not in schema:
+      raise ValueError(f'{where}: unknown key {key!r}; expected one of {sorted(schema.keys())}')
+    if isinstance(schema[key], ml_collections.ConfigDict):
+      _merge(schema[key], value, f'{where}.{key}')
+    elif isinstance(schema[key], tuple) and isinstance(value, list):
+      schema[key] = tuple(value)
+    else:
+      schema[key] = value
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run wrote to ``<workdir>/config.json``, on top of the current schema."""
+  path = os.path.join(workdir, CONFIG_JSON)
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f'workdir {workdir!r} does not exist')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found: not a workdir written by encoder_jax.main or '
+                            'encoder_jax.convert (pass --config explicitly)')
+  with open(path, encoding='utf-8') as f:
+    values = json.load(f)
+  config = config_base.base_config()
+  _merge(config, values, path)
+  return config
+
+
+def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> str:
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, CONFIG_JSON)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  return path
+
+
+# ------------------------------------------------------------------------- restoring
+
+
+def local_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """``config.mesh`` over this process's devices, or pure data parallelism if it does not fit.
+
+  A checkpoint written on a TPU pod with fsdp=64 must still load on one CPU.
+  """
+  devices = jax.local_devices()
+  try:
+    return sharding.make_mesh(config.mesh, devices)
+  except ValueError as e:
+    logging.warning('config.mesh does not fit the %d local devices (%s); using data=%d.',
+                    len(devices), e, len(devices))
+    return sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
+                              devices)
+
+
+def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+  """ShapeDtypeStructs (with shardings on ``mesh``) of the params the config describes."""
+  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  return train.abstract_state(config, mesh).params
+
+
+def _checkpoint_shapes(workdir: str, step: int) -> dict[str, tuple[int, ...]] | None:
+  """'/'-joined param path -> shape, from the checkpoint's metadata (None if unreadable)."""
+  path = os.path.join(checkpointing.checkpoint_dir(workdir), str(step), 'params')
+  try:
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    meta = ocp.StandardCheckpointer().metadata(path)
+    tree = getattr(meta, 'item_metadata', meta)
+    tree = getattr(tree, 'tree', tree)
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, 'shape'))[0]
+    return {_keystr(p): tuple(m.shape) for p, m in flat}
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('Could not read the metadata of %s (%s); relying on the restore checks.',
+                 path, e)
+    return None
+
+
+def _keystr(path) -> str:
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
+
+
+def check_shapes(config: ml_collections.ConfigDict, workdir: str, step: int, abstract) -> None:
+  """A config of another model shape than the checkpoint's is a clear error, before restoring."""
+  saved = _checkpoint_shapes(workdir, step)
+  if saved is None:
+    return
+  wanted = {_keystr(p): tuple(a.shape)
+            for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+  problems = [f'{k}: checkpoint {saved.get(k)}, config {v}' for k, v in wanted.items()
+              if saved.get(k) != v]
+  problems += [f'{k}: in the checkpoint, not in the config' for k in saved if k not in wanted]
+  if problems:
+    m = config.model
+    raise checkpointing.CheckpointError(
+        f'The config does not match checkpoint step {step} in {workdir}: '
+        + '; '.join(problems[:6]) + (' ...' if len(problems) > 6 else '')
+        + f'. The config says vocab_size={m.vocab_size}, hidden_size={m.hidden_size}, '
+        f'num_layers={m.num_layers}, num_heads={m.num_heads}, intermediate_size='
+        f'{m.intermediate_size}, max_position_embeddings={m.max_position_embeddings}.')
+
+
+def latest_or(workdir: str, step: int | None) -> int:
+  """``step``, checked to exist, or the latest step; a clear error when there is none."""
+  directory = checkpointing.checkpoint_dir(workdir)
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f'workdir {workdir!r} does not exist')
+  steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
+      directory) else []
+  if not steps:
+    raise checkpointing.CheckpointError(
+        f'{directory} holds no checkpoint; expected <step>/ directories written by '
+        'encoder_jax.main or encoder_jax.convert')
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise checkpointing.CheckpointError(f'{directory} has no checkpoint for step {step}; '
+                                        f'it has steps {steps}')
+  return step
+
+
+def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | None = None,
+                   mesh: jax.sharding.Mesh | None = None):
+  """(params, step, mesh): a checkpoint's params, sharded over this machine's devices."""
+  step = latest_or(workdir, step)
+  mesh = mesh or local_mesh(config)
+  abstract = abstract_params(config, mesh)
+  check_shapes(config, workdir, step, abstract)
+  params, step = checkpointing.restore_params(workdir, abstract, step)
+  return params, step, mesh
+
+
+def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
+                 step: int | None = None, mesh=None, with_tokenizer: bool = True) -> Loaded:
+  config = config if config is not None else read_run_config(workdir)
+  params, step, mesh = restore_params(config, workdir, step, mesh)
+  tok = tokenizer_io.for_config(config) if with_tokenizer else None
+  return Loaded(bert.BertConfig.from_config(config.model), params, tok,
+                f'{workdir} step {step}', step, config, mesh)
+
+
+def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
+  model_config, params, report = hf.load_hf(hf_dir, seed)
+  logging.info('%s', report.summary())
+  vocab = os.path.join(hf_dir, tokenizer_io.VOCAB_TXT)
+  if not os.path.exists(vocab):  # tokenizer.json only: write a vocab.txt next to nothing.
+    import tempfile  # pylint: disable=g-import-not-at-top
+    vocab = tokenizer_io.write_hf_vocab(hf_dir, tempfile.mkdtemp(prefix='vocab_'))
+  tok = tokenizer_io.wordpiece(vocab, tokenizer_io.hf_lowercase(hf_dir))
+  return Loaded(model_config, params, tok, hf_dir, report=report)
+
+
+# ---------------------------------------------------------------------------- import
+
+
+def run_config_for(model_config: bert.BertConfig, workdir: str, lowercase: bool,
+                   base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """``base`` (default: the schema defaults) with the imported model and its WordPiece vocab."""
+  config = ml_collections.ConfigDict(base.to_dict()) if base is not None else (
+      config_base.base_config())
+  config.model.update({ours: getattr(model_config, ours)
+                       for ours, _ in hf_table.CONFIG_FIELDS})
+  config.tokenizer.update(kind='wordpiece', path=os.path.join(os.path.abspath(workdir),
+                                                              tokenizer_io.VOCAB_TXT),
+                          lowercase=lowercase)
+  longest, limit = max(config.train.seq_lens), model_config.max_position_embeddings
+  if base is None and longest > limit:  # Default recipe, short model: shorten the phases.
+    config.train.seq_lens = tuple(min(s, limit) for s in config.train.seq_lens)
+    config.train.max_predictions = tuple(
+        min(p, s) for p, s in zip(config.train.max_predictions, config.train.seq_lens))
+  elif longest > limit:
+    raise ValueError(f'config.train.seq_lens has {longest} > the imported model\'s '
+                     f'max_position_embeddings={model_config.max_position_embeddings}')
+  return config
+
+
+def import_hf_to_workdir(hf_dir: str, workdir: str,
+                         base: ml_collections.ConfigDict | None = None) -> hf.ImportReport:
+  """HF BERT directory -> ``workdir`` with config.json, vocab.txt and a step-0 checkpoint."""
+  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  ckpt_dir = checkpointing.checkpoint_dir(workdir)
+  if os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir)):
+    raise FileExistsError(f'{ckpt_dir} already holds checkpoints; import into an empty workdir')
+  seed = int(base.seed) if base is not None else 0
+  model_config, params, report = hf.load_hf(hf_dir, seed)
+  config = run_config_for(model_config, workdir, tokenizer_io.hf_lowercase(hf_dir), base)
+  vocab = tokenizer_io.write_hf_vocab(hf_dir, workdir)
+  tok = tokenizer_io.wordpiece(vocab, bool(config.tokenizer.lowercase))
+  if tok.vocab_size != model_config.vocab_size:
+    raise ValueError(f'{hf_dir}: the tokenizer has {tok.vocab_size} pieces but config.json '
+                     f'says vocab_size={model_config.vocab_size}; the input pipeline needs '
+                     'them equal')
+  mesh = local_mesh(config)
+  state = train.create_train_state(config, mesh, params=params)
+  checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
+  try:
+    checkpointer.save(0, state, {})  # Empty data state: the stream starts at the beginning.
+    checkpointer.wait()
+  finally:
+    checkpointer.close()
+  write_run_config(config, workdir)
+  with open(os.path.join(workdir, IMPORT_REPORT), 'w', encoding='utf-8') as f:
+    f.write(report.summary() + '\n')
+  return report
+
+
+# ---------------------------------------------------------------------- CLI plumbing
+
+
+def define_source_flags() -> None:
+  """--config/--workdir/--step or --hf_dir: where a CLI's model comes from."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file(
+      'config', None, 'Run config (default: <workdir>/config.json).', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Pretraining workdir holding checkpoints/.')
+  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+  flags.DEFINE_string('hf_dir', None, 'A Hugging Face BERT directory instead of a workdir.')
+
+
+def load_from_flags(f, with_tokenizer: bool = True) -> Loaded:
+  if bool(f.hf_dir) == bool(f.workdir):
+    raise ValueError('Pass exactly one of --workdir (with optional --config/--step) or '
+                     '--hf_dir')
+  if f.hf_dir:
+    return load_hf_dir(f.hf_dir)
+  return load_workdir(f.workdir, f.config, f.step, with_tokenizer=with_tokenizer)
+
+
+def to_host(params) -> Any:
+  return jax.tree.map(np.asarray, jax.device_get(params))
