@@ -84,11 +84,11 @@ def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> str:
 
 
 def local_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-  """``config.mesh`` over this process's devices, or pure data parallelism if it does not fit.
+  """``config.mesh`` over the devices here, or pure data parallelism if it does not fit.
 
   A checkpoint written on a TPU pod with fsdp=64 must still load on one CPU.
   """
-  devices = jax.local_devices()
+  devices = jax.devices()
   try:
     return sharding.make_mesh(config.mesh, devices)
   except ValueError as e:
@@ -106,18 +106,21 @@ def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
 
 def _checkpoint_shapes(workdir: str, step: int) -> dict[str, tuple[int, ...]] | None:
   """'/'-joined param path -> shape, from the checkpoint's metadata (None if unreadable)."""
-  path = os.path.join(checkpointing.checkpoint_dir(workdir), str(step), 'params')
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  directory = checkpointing.checkpoint_dir(workdir)
+  manager = ocp.CheckpointManager(directory, item_names=('params',),
+                                  item_handlers={'params': ocp.StandardCheckpointHandler()})
   try:
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    meta = ocp.StandardCheckpointer().metadata(path)
-    tree = getattr(meta, 'item_metadata', meta)
+    tree = manager.item_metadata(step)['params']
     tree = getattr(tree, 'tree', tree)
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, 'shape'))[0]
     return {_keystr(p): tuple(m.shape) for p, m in flat}
   except Exception as e:  # pylint: disable=broad-except
-    logging.info('Could not read the metadata of %s (%s); relying on the restore checks.',
-                 path, e)
+    logging.info('Could not read the metadata of step %d in %s (%s); relying on the restore '
+                 'checks.', step, directory, e)
     return None
+  finally:
+    manager.close()
 
 
 def _keystr(path) -> str:

@@ -1,0 +1,161 @@
+r"""Held-out evaluation of a pretraining checkpoint: MLM loss / accuracy / perplexity, NSP/SOP.
+
+  python -m encoder_jax.evaluate --config=configs/bert_small.py --workdir=DIR [--step=N]
+  python -m encoder_jax.evaluate --workdir=DIR   # the workdir's own config.json
+
+The masks are the training objective's own (``objectives.build``, 15% with 80/10/10 as
+configured), drawn with ``train=False`` from a key fixed by ``config.seed``, so two runs
+on the same checkpoint give the same numbers, on any mesh. MLM metrics are per predicted
+token over all batches (not a mean of batch means); perplexity = exp(MLM loss). The pair
+(NSP/SOP) metrics appear when ``config.objective.names`` has that head. Results go to
+``<workdir>/eval_<step>.json`` and a readable summary to stdout. The checkpoint is
+restored onto this machine's devices, whatever wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from encoder_jax import feeding
+from encoder_jax import objectives
+from encoder_jax import schedule
+from encoder_jax import sharding
+from encoder_jax.interop import checkpoint_io
+from encoder_jax.objectives import masking
+
+PAIR_OBJECTIVES = ('nsp', 'sop')
+
+
+def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) -> schedule.Phase:
+  phases = schedule.phases(config.train)
+  if seq_len is None:
+    return schedule.phase_at(phases, step)
+  for ph in phases:
+    if ph.seq_len == seq_len:
+      return ph
+  raise ValueError(f'--seq_len={seq_len} is not one of config.train.seq_lens '
+                   f'{[p.seq_len for p in phases]}')
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+                        step: int | None = None, seq_len: int | None = None,
+                        devices=None) -> dict:
+  """The metrics of one checkpoint on the held-out split (see the module docstring)."""
+  from encoder_jax import data  # pylint: disable=g-import-not-at-top
+  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  mesh = None
+  if devices is not None:
+    mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
+                              devices)
+  params, step, mesh = checkpoint_io.restore_params(config, workdir, step, mesh)
+  prepared = data.load_or_prepare(config)
+  tok = prepared.tokenizer
+  tok.check_vocab_size(int(config.model.vocab_size))
+  tables = masking.VocabTables.from_tokenizer(tok, prepared.unigram_counts)
+  objective = objectives.build(config, train.build_model(config).apply, tables)
+  phase = _phase(config, step, seq_len)
+  param_shardings = jax.tree.map(lambda x: x.sharding, params)
+  eval_step = train.make_eval_step(config, objective, mesh, param_shardings, phase)
+  batch_sharding = sharding.batch_sharding(mesh)
+  sharding.check_batch(int(config.train.batch_size), mesh)
+
+  start = time.perf_counter()
+  sums: dict[str, float] = {}
+  predictions = sequences = batches = 0
+  for i, batch in enumerate(data.make_eval_iterator(config, prepared, phase.seq_len,
+                                                    jax.process_index(),
+                                                    jax.process_count())):
+    m = jax.device_get(eval_step(params, feeding.to_global(batch, batch_sharding), i))
+    n_pred = float(m.get('mlm_predictions', 0.0))
+    n_seq = int(batch['input_ids'].shape[0]) * jax.process_count()
+    for k, v in m.items():
+      if k.startswith('mlm_') and k != 'mlm_predictions':
+        sums[k] = sums.get(k, 0.0) + float(v) * n_pred
+      elif k.startswith('pair_'):
+        sums[k] = sums.get(k, 0.0) + float(v) * n_seq
+    predictions += n_pred
+    sequences += n_seq
+    batches += 1
+  if not batches:
+    raise ValueError(f'The held-out split of {prepared.directory} gave no batch')
+  out = {'step': int(step), 'seq_len': phase.seq_len, 'max_predictions': phase.max_predictions,
+         'batches': batches, 'sequences': sequences, 'seed': int(config.seed),
+         'mask_rate': float(config.objective.mask_rate),
+         'objectives': list(config.objective.names)}
+  if 'mlm_loss' in sums:
+    out['mlm_predictions'] = int(predictions)
+    out['mlm_loss'] = sums['mlm_loss'] / max(predictions, 1.0)
+    out['mlm_accuracy'] = sums['mlm_accuracy'] / max(predictions, 1.0)
+    out['mlm_perplexity'] = math.exp(min(out['mlm_loss'], 50.0))
+  pair = [n for n in config.objective.names if n in PAIR_OBJECTIVES]
+  if pair and 'pair_loss' in sums:
+    out['pair_objective'] = pair[0]
+    out['pair_loss'] = sums['pair_loss'] / sequences
+    out['pair_accuracy'] = sums['pair_accuracy'] / sequences
+  out['eval_time_s'] = time.perf_counter() - start
+  return out
+
+
+def summary(metrics: dict, workdir: str) -> str:
+  lines = [f'Evaluation of {workdir} step {metrics["step"]} on the held-out split: '
+           f'{metrics["batches"]} batches, {metrics["sequences"]} sequences of '
+           f'{metrics["seq_len"]} tokens (seed {metrics["seed"]}, mask rate '
+           f'{metrics["mask_rate"]:.0%}).']
+  if 'mlm_loss' in metrics:
+    lines.append(f'  MLM   loss {metrics["mlm_loss"]:.4f}  accuracy '
+                 f'{metrics["mlm_accuracy"]:.2%}  perplexity {metrics["mlm_perplexity"]:.2f}  '
+                 f'({metrics["mlm_predictions"]} predicted tokens)')
+  if 'pair_accuracy' in metrics:
+    lines.append(f'  {metrics["pair_objective"].upper():5s} loss {metrics["pair_loss"]:.4f}  '
+                 f'accuracy {metrics["pair_accuracy"]:.2%}')
+  note = os.path.join(workdir, checkpoint_io.IMPORT_REPORT)
+  if os.path.exists(note):
+    with open(note, encoding='utf-8') as f:
+      lines.append('  Note (imported checkpoint): ' + ' '.join(f.read().split('\n')[1:]).strip())
+  return '\n'.join(lines)
+
+
+def write(metrics: dict, workdir: str, path: str | None = None) -> str:
+  path = path or os.path.join(workdir, f'eval_{metrics["step"]}.json')
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(metrics, f, indent=2, sort_keys=True)
+  return path
+
+
+def main(argv):
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  f = flags.FLAGS
+  if not f.workdir:
+    raise app.UsageError('--workdir is required')
+  config = f.config if f.config is not None else checkpoint_io.read_run_config(f.workdir)
+  metrics = evaluate_checkpoint(config, f.workdir, f.step, f.seq_len)
+  if jax.process_index() == 0:
+    path = write(metrics, f.workdir, f.output)
+    print(summary(metrics, f.workdir))
+    print(f'Wrote {path}')
+    logging.info('eval metrics: %s', metrics)
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file('config', None, 'Run config (default: <workdir>/config.json).',
+                                  lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Pretraining workdir holding checkpoints/.')
+  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+  flags.DEFINE_integer('seq_len', None, 'Evaluate at this phase length (default: the phase '
+                       'of the checkpoint step).')
+  flags.DEFINE_string('output', None, 'JSON path (default: <workdir>/eval_<step>.json).')
+  app.run(main)
