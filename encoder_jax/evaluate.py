@@ -119,7 +119,9 @@ def summary(metrics: dict, workdir: str) -> str:
   note = os.path.join(workdir, checkpoint_io.IMPORT_REPORT)
   if os.path.exists(note):
     with open(note, encoding='utf-8') as f:
-      lines.append('  Note (imported checkpoint): ' + ' '.join(f.read().split('\n')[1:]).strip())
+      fresh = [line for line in f if 'freshly initialised' in line]
+    if fresh:  # E.g. the NSP head of an imported BertModel: its accuracy means nothing yet.
+      lines.append('  Note (imported checkpoint): ' + fresh[0].strip())
   return '\n'.join(lines)
 
 
