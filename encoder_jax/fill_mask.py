@@ -1,0 +1,94 @@
+r"""Fill-mask: the top-k predictions, with probabilities, for each [MASK] in a text.
+
+  python -m encoder_jax.fill_mask --workdir=DIR [--config=...] [--step=N] \
+      --text="The capital of France is [MASK]." [--top_k=5]
+  python -m encoder_jax.fill_mask --hf_dir=HF_BERT_DIR --text="..."
+
+The text is split at the literal ``[MASK]``; the pieces between are tokenized as usual
+and one mask token goes where each ``[MASK]`` was.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from encoder_jax.models import bert
+
+MASK = '[MASK]'
+
+
+def tokenize_with_masks(tokenizer, text: str) -> tuple[list[int], list[int]]:
+  """([CLS] ... [SEP] ids, positions of the masks)."""
+  parts = text.split(MASK)
+  if len(parts) < 2:
+    raise ValueError(f'The text has no {MASK}: {text!r}')
+  ids, positions = [tokenizer.cls_id], []
+  for i, part in enumerate(parts):
+    ids.extend(tokenizer.encode(part) if part.strip() else [])
+    if i < len(parts) - 1:
+      positions.append(len(ids))
+      ids.append(tokenizer.mask_id)
+  ids.append(tokenizer.sep_id)
+  return ids, positions
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'top_k'))
+def _top_k(params, ids_1xL, positions_1xP, *, config: bert.BertConfig, top_k: int):
+  out = bert.BertForPreTraining(config).apply(
+      {'params': params}, ids_1xL, jnp.zeros_like(ids_1xL), jnp.ones_like(ids_1xL),
+      positions_1xP, deterministic=True)
+  probs_1xPxV = jax.nn.softmax(out['mlm_logits'], axis=-1)
+  return jax.lax.top_k(probs_1xPxV[0], top_k)
+
+
+def fill_mask(params, config: bert.BertConfig, tokenizer, text: str, top_k: int = 5
+              ) -> list[list[tuple[str, float]]]:
+  """For each [MASK] in order: [(piece, probability)] best first."""
+  ids, positions = tokenize_with_masks(tokenizer, text)
+  if len(ids) > config.max_position_embeddings:
+    raise ValueError(f'The text is {len(ids)} tokens; the model takes at most '
+                     f'{config.max_position_embeddings}')
+  top_k = min(top_k, config.vocab_size)
+  probs_PxK, ids_PxK = jax.device_get(_top_k(params, np.asarray([ids], np.int32),
+                                             np.asarray([positions], np.int32), config=config,
+                                             top_k=top_k))
+  return [[(tokenizer.id_to_piece(int(i)), float(p)) for i, p in zip(row_ids, row_probs)]
+          for row_ids, row_probs in zip(ids_PxK, probs_PxK)]
+
+
+def format_predictions(text: str, predictions: list[list[tuple[str, float]]]) -> str:
+  lines = [text]
+  for n, row in enumerate(predictions, 1):
+    lines.append(f'  [MASK] #{n}: ' + '  '.join(f'{piece} {p:.3f}' for piece, p in row))
+  return '\n'.join(lines)
+
+
+def main(argv):
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from encoder_jax.interop import checkpoint_io  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  f = flags.FLAGS
+  loaded = checkpoint_io.load_from_flags(f)
+  if loaded.report is not None and 'mlm_head' in loaded.report.initialised_groups:
+    print(f'Warning: {loaded.source} has no MLM head (freshly initialised): predictions are '
+          'random.')
+  for text in f.text:
+    print(format_predictions(text, fill_mask(loaded.params, loaded.model_config,
+                                             loaded.tokenizer, text, f.top_k)))
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from encoder_jax.interop import checkpoint_io  # pylint: disable=g-import-not-at-top
+  checkpoint_io.define_source_flags()
+  flags.DEFINE_multi_string('text', None, 'Text with one or more [MASK] (repeatable).',
+                            required=True)
+  flags.DEFINE_integer('top_k', 5, 'Predictions per mask.')
+  app.run(main)
