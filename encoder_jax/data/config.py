@@ -1,6 +1,8 @@
 """Config sections owned by the input pipeline: ``data`` and ``tokenizer``.
 
-DRAFT: the data pipeline owner refines these fields; every key must be read by code.
+Every key is read by ``encoder_jax.data``; the ones that change the prepared shards are
+hashed into the manifest (see ``preparation.CONTENT_KEYS``), so a prepared directory can
+never be silently reused for a different corpus, tokenizer or vocabulary size.
 """
 
 from __future__ import annotations
@@ -10,16 +12,38 @@ import ml_collections
 
 def data_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      sources='embedded',  # Comma-separated source specs; see encoder_jax.data.sources.
-      pair_kind='nsp',  # Example builder: 'nsp', 'sop', 'full_sentences', 'doc_sentences'.
-      short_seq_prob=0.1,  # Probability of a shorter target length (BERT recipe).
+      # Comma-separated source specs (grammar in encoder_jax/data/sources.py), e.g.
+      #   'embedded'                                   stdlib docstrings, offline everywhere
+      #   'text:/corpus/*.txt'                         one sentence per line, blank line = new doc
+      #   'jsonl:/corpus/*.jsonl;field=text'           one document per JSON line
+      #   'tfds:wikipedia/20230601.en:train'           tensorflow-datasets name[:split]
+      #   'tfds:wiki40b/sw:train;data_dir=gs://b/tfds@0.2'  per-source options and weight
+      sources='embedded',
+      # Mixing of several sources (by sentences): explicit '@weight' on every spec, or else
+      # q_i = p_i**alpha / sum_j p_j**alpha (XLM-R). 1.0 = natural proportions.
+      mixing_alpha=0.3,
+      tfds_data_dir='',  # Default tfds data_dir for 'tfds:' sources ('' = tfds default).
+      max_line_bytes=1 << 20,  # Longer raw lines are truncated ('text') or skipped ('jsonl').
+      max_sentence_chars=5000,  # Longer split sentences are cut at whitespace into pieces.
+      held_out_fraction=0.05,  # Share of documents reserved for evaluation (by hash).
+      held_out_max_documents=2000,  # Cap on the held-out documents (the lowest hashes win).
+      shard_max_tokens=50_000_000,  # Tokens per prepared shard file (~100 MB as uint16).
+      num_workers=0,  # Tokenization processes in preparation; 0 = all CPU cores.
       prepared_dir='',  # Where prepared shards go; '' = data/prepared/<config hash>.
+      # Example builder: 'nsp' (BERT), 'sop' (ALBERT), 'full_sentences' or
+      # 'doc_sentences' (RoBERTa). Must match the objective (nsp/sop heads need pairs).
+      pair_kind='nsp',
+      short_seq_prob=0.1,  # nsp/sop: probability of a random shorter target length.
+      shuffle_pool_examples=4096,  # Examples built and shuffled together at load time.
   ))
 
 
 def tokenizer_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      kind='sentencepiece',  # 'sentencepiece' (train or load) or 'wordpiece' (vocab.txt).
+      kind='sentencepiece',  # 'sentencepiece' (train or load a .model) or 'wordpiece'.
+      path='',  # Existing .model or vocab.txt; '' = train SentencePiece on the corpus.
       model_type='unigram',  # SentencePiece training: 'unigram' or 'bpe'.
-      path='',  # Existing .model or vocab.txt; '' = train one on the corpus.
+      lowercase=True,  # WordPiece: lowercase input; SentencePiece training: case folding.
+      train_sentences=2_000_000,  # Sentences (alpha-sampled across sources) to train on.
+      character_coverage=0.9995,  # SentencePiece: share of characters kept as pieces.
   ))

@@ -1,0 +1,34 @@
+"""Example builders, looked up by ``config.data.pair_kind``.
+
+A builder turns a stream of documents into instances. An instance is ``(pieces, label)``
+where each piece is ``(tokens, start, stop, segment_id)``: a contiguous token range of a
+prepared shard. It is rendered as ``[CLS] piece_1 [SEP] piece_2 [SEP] ...``; each piece's
+tokens and its closing ``[SEP]`` get the piece's segment id ([CLS] gets 0). So NSP/SOP pairs
+are two pieces with segment ids 0 and 1, and packed sequences are one piece per document
+with segment id 0 and an extra [SEP] between documents.
+
+Builders are generators over a ``DocumentStream`` from a cursor ``(epoch, position, sub)``
+and yield ``(instance, cursor after it)``, so a consumer can stop anywhere and later
+regenerate the same instances from a saved cursor. All randomness is seeded per document
+(``seeding.mix(seed, DOCUMENT, epoch, document id, seq_len)``), so a document's instances do
+not depend on which process builds them or where a run was resumed.
+"""
+
+from __future__ import annotations
+
+from encoder_jax.data.builders import nsp
+from encoder_jax.data.builders import packing
+
+REGISTRY = {
+    'nsp': nsp.NextSentencePairs,
+    'sop': nsp.SentenceOrderPairs,
+    'full_sentences': packing.FullSentences,
+    'doc_sentences': packing.DocSentences,
+}
+
+
+def make(pair_kind: str, **kwargs):
+  if pair_kind not in REGISTRY:
+    raise ValueError(f'config.data.pair_kind {pair_kind!r} is unknown; valid: '
+                     f'{sorted(REGISTRY)}')
+  return REGISTRY[pair_kind](**kwargs)

@@ -1,0 +1,131 @@
+"""The embedded corpus: docstrings of the Python standard library, offline on every machine.
+
+The stdlib sources are parsed with ``ast`` (never imported), in sorted path order, so the
+corpus is deterministic for a given Python version (~1.5 MB of English in ~1,900 documents
+on CPython 3.11). A document is either a module (its docstring plus the docstrings of its
+top-level functions) or a class (its docstring plus those of its methods and nested
+classes). Doctest lines (``>>>``/``...`` and their output) and rule lines (``-----``) are
+dropped; the rest is split into sentences by ``sentences.split_paragraph``. Test suites,
+``site-packages`` and ``idlelib`` tests are skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+import sys
+import sysconfig
+
+from encoder_jax.data import sentences as sentences_lib
+
+_SKIP_DIRS = frozenset({'site-packages', 'dist-packages', 'test', 'tests', 'idle_test',
+                        '__pycache__'})
+_RULE = re.compile(r'^[\s\-=~^*#+_.:]*$')
+_MAX_SENTENCE_CHARS = 5000
+
+
+def stdlib_dir() -> str:
+  return sysconfig.get_paths()['stdlib']
+
+
+def fingerprint() -> str:
+  """Identifies the corpus content (it changes only with the Python version)."""
+  return f'python-{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}'
+
+
+def _source_files(root: str) -> list[str]:
+  out = []
+  for directory, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith('.'))
+    out.extend(os.path.join(directory, f) for f in sorted(files) if f.endswith('.py'))
+  return out
+
+
+def _docstring_sentences(doc: str) -> list[str]:
+  """Prose sentences of one cleaned docstring (paragraph = block between blank lines)."""
+  out = []
+  paragraph: list[str] = []
+  in_doctest = False
+
+  def flush():
+    if paragraph:
+      out.extend(sentences_lib.split_paragraph(' '.join(paragraph), _MAX_SENTENCE_CHARS)[0])
+      paragraph.clear()
+
+  for line in doc.split('\n'):
+    stripped = line.strip()
+    if not stripped:
+      in_doctest = False
+      flush()
+    elif in_doctest or stripped.startswith('>>>'):
+      in_doctest = True
+      flush()
+    elif _RULE.match(stripped):
+      flush()
+    else:
+      paragraph.append(stripped)
+  flush()
+  return [s for s in out if any(c.isalpha() for c in s)]
+
+
+def _node_docstrings(node: ast.AST) -> list[str]:
+  """Docstrings of ``node`` and of the functions/classes nested in it (source order)."""
+  out = []
+  stack = [node]
+  while stack:
+    n = stack.pop()
+    if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      doc = ast.get_docstring(n, clean=True)
+      if doc:
+        out.append(doc)
+      children = [c for c in n.body
+                  if isinstance(c, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+      stack.extend(reversed(children))
+  return out
+
+
+def _file_documents(path: str) -> list[list[str]]:
+  with open(path, 'rb') as f:
+    source = f.read()
+  try:
+    tree = ast.parse(source, filename=path)
+  except (SyntaxError, ValueError):  # E.g. deliberately broken files in lib2to3 fixtures.
+    return []
+  module_doc = []
+  doc = ast.get_docstring(tree, clean=True)
+  if doc:
+    module_doc.append(doc)
+  documents = []
+  for child in tree.body:
+    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      module_doc.extend(_node_docstrings(child))
+    elif isinstance(child, ast.ClassDef):
+      documents.append(_node_docstrings(child))
+  documents.insert(0, module_doc)
+  out = []
+  for docstrings in documents:
+    sentences = [s for d in docstrings for s in _docstring_sentences(d)]
+    if sentences:
+      out.append(sentences)
+  return out
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus() -> tuple[tuple[str, ...], ...]:
+  root = stdlib_dir()
+  documents = []
+  for path in _source_files(root):
+    documents.extend(tuple(d) for d in _file_documents(path))
+  if not documents:
+    raise RuntimeError(
+        f'The embedded corpus is empty: no docstrings found under the stdlib at {root!r} '
+        '(is this a stripped Python install without .py sources?). Configure '
+        "config.data.sources with 'text:', 'jsonl:' or 'tfds:' sources instead.")
+  return tuple(documents)
+
+
+def embedded_corpus() -> list[list[str]]:
+  """The stdlib docstring corpus: a list of documents, each a list of sentence strings."""
+  return [list(d) for d in _corpus()]

@@ -1,0 +1,480 @@
+"""Preparation, once per config: corpus -> tokenizer -> sharded, pre-tokenized documents.
+
+``prepare(config, directory)`` streams every source document by document, tokenizes chunks of
+documents in worker processes (all cores; results are consumed in order, so the output does
+not depend on the number of workers), and writes shards as they fill, so memory stays
+bounded by (workers x chunk) + one shard buffer + the held-out documents. The result lands
+in a ``.partial`` directory that is renamed when complete; ``manifest.json`` lists shards,
+counts, skipped input by reason, the unigram counts of the train split, the tokenizer's
+sha256 and a hash of the config fields that determine the content (``CONTENT_KEYS``).
+
+``load_or_prepare(config)`` reuses a prepared directory whose config hash matches, prepares
+a missing one, and refuses (naming the changed fields) to reuse one made from a different
+config or whose tokenizer file changed. No masking happens here: masks are drawn on device.
+
+Held-out split: each document gets a hash score from (source, position in the source); those
+with score < ``held_out_fraction`` are held out, at most ``held_out_max_documents`` of them
+(the lowest scores; a document pushed out of the held-out set goes to train).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import heapq
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from encoder_jax.data import seeding
+from encoder_jax.data import sentences as sentences_lib
+from encoder_jax.data import shards as shards_lib
+from encoder_jax.data import sources as sources_lib
+from encoder_jax.data import tokenizer as tokenizer_lib
+from encoder_jax.data import tokenizer_training
+
+FORMAT_VERSION = 1
+MANIFEST = 'manifest.json'
+# Config fields that determine the prepared content; anything else (workers, shard size,
+# pair_kind, ...) can change without re-preparing.
+CONTENT_KEYS = (
+    'model.vocab_size',
+    'data.sources', 'data.mixing_alpha', 'data.tfds_data_dir', 'data.max_line_bytes',
+    'data.max_sentence_chars', 'data.held_out_fraction', 'data.held_out_max_documents',
+    'tokenizer.kind', 'tokenizer.path', 'tokenizer.model_type', 'tokenizer.lowercase',
+    'tokenizer.train_sentences', 'tokenizer.character_coverage',
+)
+_CHUNK_CHARS = 1 << 19  # Raw text per tokenization task.
+_DEFAULT_ROOT = os.path.join('data', 'prepared')
+
+
+@dataclasses.dataclass
+class PreparedData:
+  """A prepared directory, validated against the config that loaded it."""
+  directory: str
+  manifest: dict
+  tokenizer: tokenizer_lib.Tokenizer
+  unigram_counts: np.ndarray  # int64 [vocab_size], over the train split.
+
+  def __post_init__(self):
+    self._splits = {}
+
+  def split(self, name: str) -> shards_lib.CorpusSplit:
+    """The memory-mapped 'train' or 'held_out' split."""
+    if name not in self._splits:
+      self._splits[name] = shards_lib.CorpusSplit(
+          self.directory, self.manifest['splits'][name]['shards'],
+          len(self.manifest['sources']))
+    return self._splits[name]
+
+
+# ---------------------------------------------------------------------------- config hash
+
+
+def _get(config, dotted: str):
+  value = config
+  for part in dotted.split('.'):
+    value = value[part]
+  return value
+
+
+def content_fields(config) -> dict:
+  """The config values (plus input fingerprints) that the prepared content depends on."""
+  fields = {k: _get(config, k) for k in CONTENT_KEYS}
+  fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+  srcs = sources_lib.parse_sources(config.data)
+  fields['embedded_corpus'] = next((s.fingerprint() for s in srcs if s.fingerprint()), '')
+  path = str(config.tokenizer.path)
+  fields['tokenizer_file_sha256'] = tokenizer_lib.file_sha256(path) if path else ''
+  fields['format_version'] = FORMAT_VERSION
+  return fields
+
+
+def config_hash(fields: dict) -> str:
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepared_directory(config, fields: dict | None = None) -> str:
+  """config.data.prepared_dir, or data/prepared/<config hash> (relative to the cwd)."""
+  if config.data.prepared_dir:
+    return str(config.data.prepared_dir)
+  return os.path.join(_DEFAULT_ROOT, config_hash(fields or content_fields(config)))
+
+
+# ---------------------------------------------------------------------------- workers
+
+_WORKER_TOKENIZER = None
+
+
+def _load_tokenizer(kind: str, path: str, lowercase: bool) -> tokenizer_lib.Tokenizer:
+  if kind == 'wordpiece':
+    return tokenizer_lib.Tokenizer.from_wordpiece_vocab(path, lowercase=lowercase)
+  return tokenizer_lib.Tokenizer.from_sentencepiece(path)
+
+
+def _init_worker(kind: str, path: str, lowercase: bool):
+  global _WORKER_TOKENIZER
+  os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+  _WORKER_TOKENIZER = _load_tokenizer(kind, path, lowercase)
+
+
+def _tokenize_chunk(task):
+  """Worker: raw documents -> (tokens, sentence lengths, sentences per doc, report, bytes)."""
+  docs, lines_are_sentences, max_chars, dtype = task
+  tok = _WORKER_TOKENIZER
+  report = sources_lib.Report()
+  texts: list[str] = []
+  per_doc: list[int] = []
+  raw_bytes = 0
+  for lines, where in docs:
+    raw_bytes += sum(len(line.encode('utf-8')) + 1 for line in lines)
+    sents, cuts = sentences_lib.document_sentences(lines, lines_are_sentences, max_chars)
+    if cuts:
+      report.add('sentences_cut_at_max_sentence_chars', where, cuts)
+    texts.extend(sents)
+    per_doc.append(len(sents))
+  ids = tok.encode_batch(texts) if texts else []
+  lens = np.fromiter(map(len, ids), np.int64, count=len(ids))
+  flat = np.fromiter((i for seq in ids for i in seq), dtype, count=int(lens.sum()))
+  doc_of_sentence = np.repeat(np.arange(len(per_doc)), per_doc)
+  keep = lens > 0
+  if not keep.all():
+    for d in np.unique(doc_of_sentence[~keep])[:5]:
+      report.add('sentences_empty_after_tokenization', docs[d][1], 0)
+    report.add('sentences_empty_after_tokenization', '', int((~keep).sum()))
+  doc_sentences = np.bincount(doc_of_sentence[keep], minlength=len(per_doc))
+  empty_docs = np.flatnonzero(doc_sentences == 0)
+  for d in empty_docs:
+    report.add('documents_empty_skipped', docs[d][1])
+  return (flat, lens[keep], doc_sentences[doc_sentences > 0], doc_sentences > 0, report,
+          raw_bytes)
+
+
+def _start_method() -> str:
+  """'fork' (fast, works from unguarded scripts) unless JAX or TensorFlow threads exist.
+
+  Forking a process that runs JAX/TF threads can deadlock, so then workers are spawned,
+  which re-imports the ``__main__`` module: scripts must use ``if __name__ == '__main__'``
+  (absl ``app.run`` mains and pytest do).
+  """
+  threaded = any(m in sys.modules for m in ('jax', 'tensorflow'))
+  return 'spawn' if threaded or sys.platform != 'linux' else 'fork'
+
+
+class _Pool:
+  """Ordered, bounded map over a process pool, started lazily (small inputs stay in-process)."""
+
+  def __init__(self, num_workers: int, init_args):
+    self.num_workers, self.init_args = num_workers, init_args
+    self.pool = None
+    self.pending = collections.deque()
+    _init_worker(*init_args)  # In-process tokenizer for the first chunk / 1 worker.
+
+  def submit(self, task):
+    """Queues ``task``; yields finished results in submission order (bounded backlog)."""
+    if self.num_workers <= 1:
+      yield _tokenize_chunk(task)
+      return
+    if self.pool is None and not self.pending:
+      self.pending.append(('done', _tokenize_chunk(task)))  # First chunk: no pool yet.
+      return
+    if self.pool is None:
+      ctx = multiprocessing.get_context(_start_method())
+      self.pool = ctx.Pool(self.num_workers, initializer=_init_worker,
+                           initargs=self.init_args)
+    self.pending.append(('async', self.pool.apply_async(_tokenize_chunk, (task,))))
+    while len(self.pending) > 2 * self.num_workers:
+      yield self._pop()
+
+  def _pop(self):
+    kind, value = self.pending.popleft()
+    return value if kind == 'done' else value.get()
+
+  def drain(self):
+    while self.pending:
+      yield self._pop()
+
+  def close(self):
+    if self.pool is not None:
+      self.pool.close()
+      self.pool.join()
+
+
+# ---------------------------------------------------------------------------- preparation
+
+
+class _HeldOut:
+  """Selects held-out documents by hash score, with a cap (lowest scores win)."""
+
+  def __init__(self, fraction: float, max_documents: int):
+    if not 0.0 <= fraction < 1.0:
+      raise ValueError(f'config.data.held_out_fraction must be in [0, 1); got {fraction}')
+    if max_documents < 0:
+      raise ValueError('config.data.held_out_max_documents must be >= 0; got '
+                       f'{max_documents}')
+    self.fraction, self.max_documents = fraction, max_documents
+    self.heap = []  # (-score, source, ordinal, tokens, sentence_lens)
+
+  def offer(self, source: int, ordinal: int, tokens, sentence_lens):
+    """Returns None if held out, else the (possibly other) document that goes to train."""
+    score = seeding.unit_interval(seeding.HELD_OUT, source, ordinal)
+    item = (-score, source, ordinal, tokens, sentence_lens)
+    if score >= self.fraction or self.max_documents == 0:
+      return item
+    if len(self.heap) < self.max_documents:
+      heapq.heappush(self.heap, item)
+      return None
+    return heapq.heappushpop(self.heap, item)
+
+  def documents(self):
+    return sorted(self.heap, key=lambda item: (item[1], item[2]))
+
+
+def _summary(manifest: dict) -> str:
+  lines = [f"Prepared {manifest['directory']}:"]
+  for split in ('train', 'held_out'):
+    s = manifest['splits'][split]
+    lines.append(f"  {split}: {s['documents']} documents, {s['sentences']} sentences, "
+                 f"{s['tokens']} tokens in {len(s['shards'])} shards")
+  t = manifest['throughput']
+  lines.append(f"  {t['raw_megabytes']:.2f} MB raw text in {t['seconds']:.1f} s "
+               f"({t['raw_megabytes_per_second']:.2f} MB/s, {t['tokens_per_second']:.0f} "
+               f"tokens/s, tokenizer training {t['tokenizer_seconds']:.1f} s)")
+  if manifest['skipped']:
+    lines.append('  skipped or altered input (see manifest.json for locations):')
+    for reason, entry in manifest['skipped'].items():
+      lines.append(f"    {reason}: {entry['count']}  e.g. {entry['examples'][:2]}")
+  else:
+    lines.append('  nothing skipped.')
+  return '\n'.join(lines)
+
+
+def prepare(config, directory: str | None = None) -> dict:
+  """Prepares ``directory`` (default: ``prepared_directory(config)``); returns the manifest."""
+  start_time = time.time()
+  fields = content_fields(config)
+  directory = directory or prepared_directory(config, fields)
+  srcs = sources_lib.parse_sources(config.data)
+  for s in srcs:  # Fail early on missing files / datasets, before training a tokenizer.
+    if s.kind in ('text', 'jsonl'):
+      s.paths()
+    elif s.kind == 'tfds':
+      s._tfds_builder()  # pylint: disable=protected-access
+  partial = directory.rstrip('/') + '.partial'
+  if os.path.exists(partial):
+    logging.warning('Removing the unfinished preparation %s', partial)
+    shutil.rmtree(partial)
+  os.makedirs(partial)
+
+  kind, path = str(config.tokenizer.kind), str(config.tokenizer.path)
+  lowercase = bool(config.tokenizer.lowercase)
+  vocab_size = int(config.model.vocab_size)
+  tok_start = time.time()
+  if kind == 'sentencepiece':
+    tok_file = 'tokenizer.model'
+    if path:
+      shutil.copyfile(path, os.path.join(partial, tok_file))
+    else:
+      tokenizer_training.train_sentencepiece(config, srcs, os.path.join(partial, tok_file))
+  elif kind == 'wordpiece':
+    if not path:
+      raise ValueError("config.tokenizer.kind='wordpiece' needs config.tokenizer.path = a "
+                       'vocab.txt (WordPiece vocabularies are not trained here).')
+    tok_file = 'vocab.txt'
+    shutil.copyfile(path, os.path.join(partial, tok_file))
+  else:
+    raise ValueError(f"config.tokenizer.kind must be 'sentencepiece' or 'wordpiece'; got "
+                     f'{kind!r}')
+  tok_seconds = time.time() - tok_start
+  tok = _load_tokenizer(kind, os.path.join(partial, tok_file), lowercase)
+  tok.check_vocab_size(vocab_size)
+  dtype = shards_lib.token_dtype(vocab_size)
+
+  num_workers = int(config.data.num_workers) or os.cpu_count() or 1
+  max_tokens = int(config.data.shard_max_tokens)
+  held_out = _HeldOut(float(config.data.held_out_fraction),
+                      int(config.data.held_out_max_documents))
+  max_chars = int(config.data.max_sentence_chars)
+  pool = _Pool(num_workers, (kind, os.path.join(partial, tok_file), lowercase))
+  train_writers, source_entries, raw_bytes_total = [], [], 0
+  report_all = sources_lib.Report()
+  try:
+    for si, source in enumerate(srcs):
+      writer = shards_lib.ShardWriter(partial, 'train', si, max_tokens, dtype, vocab_size,
+                                      count_unigrams=True)
+      train_writers.append(writer)
+      report = sources_lib.Report()
+      stats = collections.Counter()
+
+      def consume(result, si=si, writer=writer, report=report, stats=stats):
+        flat, lens, doc_sents, kept, rep, nbytes = result
+        report.merge(rep)
+        stats['raw_bytes'] += nbytes
+        stats['documents_read'] += len(kept)
+        ordinal0 = stats['ordinal']
+        stats['ordinal'] += len(kept)
+        ordinals = ordinal0 + np.flatnonzero(kept)
+        sent_off = np.concatenate([[0], np.cumsum(doc_sents)])
+        tok_off = np.concatenate([[0], np.cumsum(lens)])
+        train_mask = np.ones(len(doc_sents), bool)
+        for d, ordinal in enumerate(ordinals.tolist()):
+          if seeding.unit_interval(seeding.HELD_OUT, si, ordinal) < held_out.fraction:
+            s0, s1 = sent_off[d], sent_off[d + 1]
+            out = held_out.offer(si, ordinal, flat[tok_off[s0]:tok_off[s1]], lens[s0:s1])
+            train_mask[d] = False
+            if out is not None:  # Pushed out of (or never in) the held-out set.
+              writer_for = train_writers[out[1]]
+              writer_for.add(out[3], out[4], np.array([len(out[4])]))
+        if train_mask.all():
+          writer.add(flat, lens, doc_sents)
+        elif train_mask.any():
+          sent_keep = np.repeat(train_mask, doc_sents)
+          writer.add(flat[np.repeat(sent_keep, lens)], lens[sent_keep], doc_sents[train_mask])
+
+      chunk, chunk_chars = [], 0
+      for doc in source.documents(report):
+        chunk.append((doc.lines, doc.where))
+        chunk_chars += sum(len(line) for line in doc.lines)
+        if chunk_chars >= _CHUNK_CHARS:
+          for result in pool.submit((chunk, source.lines_are_sentences, max_chars, dtype)):
+            consume(result)
+          chunk, chunk_chars = [], 0
+      if chunk:
+        for result in pool.submit((chunk, source.lines_are_sentences, max_chars, dtype)):
+          consume(result)
+      for result in pool.drain():
+        consume(result)
+      source_entries.append(dict(spec=source.spec, kind=source.kind, weight=source.weight,
+                                 documents_read=stats['documents_read'],
+                                 raw_bytes=stats['raw_bytes'],
+                                 skipped=report.to_json()))
+      raw_bytes_total += stats['raw_bytes']
+      report_all.merge(report)
+      if stats['documents_read'] == 0:
+        logging.warning('config.data.sources: %r yielded no documents.', source.spec)
+  finally:
+    pool.close()
+
+  held_writers = [shards_lib.ShardWriter(partial, 'held_out', si, max_tokens, dtype,
+                                         vocab_size, count_unigrams=False)
+                  for si in range(len(srcs))]
+  for _, si, _, tokens, lens in held_out.documents():
+    held_writers[si].add(tokens, lens, np.array([len(lens)]))
+  for w in train_writers + held_writers:
+    w.flush()
+
+  splits = {}
+  for split, writers in (('train', train_writers), ('held_out', held_writers)):
+    shard_entries = [e for w in writers for e in w.shards]
+    splits[split] = dict(shards=shard_entries,
+                         documents=sum(e['documents'] for e in shard_entries),
+                         sentences=sum(e['sentences'] for e in shard_entries),
+                         tokens=sum(e['tokens'] for e in shard_entries))
+  for si, entry in enumerate(source_entries):
+    for split, writers in (('train', train_writers), ('held_out', held_writers)):
+      entry[split] = {k: sum(e[k] for e in writers[si].shards)
+                      for k in ('documents', 'sentences', 'tokens')}
+  if splits['train']['documents'] == 0:
+    shutil.rmtree(partial)
+    raise ValueError(
+        f'config.data.sources = {config.data.sources!r}: the corpus is empty after reading '
+        f'(no document with a non-empty sentence reached the train split). Skipped: '
+        f'{ {r: e["count"] for r, e in report_all.to_json().items()} }')
+  unigram = sum(w.unigram_counts for w in train_writers)
+  seconds = time.time() - start_time
+  manifest = dict(
+      format_version=FORMAT_VERSION,
+      directory=directory,
+      config_hash=config_hash(fields),
+      config_fields=fields,
+      tokenizer=dict(kind=kind, file=tok_file, sha256=tokenizer_lib.file_sha256(
+          os.path.join(partial, tok_file)), vocab_size=tok.vocab_size, lowercase=lowercase,
+                     pad_id=tok.pad_id, unk_id=tok.unk_id, cls_id=tok.cls_id,
+                     sep_id=tok.sep_id, mask_id=tok.mask_id),
+      token_dtype=dtype.name,
+      sources=source_entries,
+      splits=splits,
+      skipped=report_all.to_json(),
+      unigram_counts=unigram.tolist(),
+      throughput=dict(seconds=seconds, tokenizer_seconds=tok_seconds,
+                      raw_megabytes=raw_bytes_total / 1e6,
+                      raw_megabytes_per_second=raw_bytes_total / 1e6 / max(
+                          seconds - tok_seconds, 1e-9),
+                      tokens_per_second=(splits['train']['tokens'] + splits['held_out'][
+                          'tokens']) / max(seconds - tok_seconds, 1e-9),
+                      workers=num_workers),
+      created=time.strftime('%Y-%m-%dT%H:%M:%S'),
+      python=sys.version.split()[0],
+  )
+  with open(os.path.join(partial, MANIFEST), 'w') as f:
+    json.dump(manifest, f, indent=1)
+  if os.path.exists(directory):
+    if os.path.exists(os.path.join(directory, MANIFEST)):
+      shutil.rmtree(partial)
+      raise FileExistsError(f'{directory!r} was prepared concurrently by another process; '
+                            'rerun to use it.')
+    shutil.rmtree(directory)  # An empty or foreign leftover without a manifest.
+  os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+  os.replace(partial, directory)
+  logging.info('%s', _summary(manifest))
+  print(_summary(manifest), flush=True)
+  return manifest
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _diff(stored: dict, current: dict) -> str:
+  keys = sorted(set(stored) | set(current))
+  return '; '.join(f'{k}: prepared {stored.get(k)!r} != config {current.get(k)!r}'
+                   for k in keys if stored.get(k) != current.get(k))
+
+
+def load(config, directory: str | None = None) -> PreparedData:
+  """Opens a prepared directory, checking it was made from this config's content fields."""
+  fields = content_fields(config)
+  directory = directory or prepared_directory(config, fields)
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No prepared data at {directory!r} (no {MANIFEST}); run '
+                            'python -m encoder_jax.prepare --config=... or load_or_prepare.')
+  with open(path) as f:
+    manifest = json.load(f)
+  if manifest.get('config_hash') != config_hash(fields):
+    raise ValueError(
+        f'Prepared data in {directory!r} was made from a different config '
+        f'(config.data.prepared_dir): {_diff(manifest.get("config_fields", {}), fields)}. '
+        'Delete that directory or set another config.data.prepared_dir to re-prepare; data '
+        'from different configs is never mixed.')
+  tok_info = manifest['tokenizer']
+  tok_path = os.path.join(directory, tok_info['file'])
+  if not os.path.exists(tok_path):
+    raise FileNotFoundError(f'The tokenizer {tok_path!r} of the prepared data is missing.')
+  if tokenizer_lib.file_sha256(tok_path) != tok_info['sha256']:
+    raise ValueError(f'The tokenizer {tok_path!r} changed after preparation (sha256 differs '
+                     'from the manifest); its token ids would not match the shards. Delete '
+                     f'{directory!r} to re-prepare.')
+  tok = _load_tokenizer(tok_info['kind'], tok_path, tok_info['lowercase'])
+  tok.check_vocab_size(int(config.model.vocab_size))
+  counts = np.asarray(manifest['unigram_counts'], np.int64)
+  return PreparedData(directory=directory, manifest=manifest, tokenizer=tok,
+                      unigram_counts=counts)
+
+
+def load_or_prepare(config) -> PreparedData:
+  """Loads the prepared data for ``config``, preparing it first if it does not exist."""
+  fields = content_fields(config)
+  directory = prepared_directory(config, fields)
+  if os.path.exists(os.path.join(directory, MANIFEST)):
+    logging.info('Using prepared data in %s', directory)
+  else:
+    logging.info('No prepared data for this config in %s: preparing it now.', directory)
+    prepare(config, directory)
+  return load(config, directory)

@@ -1,0 +1,350 @@
+"""Corpus sources named by ``config.data.sources``: local text/JSONL files, tfds, embedded.
+
+Spec grammar (several specs are separated by commas)::
+
+    KIND[:ARGUMENT][;OPTION=VALUE]...[@WEIGHT]
+
+  embedded                            stdlib docstrings (``embedded.py``), already in sentences
+  text:GLOB                           google-research/bert layout: one sentence (or line) per
+                                      line, a blank line between documents; each file is also
+                                      a document boundary. ``gs://`` globs go through tf.io.gfile.
+  jsonl:GLOB[;field=text]             one JSON object per line; its ``field`` string is one
+                                      document (lines are paragraphs, split into sentences)
+  tfds:NAME[:SPLIT][;data_dir=DIR][;field=text]
+                                      a prepared tensorflow-datasets dataset (``wikipedia/
+                                      20230601.en``, ``wiki40b/en``, ``c4/en``), read in file
+                                      order; ``data_dir`` defaults to config.data.tfds_data_dir
+                                      (``gs://`` works on TPU VMs). SPLIT defaults to ``train``
+                                      and may be a slice (``train[:1%]``).
+
+Every kind also takes ``max_documents=N`` (stop after N documents; for quick experiments).
+``@WEIGHT`` gives the mixing weight; if one spec has a weight all must (else alpha mixing).
+
+Nothing is dropped silently: every skipped or altered line/document is counted in a
+``Report`` under a reason, with a few example locations, and ends up in the manifest.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob as glob_lib
+import json
+import os
+from typing import Iterator
+
+from encoder_jax.data import embedded
+
+_KINDS = ('embedded', 'text', 'jsonl', 'tfds')
+_OPTIONS = {'embedded': {'max_documents'}, 'text': {'max_documents'},
+            'jsonl': {'max_documents', 'field'},
+            'tfds': {'max_documents', 'field', 'data_dir'}}
+_MAX_EXAMPLES = 5
+
+
+class Report:
+  """Counts of skipped/altered input by reason, with the first few locations of each."""
+
+  def __init__(self):
+    self.counts: collections.Counter = collections.Counter()
+    self.examples: dict[str, list[str]] = collections.defaultdict(list)
+
+  def add(self, reason: str, where: str = '', n: int = 1):
+    self.counts[reason] += n
+    if where and len(self.examples[reason]) < _MAX_EXAMPLES:
+      self.examples[reason].append(where)
+
+  def merge(self, other: 'Report'):
+    for reason, n in other.counts.items():
+      self.counts[reason] += n
+      room = _MAX_EXAMPLES - len(self.examples[reason])
+      self.examples[reason].extend(other.examples.get(reason, [])[:max(room, 0)])
+
+  def to_json(self) -> dict:
+    return {r: {'count': int(n), 'examples': list(self.examples.get(r, []))}
+            for r, n in sorted(self.counts.items())}
+
+
+@dataclasses.dataclass(frozen=True)
+class RawDocument:
+  """A document before tokenization: sentences, or paragraphs still to be split."""
+  lines: tuple[str, ...]
+  where: str  # File:line or dataset:index, for error messages and the manifest.
+
+
+@dataclasses.dataclass
+class Source:
+  """One parsed spec. ``documents()`` streams ``RawDocument``s with bounded memory."""
+  spec: str
+  kind: str
+  argument: str
+  options: dict
+  weight: float | None
+  tfds_data_dir: str
+  max_line_bytes: int
+
+  @property
+  def lines_are_sentences(self) -> bool:
+    """True: each line is one sentence (bert layout, embedded); else lines are paragraphs."""
+    return self.kind in ('embedded', 'text')
+
+  def fingerprint(self) -> str:
+    """Extra identity for the config hash (the embedded corpus depends on Python)."""
+    return embedded.fingerprint() if self.kind == 'embedded' else ''
+
+  def documents(self, report: Report) -> Iterator[RawDocument]:
+    limit = int(self.options.get('max_documents', 0)) or None
+    stream = {'embedded': self._embedded, 'text': self._text, 'jsonl': self._jsonl,
+              'tfds': self._tfds}[self.kind](report)
+    for i, doc in enumerate(stream):
+      if limit is not None and i >= limit:
+        break
+      yield doc
+
+  def size_hint_bytes(self) -> int:
+    """Approximate raw size, used for alpha-sampling the tokenizer's training sentences."""
+    if self.kind == 'embedded':
+      return sum(len(s.encode()) + 1 for d in embedded.embedded_corpus() for s in d)
+    if self.kind in ('text', 'jsonl'):
+      return sum(_file_size(p) for p in self.paths())
+    builder = self._tfds_builder()
+    try:
+      info = builder.info.splits[self._tfds_split()]
+      return int(info.num_bytes) or int(info.num_examples) * 1000
+    except Exception:  # pylint: disable=broad-except  (sliced splits have no byte counts)
+      return 1
+
+  # ---- files ----
+
+  def paths(self) -> list[str]:
+    pattern = self.argument
+    if not pattern:
+      raise ValueError(f'config.data.sources: {self.spec!r} needs a file glob after '
+                       f"'{self.kind}:'")
+    if pattern.startswith('gs://'):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top  (slow; only for gs://)
+      paths = sorted(tf.io.gfile.glob(pattern))
+    else:
+      paths = sorted(p for p in glob_lib.glob(os.path.expanduser(pattern), recursive=True)
+                     if os.path.isfile(p))
+    if not paths:
+      raise FileNotFoundError(
+          f'config.data.sources: {self.spec!r}: no file matches {pattern!r} '
+          f'(working directory {os.getcwd()!r}).')
+    return paths
+
+  def _lines(self, path: str, report: Report) -> Iterator[tuple[int, str | None]]:
+    """(line number, decoded line without newline) with bounded memory; None = skipped."""
+    cap = self.max_line_bytes
+    with _open(path) as f:
+      empty = True
+      number = 0
+      while True:
+        raw = f.readline(cap + 1)
+        if not raw:
+          break
+        empty = False
+        number += 1
+        if len(raw) > cap and not raw.endswith(b'\n'):
+          while True:  # Drain the rest of the huge line in bounded pieces.
+            rest = f.readline(cap + 1)
+            if not rest or rest.endswith(b'\n'):
+              break
+          if self.kind == 'jsonl':
+            report.add('lines_too_long_skipped', f'{path}:{number}')
+            yield number, None
+            continue
+          report.add('lines_truncated', f'{path}:{number}')
+          raw = raw[:cap]
+          raw = raw[:_utf8_safe_end(raw)]
+        try:
+          yield number, raw.decode('utf-8').rstrip('\r\n')
+        except UnicodeDecodeError as e:
+          report.add('lines_undecodable_skipped', f'{path}:{number} ({e.reason} at byte '
+                     f'{e.start})')
+          yield number, None
+      if empty:
+        report.add('files_empty', path)
+
+  def _text(self, report: Report) -> Iterator[RawDocument]:
+    for path in self.paths():
+      lines: list[str] = []
+      start = 1
+      for number, line in self._lines(path, report):
+        if line is None:
+          continue
+        line = line.strip()
+        if line:
+          if not lines:
+            start = number
+          lines.append(line)
+        elif lines:
+          yield RawDocument(tuple(lines), f'{path}:{start}')
+          lines = []
+      if lines:
+        yield RawDocument(tuple(lines), f'{path}:{start}')
+
+  def _jsonl(self, report: Report) -> Iterator[RawDocument]:
+    field = self.options.get('field', 'text')
+    for path in self.paths():
+      for number, line in self._lines(path, report):
+        if line is None or not line.strip():
+          continue
+        where = f'{path}:{number}'
+        try:
+          obj = json.loads(line)
+        except json.JSONDecodeError as e:
+          report.add('jsonl_bad_json_skipped', f'{where} ({e.msg})')
+          continue
+        text = obj.get(field) if isinstance(obj, dict) else None
+        if not isinstance(text, str):
+          report.add('jsonl_missing_field_skipped', f'{where} (no string field {field!r})')
+          continue
+        yield RawDocument((text,), where)
+
+  # ---- tfds ----
+
+  def _tfds_name(self) -> str:
+    return self.argument.split(':', 1)[0]
+
+  def _tfds_split(self) -> str:
+    parts = self.argument.split(':', 1)
+    return parts[1] if len(parts) > 1 and parts[1] else 'train'
+
+  def _tfds_data_dir(self) -> str | None:
+    return self.options.get('data_dir') or self.tfds_data_dir or None
+
+  def _tfds_builder(self):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow import)
+    name, data_dir = self._tfds_name(), self._tfds_data_dir()
+    if not name:
+      raise ValueError(f'config.data.sources: {self.spec!r} needs a dataset name after '
+                       "'tfds:' (e.g. 'tfds:wikipedia/20230601.en:train')")
+    origin = 'the spec' if 'data_dir' in self.options else 'config.data.tfds_data_dir'
+    where = f'data_dir {data_dir!r} (from {origin})' if data_dir else 'the default data_dir'
+    if data_dir:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      if not tf.io.gfile.isdir(data_dir):
+        raise FileNotFoundError(f'config.data.sources: {self.spec!r}: {where} does not exist.')
+    try:
+      builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # pylint: disable=broad-except  (tfds raises several kinds)
+      raise FileNotFoundError(
+          f'config.data.sources: {self.spec!r}: tensorflow-datasets cannot find dataset '
+          f'{name!r} in {where}: {e}') from e
+    if not builder.is_prepared():
+      raise FileNotFoundError(
+          f'config.data.sources: {self.spec!r}: dataset {name!r} is not prepared in {where} '
+          f'(looked in {builder.data_dir!r}). Prepare it first, see data/README.md.')
+    return builder
+
+  def _tfds(self, report: Report) -> Iterator[RawDocument]:
+    builder = self._tfds_builder()
+    split, field = self._tfds_split(), self.options.get('field', 'text')
+    features = getattr(builder.info.features, 'keys', lambda: [])()
+    if field not in features:
+      raise ValueError(f'config.data.sources: {self.spec!r}: the dataset has no feature '
+                       f'{field!r}; features: {sorted(features)}. Set ;field=NAME.')
+    try:
+      ds = builder.as_dataset(split=split, shuffle_files=False)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f'config.data.sources: {self.spec!r}: cannot read split {split!r}: '
+                       f'{e}') from e
+    name = self._tfds_name()
+    for i, example in enumerate(ds.as_numpy_iterator()):
+      where = f'{name}:{split}:{i}'
+      value = example[field]
+      try:
+        text = value.decode('utf-8') if isinstance(value, bytes) else str(value)
+      except UnicodeDecodeError:
+        report.add('documents_undecodable_skipped', where)
+        continue
+      if '_START_ARTICLE_' in text or '_START_PARAGRAPH_' in text:
+        text = _wiki40b_text(text)
+      yield RawDocument((text,), where)
+
+  def _embedded(self, report: Report) -> Iterator[RawDocument]:
+    del report  # The embedded corpus is clean by construction.
+    for i, doc in enumerate(embedded.embedded_corpus()):
+      yield RawDocument(tuple(doc), f'embedded:{i}')
+
+
+def _open(path: str):
+  if path.startswith('gs://'):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.io.gfile.GFile(path, 'rb')
+  return open(path, 'rb')
+
+
+def _file_size(path: str) -> int:
+  if path.startswith('gs://'):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.io.gfile.stat(path).length
+  return os.path.getsize(path)
+
+
+def _utf8_safe_end(raw: bytes) -> int:
+  """Length of ``raw`` without a trailing, cut-off multi-byte UTF-8 character."""
+  end = len(raw)
+  i = end - 1
+  while i >= 0 and end - i <= 4 and (raw[i] & 0xC0) == 0x80:
+    i -= 1
+  if i >= 0 and raw[i] >= 0xC0:
+    need = 2 if raw[i] < 0xE0 else 3 if raw[i] < 0xF0 else 4
+    if end - i < need:
+      return i
+  return end
+
+
+def _wiki40b_text(text: str) -> str:
+  """wiki40b markup -> paragraphs: drops titles and section headings, keeps paragraphs."""
+  out = []
+  lines = text.split('\n')
+  for i, line in enumerate(lines):
+    if i > 0 and lines[i - 1] == '_START_PARAGRAPH_':
+      out.extend(line.split('_NEWLINE_'))
+  return '\n'.join(out)
+
+
+def parse_sources(data_config) -> list[Source]:
+  """Parses ``config.data.sources`` (see the module docstring); errors name the spec."""
+  specs = [s.strip() for s in str(data_config.sources).split(',') if s.strip()]
+  if not specs:
+    raise ValueError("config.data.sources is empty; e.g. 'embedded' or 'text:/corpus/*.txt'")
+  out = []
+  for spec in specs:
+    body, weight = spec, None
+    if '@' in spec:
+      body, _, w = spec.rpartition('@')
+      try:
+        weight = float(w)
+      except ValueError:
+        raise ValueError(f'config.data.sources: {spec!r}: the text after the last @ must be a '
+                         f'mixing weight (a number); got {w!r}') from None
+      if weight <= 0:
+        raise ValueError(f'config.data.sources: {spec!r}: the weight must be > 0')
+    head, *option_items = body.split(';')
+    kind, _, argument = head.partition(':')
+    kind = kind.strip()
+    if kind not in _KINDS:
+      raise ValueError(f'config.data.sources: {spec!r}: unknown source kind {kind!r}; '
+                       f'valid: {list(_KINDS)}')
+    options = {}
+    for item in option_items:
+      key, sep, value = item.partition('=')
+      if not sep or key.strip() not in _OPTIONS[kind]:
+        raise ValueError(f'config.data.sources: {spec!r}: bad option {item!r}; valid for '
+                         f'{kind!r}: {sorted(_OPTIONS[kind])} as key=value')
+      options[key.strip()] = value.strip()
+    if 'max_documents' in options and not options['max_documents'].isdigit():
+      raise ValueError(f'config.data.sources: {spec!r}: max_documents must be an integer')
+    if kind == 'embedded' and argument:
+      raise ValueError(f"config.data.sources: {spec!r}: 'embedded' takes no argument")
+    out.append(Source(spec=spec, kind=kind, argument=argument.strip(), options=options,
+                      weight=weight, tfds_data_dir=str(data_config.tfds_data_dir),
+                      max_line_bytes=int(data_config.max_line_bytes)))
+  weighted = [s.weight is not None for s in out]
+  if any(weighted) and not all(weighted):
+    raise ValueError('config.data.sources: either every source has an @weight or none has '
+                     f'(then config.data.mixing_alpha is used); got {specs}')
+  return out

@@ -1,0 +1,91 @@
+"""Training the SentencePiece tokenizer on the configured corpus (run by preparation).
+
+The vocabulary size is ``config.model.vocab_size`` (single source of truth) and the special
+pieces get the fixed ids ``[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4`` (control symbols, so
+the text "[MASK]" is never turned into the mask id). Training sentences are drawn from the
+sources in proportion to ``mixing.source_probabilities`` (alpha sampling for multilingual
+corpora): source ``i`` gives its first ``q_i * config.tokenizer.train_sentences`` sentences
+in its stream order (repeated if it has fewer), so nothing is read beyond that budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import sentencepiece as spm
+
+from encoder_jax.data import mixing
+from encoder_jax.data import sentences as sentences_lib
+from encoder_jax.data import sources as sources_lib
+from encoder_jax.data import tokenizer as tokenizer_lib
+
+_SEED = 12345  # SentencePiece's sampling seed: fixed, so the model depends only on config.
+
+
+def training_sentences(config, sources: list[sources_lib.Source]) -> list[str]:
+  """The alpha-sampled (or weighted) sentences the tokenizer is trained on."""
+  budget = int(config.tokenizer.train_sentences)
+  if budget < 1:
+    raise ValueError(f'config.tokenizer.train_sentences must be >= 1; got {budget}')
+  sizes = [s.size_hint_bytes() for s in sources] if len(sources) > 1 else [1]
+  q = mixing.source_probabilities(sizes, [s.weight for s in sources],
+                                  float(config.data.mixing_alpha))
+  max_chars = int(config.data.max_sentence_chars)
+  out = []
+  for source, q_i in zip(sources, q):
+    quota = max(1, int(round(q_i * budget)))
+    taken: list[str] = []
+    report = sources_lib.Report()  # Counted for real in the tokenization pass.
+    for doc in source.documents(report):
+      sents, _ = sentences_lib.document_sentences(doc.lines, source.lines_are_sentences,
+                                                  max_chars)
+      taken.extend(sents[:quota - len(taken)])
+      if len(taken) >= quota:
+        break
+    if not taken:
+      continue
+    repeats = -(-quota // len(taken))
+    out.extend((taken * repeats)[:quota])
+    logging.info('Tokenizer training: %d sentences (q=%.3f) from %s', quota, q_i, source.spec)
+  if not out:
+    raise ValueError(f'config.data.sources = {config.data.sources!r}: the corpus has no '
+                     'sentences to train a tokenizer on (all sources are empty).')
+  return out
+
+
+def train_sentencepiece(config, sources: list[sources_lib.Source], model_path: str) -> None:
+  """Trains ``model_path`` (a .model file) for ``config``; errors name the setting."""
+  model_type = str(config.tokenizer.model_type)
+  if model_type not in ('unigram', 'bpe'):
+    raise ValueError(f"config.tokenizer.model_type must be 'unigram' or 'bpe'; got "
+                     f'{model_type!r}')
+  vocab_size = int(config.model.vocab_size)
+  sentences = training_sentences(config, sources)
+  logging.info('Training a SentencePiece %s model, vocab_size=%d, on %d sentences',
+               model_type, vocab_size, len(sentences))
+  spm.set_random_generator_seed(_SEED)
+  prefix = model_path[:-len('.model')] if model_path.endswith('.model') else model_path
+  try:
+    spm.SentencePieceTrainer.Train(
+        sentence_iterator=iter(sentences),
+        model_prefix=prefix,
+        model_type=model_type,
+        vocab_size=vocab_size,
+        character_coverage=float(config.tokenizer.character_coverage),
+        normalization_rule_name='nmt_nfkc_cf' if config.tokenizer.lowercase else 'nmt_nfkc',
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        pad_piece='[PAD]', unk_piece='[UNK]', bos_piece='[CLS]', eos_piece='[SEP]',
+        control_symbols=['[MASK]'],
+        input_sentence_size=0, shuffle_input_sentence=False,
+        max_sentence_length=1 << 16,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2)
+  except RuntimeError as e:
+    raise ValueError(
+        f'SentencePiece training failed for config.model.vocab_size={vocab_size} on '
+        f'{len(sentences)} sentences from config.data.sources={config.data.sources!r}: {e}. '
+        'A small corpus cannot support a large vocabulary: lower config.model.vocab_size '
+        'or add data.') from e
+  tok = tokenizer_lib.Tokenizer.from_sentencepiece(model_path)
+  tok.check_vocab_size(vocab_size)
