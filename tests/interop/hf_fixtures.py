@@ -8,8 +8,12 @@ import transformers
 
 
 def random_hf_model(cls=transformers.BertForPreTraining, *, vocab_size=97, hidden_size=36,
-                    num_layers=2, num_heads=3, intermediate_size=50, max_positions=24, seed=0):
-  """An HF model whose every parameter (biases and LayerNorms too) is random, in eval mode."""
+                    num_layers=2, num_heads=3, intermediate_size=50, max_positions=24, seed=0,
+                    randomize=True):
+  """An HF model in eval mode; every parameter (biases, LayerNorms too) random if ``randomize``.
+
+  Without ``randomize`` it keeps HF's own BERT init (std 0.02, zero biases), which trains.
+  """
   config = transformers.BertConfig(
       vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
       num_attention_heads=num_heads, intermediate_size=intermediate_size,
@@ -17,6 +21,8 @@ def random_hf_model(cls=transformers.BertForPreTraining, *, vocab_size=97, hidde
       attn_implementation='eager')
   torch.manual_seed(seed)
   model = cls(config).eval()
+  if not randomize:
+    return model
   with torch.no_grad():
     for name, p in model.named_parameters():
       if 'LayerNorm.weight' in name:

@@ -1,0 +1,23 @@
+r"""Fine-tuning on GLUE SST-2 (single-sentence sentiment) from tensorflow-datasets.
+
+  python -m encoder_jax.finetune.main --config=configs/finetune_sst2.py \
+      --config.init.workdir=PRETRAIN_DIR --workdir=/tmp/sst2
+  # runlocal: one epoch, short sequences, for a CPU smoke run.
+  python -m encoder_jax.finetune.main --config=configs/finetune_sst2.py:runlocal=True ...
+"""
+
+from encoder_jax import config_base
+from encoder_jax.finetune import config as finetune_config
+
+
+def get_config(arg=None):
+  args = config_base.parse_arg(arg, runlocal=False)
+  c = finetune_config.base_config()
+  c.task = 'sequence_classification'
+  c.data.update(train='tfds:glue/sst2:train', eval='tfds:glue/sst2:validation',
+                text_fields=('sentence',), label_field='label', max_len=128)
+  c.optim.update(learning_rate=2e-5, epochs=3, batch_size=32)
+  if args.runlocal:
+    c.data.max_len = 64
+    c.optim.update(epochs=1, batch_size=16)
+  return c

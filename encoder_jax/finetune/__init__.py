@@ -1,0 +1,1 @@
+"""Fine-tuning: task heads on the pretrained encoder, trained end to end (``main`` is the CLI)."""

@@ -1,0 +1,49 @@
+"""The fine-tuning config schema; ``configs/finetune_*.py`` start from :func:`base_config`.
+
+Each section maps onto one piece: ``init`` -> the pretrained weights
+(``interop.checkpoint_io``), ``data`` -> ``finetune.data``, ``optim`` -> the optimizer
+in ``finetune.train``, ``task`` -> ``finetune.heads.make``.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = 'sequence_classification'  # Or 'token_classification' (tagging, e.g. NER).
+  c.seed = 0  # Head init, dropout and shuffling.
+
+  # ---- init: the pretrained encoder; exactly one of workdir / hf_dir. ----
+  c.init = ml_collections.ConfigDict(dict(
+      workdir='',  # A pretraining (or encoder_jax.convert) workdir; its config.json is used.
+      step=-1,  # Checkpoint step in workdir; -1 = the latest.
+      hf_dir='',  # Or a Hugging Face BERT directory (config.json + weights + vocab.txt).
+  ))
+
+  # ---- data: source specs 'tfds:NAME:SPLIT', 'tsv:PATH' (header row), 'jsonl:PATH'. ----
+  c.data = ml_collections.ConfigDict(dict(
+      train='',
+      eval='',
+      tfds_data_dir='',  # data_dir for 'tfds:' specs ('' = the tfds default).
+      text_fields=('sentence',),  # Sequence task: 1 field, or 2 for sentence pairs.
+      label_field='label',  # Sequence task: int or string label.
+      tokens_field='tokens',  # Token task: list of words (or a whitespace-separated string).
+      tags_field='tags',  # Token task: one label per word (ints or strings).
+      labels=(),  # Label names, index = class id; () = from tfds, or the sorted train labels.
+      max_len=128,  # Tokens per example including [CLS]/[SEP]; longer inputs are truncated.
+  ))
+
+  # ---- optim: AdamW, linear warmup then linear decay to 0 (BERT fine-tuning). ----
+  c.optim = ml_collections.ConfigDict(dict(
+      learning_rate=2e-5,  # Peak.
+      warmup_fraction=0.1,  # Share of all steps spent warming up from 0.
+      weight_decay=0.01,  # Not applied to biases and LayerNorm parameters.
+      grad_clip_norm=1.0,  # 0 disables.
+      epochs=3,
+      batch_size=32,  # Examples per step.
+      eval_batch_size=64,
+  ))
+  c.dropout_rate = 0.1  # Head dropout; the encoder keeps its config's dropout rates.
+  return c

@@ -1,0 +1,190 @@
+"""Labelled examples for fine-tuning: tfds, TSV or JSONL in; padded int32 arrays out.
+
+Sequence classification: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (segment ids 0/1),
+the longer text truncated first, as BERT does. Token classification: each word is
+tokenized on its own and its label goes on its *first* piece; other pieces, [CLS], [SEP]
+and padding get label -1 (ignored by the loss and the metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import ml_collections
+import numpy as np
+
+IGNORE = -1
+
+
+@dataclasses.dataclass
+class Examples:
+  """Raw examples of one split; labels already mapped to class ids."""
+  texts: list[tuple[str, ...]] = dataclasses.field(default_factory=list)  # Sequence task.
+  labels: list[int] = dataclasses.field(default_factory=list)
+  words: list[list[str]] = dataclasses.field(default_factory=list)  # Token task.
+  tags: list[list[int]] = dataclasses.field(default_factory=list)
+
+  def __len__(self):
+    return len(self.labels) if self.texts else len(self.words)
+
+
+def _decode(x) -> Any:
+  if isinstance(x, bytes):
+    return x.decode('utf-8')
+  if isinstance(x, np.ndarray):
+    return [_decode(v) for v in x.tolist()]
+  if isinstance(x, list):
+    return [_decode(v) for v in x]
+  if isinstance(x, np.generic):
+    return x.item()
+  return x
+
+
+def _read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Sequence[str]
+               ) -> tuple[list[dict], dict[str, list[str]]]:
+  """Rows as dicts, and the label names tfds declares for ``label_keys`` (if any)."""
+  kind, _, rest = spec.partition(':')
+  if kind == 'tsv' or kind == 'jsonl':
+    if not os.path.exists(rest):
+      raise FileNotFoundError(f'config.data: {spec!r}: {rest} does not exist')
+    with open(rest, encoding='utf-8', newline='') as f:
+      if kind == 'tsv':
+        return list(csv.DictReader(f, delimiter='\t', quoting=csv.QUOTE_NONE)), {}
+      return [json.loads(line) for line in f if line.strip()], {}
+  if kind == 'tfds':
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    name, _, split = rest.rpartition(':')
+    if not name or not split:
+      raise ValueError(f"config.data: {spec!r}; expected 'tfds:NAME:SPLIT', e.g. "
+                       "'tfds:glue/sst2:train'")
+    builder = tfds.builder(name, data_dir=data_config.tfds_data_dir or None)
+    builder.download_and_prepare()  # A no-op when prepared (no network needed then).
+    names = {}
+    for key in label_keys:
+      feature = builder.info.features[key] if key in builder.info.features else None
+      feature = getattr(feature, 'feature', feature)  # Sequence(ClassLabel) -> ClassLabel.
+      if hasattr(feature, 'names'):
+        names[key] = list(feature.names)
+    rows = [{k: _decode(v) for k, v in ex.items()}
+            for ex in tfds.as_numpy(builder.as_dataset(split=split))]
+    return rows, names
+  raise ValueError(f"config.data: {spec!r}; expected 'tfds:NAME:SPLIT', 'tsv:PATH' or "
+                   "'jsonl:PATH'")
+
+
+def _field(row: dict, key: str, spec: str):
+  if key not in row:
+    raise KeyError(f'config.data: {spec!r} has no field {key!r}; it has {sorted(row)}')
+  return row[key]
+
+
+def label_mapper(names: Sequence[str]):
+  index = {str(n): i for i, n in enumerate(names)}
+
+  def to_id(value, spec: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+      if names and not 0 <= int(value) < len(names):
+        raise ValueError(f'{spec}: label {value} outside 0..{len(names) - 1} ({list(names)})')
+      return int(value)
+    if str(value) in index:
+      return index[str(value)]
+    if str(value).lstrip('-').isdigit() and not names:
+      return int(value)
+    raise ValueError(f'{spec}: label {value!r} is not one of config.data.labels {list(names)}')
+  return to_id
+
+
+def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
+         label_names: Sequence[str] | None = None) -> tuple[Examples, list[str]]:
+  """(examples, label names) of one split. ``label_names`` (from train) fixes the mapping."""
+  d = data_config
+  label_key = d.label_field if task == 'sequence_classification' else d.tags_field
+  rows, declared = _read_rows(spec, d, [label_key])
+  if not rows:
+    raise ValueError(f'config.data: {spec!r} has no examples')
+  names = list(label_names or d.labels or declared.get(label_key, []))
+  if not names:  # Strings or ints in the file: the sorted set of the values seen.
+    values = [_field(r, label_key, spec) for r in rows]
+    flat = [v for x in values for v in (x.split() if isinstance(x, str) and task ==
+                                         'token_classification' else
+                                         (x if isinstance(x, list) else [x]))]
+    names = [str(v) for v in sorted(set(flat), key=lambda v: (str(type(v)), v))]
+    if all(str(n).lstrip('-').isdigit() for n in names):
+      names = [str(i) for i in range(max(int(n) for n in names) + 1)]
+  to_id = label_mapper(names)
+  out = Examples()
+  for r in rows:
+    if task == 'sequence_classification':
+      out.texts.append(tuple(str(_field(r, k, spec)) for k in d.text_fields))
+      out.labels.append(to_id(_field(r, label_key, spec), spec))
+    else:
+      words, tags = _field(r, d.tokens_field, spec), _field(r, label_key, spec)
+      words = words.split() if isinstance(words, str) else list(words)
+      tags = tags.split() if isinstance(tags, str) else list(tags)
+      if len(words) != len(tags):
+        raise ValueError(f'{spec}: an example has {len(words)} words but {len(tags)} tags')
+      out.words.append([str(w) for w in words])
+      out.tags.append([to_id(t, spec) for t in tags])
+  return out, names
+
+
+def _truncate_pair(a: list[int], b: list[int], budget: int) -> None:
+  while len(a) + len(b) > budget:
+    (a if len(a) >= len(b) else b).pop()
+
+
+def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, np.ndarray]:
+  """int32 ``input_ids, segment_ids, input_mask`` [N, max_len] and ``labels`` [N] or [N, L]."""
+  n = len(examples)
+  ids = np.full((n, max_len), tokenizer.pad_id, np.int32)
+  seg = np.zeros((n, max_len), np.int32)
+  mask = np.zeros((n, max_len), np.int32)
+  if task == 'sequence_classification':
+    labels = np.asarray(examples.labels, np.int32)
+    for i, texts in enumerate(examples.texts):
+      parts = [tokenizer.encode(t) for t in texts]
+      if len(parts) == 1:
+        row, segs = [tokenizer.cls_id, *parts[0][:max_len - 2], tokenizer.sep_id], None
+      else:
+        a, b = parts[0], parts[1]
+        _truncate_pair(a, b, max_len - 3)
+        row = [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id]
+        segs = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+      ids[i, :len(row)], mask[i, :len(row)] = row, 1
+      if segs:
+        seg[i, :len(segs)] = segs
+  else:
+    labels = np.full((n, max_len), IGNORE, np.int32)
+    for i, (words, tags) in enumerate(zip(examples.words, examples.tags)):
+      row, row_labels = [tokenizer.cls_id], [IGNORE]
+      for word, tag in zip(words, tags):
+        pieces = tokenizer.encode(word) or [tokenizer.unk_id]
+        if len(row) + len(pieces) > max_len - 1:
+          break  # Truncated: the remaining words are dropped.
+        row += pieces
+        row_labels += [tag] + [IGNORE] * (len(pieces) - 1)
+      row.append(tokenizer.sep_id)
+      row_labels.append(IGNORE)
+      ids[i, :len(row)], mask[i, :len(row)], labels[i, :len(row)] = row, 1, row_labels
+  return {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'labels': labels}
+
+
+def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator | None):
+  """Fixed-size batches; the last one padded with weight-0 rows (shuffled if ``rng``)."""
+  n = len(arrays['labels'])
+  order = rng.permutation(n) if rng is not None else np.arange(n)
+  for start in range(0, n, batch_size):
+    idx = order[start:start + batch_size]
+    batch = {k: v[idx] for k, v in arrays.items()}
+    batch['weights'] = np.ones(len(idx), np.float32)
+    if len(idx) < batch_size:
+      pad = batch_size - len(idx)
+      batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+               for k, v in batch.items()}
+      if batch['labels'].ndim == 2:
+        batch['labels'][-pad:] = IGNORE
+    yield batch

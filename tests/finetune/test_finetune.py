@@ -1,0 +1,179 @@
+"""Fine-tuning heads, data (TSV / JSONL / a locally built tfds dataset) and metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from encoder_jax.finetune import config as finetune_config
+from encoder_jax.finetune import data as data_lib
+from encoder_jax.finetune import metrics
+from encoder_jax.finetune import train
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
+import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+GOOD = ['the film was good.', 'a great movie!', 'good film and a great city.',
+        'it was great.', 'the movie is good, the mat is good.', 'great, great, great.']
+BAD = ['the film was bad.', 'a terrible movie!', 'bad film and a terrible city.',
+       'it was terrible.', 'the movie is bad, the mat is bad.', 'terrible, bad, terrible.']
+
+
+@pytest.fixture(scope='module')
+def hf_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('hf'))
+  vocab_size = hf_fixtures.write_vocab(os.path.join(path, 'vocab.txt'))
+  hf_fixtures.random_hf_model(vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=4,
+                              intermediate_size=48, max_positions=64,
+                              randomize=False).save_pretrained(path)
+  return path
+
+
+def _config(hf_dir, task, train_spec, eval_spec, **data):
+  c = finetune_config.base_config()
+  c.task = task
+  c.init.hf_dir = hf_dir
+  c.data.update(train=train_spec, eval=eval_spec, max_len=32, **data)
+  c.optim.update(learning_rate=3e-3, epochs=8, batch_size=8, eval_batch_size=16,
+                 warmup_fraction=0.1)
+  c.dropout_rate = 0.0
+  return c
+
+
+def test_sentence_classification_from_tsv_learns(hf_dir, tmp_path):
+  path = tmp_path / 'sst.tsv'
+  rows = [(s, 'positive') for s in GOOD] + [(s, 'negative') for s in BAD]
+  path.write_text('sentence\tlabel\n' + ''.join(f'{s}\t{l}\n' for s, l in rows * 3))
+  config = _config(hf_dir, 'sequence_classification', f'tsv:{path}', f'tsv:{path}')
+  result = train.finetune(config, str(tmp_path / 'run'))
+  assert result['labels'] == ['negative', 'positive']
+  assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.9, result
+  history = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
+  assert len(history) == 8 and history[-1]['train_loss'] < history[0]['train_loss']
+  assert os.path.isdir(tmp_path / 'run' / 'params')
+
+
+def test_sentence_pairs_from_jsonl(hf_dir, tmp_path):
+  """Pairs get segment ids 0/1; label = whether both sentences have the same sentiment."""
+  rows = []
+  for i, a in enumerate(GOOD + BAD):
+    for j, b in enumerate(GOOD + BAD):
+      if (i + j) % 3 == 0:
+        rows.append({'s1': a, 's2': b, 'label': int((a in GOOD) == (b in GOOD))})
+  path = tmp_path / 'pairs.jsonl'
+  path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  config = _config(hf_dir, 'sequence_classification', f'jsonl:{path}', f'jsonl:{path}',
+                   text_fields=('s1', 's2'))
+  config.optim.epochs = 1
+  examples, names = data_lib.read(config.data.train, config.task, config.data)
+  assert names == ['0', '1'] and examples.texts[0] == (rows[0]['s1'], rows[0]['s2'])
+  loaded = train.load_pretrained(config)
+  arrays = data_lib.encode(examples, loaded.tokenizer, config.task, 32)
+  tok = loaded.tokenizer
+  row, seg = arrays['input_ids'][0], arrays['segment_ids'][0]
+  seps = np.flatnonzero(row == tok.sep_id)
+  assert row[0] == tok.cls_id and len(seps) == 2
+  assert (seg[:seps[0] + 1] == 0).all() and (seg[seps[0] + 1:seps[1] + 1] == 1).all()
+  assert (seg[seps[1] + 1:] == 0).all()
+  result = train.finetune(config)
+  assert 0.0 <= result['eval_accuracy'] <= 1.0 and 'eval_f1' in result
+
+
+NER = [
+    ('john travels to paris', 'B-PER O O B-LOC'),
+    ('john works at google in london', 'B-PER O O B-ORG O B-LOC'),
+    ('paris is the capital of france', 'B-LOC O O O O B-LOC'),
+    ('google is in london', 'B-ORG O O B-LOC'),
+    ('the cat sat on the mat', 'O O O O O O'),
+    ('john was in france', 'B-PER O O B-LOC'),
+]
+
+
+def test_token_classification_labels_first_pieces_and_learns(hf_dir, tmp_path):
+  path = tmp_path / 'ner.jsonl'
+  path.write_text(''.join(json.dumps({'tokens': s.split(), 'tags': t.split()}) + '\n'
+                          for s, t in NER * 4))
+  config = _config(hf_dir, 'token_classification', f'jsonl:{path}', f'jsonl:{path}')
+  examples, names = data_lib.read(config.data.train, config.task, config.data)
+  assert names == ['B-LOC', 'B-ORG', 'B-PER', 'O']
+  tok = train.load_pretrained(config).tokenizer
+  # 'travels' is not in the vocab: several pieces, only the first one labelled.
+  arrays = data_lib.encode(examples, tok, config.task, 32)
+  pieces = [tok.encode(w) for w in NER[0][0].split()]
+  assert len(pieces[1]) > 1
+  labels = arrays['labels'][0]
+  expected = [-1] + [x for p, tag in zip(pieces, examples.tags[0])
+                     for x in [tag] + [-1] * (len(p) - 1)] + [-1]
+  np.testing.assert_array_equal(labels[:len(expected)], expected)
+  assert (labels[len(expected):] == -1).all()
+  result = train.finetune(config)
+  assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.8, result
+
+
+def test_from_a_pretraining_workdir(tmp_path):
+  _, workdir, _ = hf_fixtures.make_workdir(str(tmp_path), hidden_size=16, num_layers=1,
+                                           num_heads=2, intermediate_size=20, max_positions=40)
+  path = tmp_path / 'sst.tsv'
+  path.write_text('sentence\tlabel\n' + ''.join(f'{s}\t1\n' for s in GOOD)
+                  + ''.join(f'{s}\t0\n' for s in BAD))
+  config = _config('', 'sequence_classification', f'tsv:{path}', f'tsv:{path}')
+  config.init.update(hf_dir='', workdir=workdir)
+  config.optim.epochs = 1
+  result = train.finetune(config)
+  assert result['step'] == 2 and result['labels'] == ['0', '1']
+
+
+def test_tfds_dataset_built_locally(hf_dir, tmp_path):
+  tfds = pytest.importorskip('tensorflow_datasets')
+
+  class TinySentiment(tfds.core.GeneratorBasedBuilder):  # pylint: disable=unused-variable
+    """A two-split sentiment dataset generated in the test (no network)."""
+    VERSION = tfds.core.Version('1.0.0')
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          'sentence': tfds.features.Text(),
+          'label': tfds.features.ClassLabel(names=['negative', 'positive'])}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {'train': self._generate_examples(3), 'validation': self._generate_examples(1)}
+
+    def _generate_examples(self, repeat):
+      rows = [(s, 'positive') for s in GOOD] + [(s, 'negative') for s in BAD]
+      for i, (s, label) in enumerate(rows * repeat):
+        yield i, {'sentence': s, 'label': label}
+
+  config = _config(hf_dir, 'sequence_classification', 'tfds:tiny_sentiment:train',
+                   'tfds:tiny_sentiment:validation', tfds_data_dir=str(tmp_path / 'tfds'))
+  result = train.finetune(config)
+  assert result['labels'] == ['negative', 'positive']  # From the ClassLabel feature.
+  assert result['eval_examples'] == 12 and result['eval_accuracy'] >= 0.9, result
+
+
+def test_metrics():
+  names = ['O', 'B-PER', 'I-PER', 'B-LOC']
+  gold = np.array([[0, 1, 2, 0, 3, -1]])
+  pred = np.array([[0, 1, 0, 0, 3, 2]])  # PER span cut short; LOC right.
+  m = metrics.token_metrics(pred, gold, names)
+  assert m['tokens'] == 5 and m['accuracy'] == pytest.approx(0.8)
+  assert m['f1'] == pytest.approx(0.5)  # tp=1 (LOC), fp=1, fn=1.
+  assert metrics.spans(['B-PER', 'I-PER', 'O', 'I-LOC']) == {(0, 2, 'PER'), (3, 4, 'LOC')}
+  s = metrics.sequence_metrics(np.array([1, 1, 0, 0]), np.array([1, 0, 0, 0]), 2)
+  assert s['accuracy'] == 0.75 and s['f1'] == pytest.approx(2 / 3)
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+  config = finetune_config.base_config()
+  with pytest.raises(ValueError, match='exactly one of config.init.workdir'):
+    train.load_pretrained(config)
+  with pytest.raises(ValueError, match="expected 'tfds:NAME:SPLIT'"):
+    data_lib.read('csv:/x', 'sequence_classification', config.data)
+  path = tmp_path / 'x.tsv'
+  path.write_text('text\tlabel\nhello\t1\n')
+  with pytest.raises(KeyError, match="no field 'sentence'"):
+    data_lib.read(f'tsv:{path}', 'sequence_classification', config.data)
