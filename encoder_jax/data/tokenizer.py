@@ -100,6 +100,10 @@ class Tokenizer:
       raise ValueError(f'WordPiece vocabulary {path!r} is empty.')
     if len(set(pieces)) != len(pieces):
       raise ValueError(f'WordPiece vocabulary {path!r} has duplicate lines.')
+    missing = [p for p in SPECIAL_PIECES if p not in set(pieces)]
+    if missing:
+      raise ValueError(f'WordPiece vocabulary {path!r} has no {" ".join(missing)} piece(s); '
+                       f'encoder_jax needs all of {list(SPECIAL_PIECES)}.')
     backend = BertWordPieceTokenizer(path, lowercase=lowercase, clean_text=True,
                                      handle_chinese_chars=True, strip_accents=None)
     special = [i for i, p in enumerate(pieces)

@@ -1,0 +1,133 @@
+"""Example builders on real prepared text: NSP, SOP, FULL-SENTENCES, DOC-SENTENCES."""
+
+import numpy as np
+import pytest
+
+from encoder_jax.data import builders
+from encoder_jax.data import iterators
+from encoder_jax.data import mixing
+
+
+def _one_epoch_stream(prepared, seed=0, process_index=0, process_count=1):
+  corpus = prepared.split('train')
+  return iterators.DocumentStream(
+      corpus, lambda e: mixing.epoch_order(seed, 0, corpus.source_offsets, None, None)
+      if e == 0 else None, process_index, process_count)
+
+
+def _epoch_instances(prepared, kind, seq_len, **kw):
+  builder = builders.make(kind, seed=0, short_seq_prob=0.1)
+  return [inst for inst, _ in builder.generate(_one_epoch_stream(prepared, **kw), (0, 0, 0),
+                                               seq_len)]
+
+
+def _check_layout(batch, tok, seq_len, pairs):
+  ids, seg, mask = batch['input_ids'], batch['segment_ids'], batch['input_mask']
+  assert ids.shape[1] == seg.shape[1] == mask.shape[1] == seq_len
+  assert all(a.dtype == np.int32 for a in batch.values())
+  lengths = mask.sum(1)
+  assert (lengths <= seq_len).all() and (lengths >= 3 if pairs else lengths >= 2).all()
+  assert (ids[:, 0] == tok.cls_id).all()
+  for row_ids, row_seg, row_mask, n in zip(ids, seg, mask, lengths):
+    assert (row_mask[:n] == 1).all() and (row_mask[n:] == 0).all()  # Padding after the end.
+    assert (row_ids[n:] == tok.pad_id).all() and (row_seg[n:] == 0).all()
+    assert row_ids[n - 1] == tok.sep_id
+    body = row_ids[1:n]
+    assert not np.isin(body, [tok.cls_id, tok.pad_id, tok.mask_id]).any()
+    seps = np.flatnonzero(row_ids[:n] == tok.sep_id)
+    if pairs:
+      assert len(seps) == 2 and seps[0] >= 2 and seps[1] - seps[0] >= 2  # A, B non-empty.
+      assert (row_seg[:seps[0] + 1] == 0).all() and (row_seg[seps[0] + 1:n] == 1).all()
+    else:
+      assert (row_seg == 0).all() and np.diff(seps).min(initial=2) >= 2
+
+
+@pytest.mark.parametrize('kind', ['nsp', 'sop', 'full_sentences', 'doc_sentences'])
+def test_batches_have_the_right_layout(prepared_small, kind):
+  c, prepared = prepared_small
+  c = c.copy_and_resolve_references()
+  c.data.pair_kind = kind
+  it = iterators.make_train_iterator(c, prepared)
+  labels = []
+  for step in range(24):
+    batch = next(it)
+    seq_len = 64 if step < 20 else 128  # Phases: 50% of 40 steps at 64, then 128.
+    _check_layout(batch, prepared.tokenizer, seq_len, pairs=kind in ('nsp', 'sop'))
+    assert batch['pair_labels'].shape == (16,)
+    labels.append(batch['pair_labels'])
+  labels = np.concatenate(labels)
+  if kind in ('nsp', 'sop'):
+    assert 0.35 < labels.mean() < 0.65, labels.mean()
+  else:
+    assert (labels == 0).all()
+
+
+def test_nsp_follows_create_instances_from_document(prepared_small):
+  _, prepared = prepared_small
+  instances = _epoch_instances(prepared, 'nsp', 128)
+  corpus = prepared.split('train')
+  labels = np.array([label for _, label in instances])
+  assert 0.45 < labels.mean() < 0.62, labels.mean()  # 50% + chunks of one sentence.
+  max_num_tokens = 128 - 3
+  lengths = []
+  for (a, b), label in instances:
+    assert a[3] == 0 and b[3] == 1
+    la, lb = a[2] - a[1], b[2] - b[1]
+    assert la >= 1 and lb >= 1 and la + lb <= max_num_tokens
+    lengths.append(la + lb)
+    if label == 0:  # B continues A in the same document.
+      assert b[0] is a[0] and a[2] <= b[1]
+  lengths = np.array(lengths)
+  # Most pairs fill the target; short_seq_prob = 0.1 documents draw a random shorter target.
+  assert np.median(lengths) > 0.6 * max_num_tokens
+  # Every document contributes (accumulating chunks until each document ends).
+  assert len(instances) >= corpus.num_documents
+
+
+def test_sop_pairs_are_consecutive_and_swapped_half_the_time(prepared_small):
+  _, prepared = prepared_small
+  instances = _epoch_instances(prepared, 'sop', 64)
+  labels = np.array([label for _, label in instances])
+  assert 0.45 < labels.mean() < 0.55
+  for (first, second), label in instances:
+    assert first[0] is second[0]  # Same document.
+    a, b = (second, first) if label else (first, second)
+    assert a[2] <= b[1]  # In order (truncation may trim A's end and B's start).
+    assert first[3] == 0 and second[3] == 1
+
+
+@pytest.mark.parametrize('kind', ['full_sentences', 'doc_sentences'])
+def test_packing_uses_every_sentence_once(prepared_small, kind):
+  _, prepared = prepared_small
+  seq_len = 48  # Short, so that some sentences are longer and must be truncated.
+  instances = _epoch_instances(prepared, kind, seq_len)
+  corpus = prepared.split('train')
+  coverage = {}
+  for pieces, label in instances:
+    assert label == 0
+    n = 1 + sum(stop - start + 1 for _, start, stop, _ in pieces)
+    assert n <= seq_len
+    if kind == 'doc_sentences':
+      assert len(pieces) == 1
+    for tokens, start, stop, _ in pieces:
+      cov = coverage.setdefault(id(tokens), np.zeros(len(tokens), np.int64))
+      cov[start:stop] += 1
+  truncated = 0
+  for g in range(corpus.num_documents):
+    tokens, bounds = corpus.document(g)
+    cov = coverage[id(tokens)]
+    for s0, s1 in zip(bounds[:-1], bounds[1:]):
+      keep = min(s1 - s0, seq_len - 2)  # A longer sentence keeps its first seq_len-2 tokens.
+      truncated += keep < s1 - s0
+      assert (cov[s0:s0 + keep] == 1).all() and (cov[s0 + keep:s1] == 0).all()
+  assert truncated > 0
+  fill = np.mean([1 + sum(p[2] - p[1] + 1 for p in pieces) for pieces, _ in instances])
+  if kind == 'full_sentences':
+    assert fill > 0.75 * seq_len  # Crossing documents packs tightly.
+    assert any(len(pieces) > 1 for pieces, _ in instances)
+
+
+def test_unknown_pair_kind_lists_valid_ones():
+  with pytest.raises(ValueError, match=r"unknown; valid: \['doc_sentences', "
+                                       r"'full_sentences', 'nsp', 'sop'\]"):
+    builders.make('mlm_only', seed=0, short_seq_prob=0.1)
