@@ -114,6 +114,7 @@ def test_token_classification_labels_first_pieces_and_learns(hf_dir, tmp_path):
   assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.8, result
 
 
+@pytest.mark.slow  # ~25 s on a loaded 2-core CPU: an import into a workdir, then a compile.
 def test_from_a_pretraining_workdir(tmp_path):
   _, workdir, _ = hf_fixtures.make_workdir(str(tmp_path), hidden_size=16, num_layers=1,
                                            num_heads=2, intermediate_size=20, max_positions=40)
@@ -127,6 +128,7 @@ def test_from_a_pretraining_workdir(tmp_path):
   assert result['step'] == 2 and result['labels'] == ['0', '1']
 
 
+@pytest.mark.slow  # ~30 s: importing tensorflow and building the dataset dominate.
 def test_tfds_dataset_built_locally(hf_dir, tmp_path):
   tfds = pytest.importorskip('tensorflow_datasets')
 
@@ -177,3 +179,17 @@ def test_bad_config_is_a_clear_error(tmp_path):
   path.write_text('text\tlabel\nhello\t1\n')
   with pytest.raises(KeyError, match="no field 'sentence'"):
     data_lib.read(f'tsv:{path}', 'sequence_classification', config.data)
+
+
+@pytest.mark.parametrize('name', ['finetune_sst2', 'finetune_mrpc', 'finetune_ner'])
+@pytest.mark.parametrize('arg', [None, 'runlocal=True'])
+def test_configs_build(name, arg):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  spec = importlib.util.spec_from_file_location(name, os.path.join(root, 'configs', name + '.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(arg)
+  assert c.task in ('sequence_classification', 'token_classification')
+  assert set(c.keys()) == set(finetune_config.base_config().keys())
+  assert c.data.train.startswith('tfds:')

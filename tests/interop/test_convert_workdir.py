@@ -122,6 +122,7 @@ def test_restores_onto_a_sharded_mesh(imported):
   np.testing.assert_array_equal(np.asarray(kernel), np.asarray(host))
 
 
+@pytest.mark.slow  # ~20 s: prepares a corpus and compiles a train step.
 def test_main_continues_pretraining_from_the_import(imported, tmp_path):
   """train_and_evaluate (what main runs) resumes from the imported step 0."""
   from encoder_jax import train  # pylint: disable=g-import-not-at-top
