@@ -25,6 +25,8 @@ _SKIP_DIRS = frozenset({'site-packages', 'dist-packages', 'test', 'tests', 'idle
                         '__pycache__'})
 _RULE = re.compile(r'^[\s\-=~^*#+_.:]*$')
 _MAX_SENTENCE_CHARS = 5000
+# Bump when the extraction below changes, so prepared data keyed by the fingerprint is redone.
+_EXTRACTION_VERSION = 2
 
 
 def stdlib_dir() -> str:
@@ -32,8 +34,9 @@ def stdlib_dir() -> str:
 
 
 def fingerprint() -> str:
-  """Identifies the corpus content (it changes only with the Python version)."""
-  return f'python-{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}'
+  """Identifies the corpus content: the Python version and the extraction rules."""
+  v = sys.version_info
+  return f'python-{v.major}.{v.minor}.{v.micro}/extraction-{_EXTRACTION_VERSION}'
 
 
 def _source_files(root: str) -> list[str]:
