@@ -1,0 +1,231 @@
+"""The training loop on real data: phases, sharding equivalence, resume, preemption, NaNs."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from encoder_jax import checkpointing
+from encoder_jax import data as data_lib
+from encoder_jax import feeding
+from encoder_jax import objectives
+from encoder_jax import optimizer
+from encoder_jax import schedule
+from encoder_jax import sharding
+from encoder_jax import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import tiny_config  # pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope='module')
+def prepared_dir(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp('prepared'))
+  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
+  return d
+
+
+def _config(prepared_dir, **train_overrides):
+  c = tiny_config.get_config(f'prepared_dir={prepared_dir}')
+  c.train.update(**train_overrides)
+  return c
+
+
+def _train_lines(workdir, split='train'):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [r for r in map(json.loads, f) if r['split'] == split]
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(prepared_dir, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  last = train.train_and_evaluate(_config(prepared_dir), workdir)
+  return workdir, last
+
+
+def test_run_goes_through_both_phases_and_logs_everything(uninterrupted):
+  workdir, last = uninterrupted
+  lines = _train_lines(workdir)
+  assert [r['step'] for r in lines] == list(range(1, 13))
+  assert all(np.isfinite(r['loss']) and r['nonfinite'] == 0 for r in lines)
+  for key in ('mlm_loss', 'mlm_accuracy', 'pair_loss', 'pair_accuracy', 'learning_rate',
+              'grad_norm'):
+    assert key in last
+  assert 'tokens_per_s' in lines[-1] and 'model_tflops_per_s_per_device' in lines[-1]
+  evals = _train_lines(workdir, 'eval')
+  assert [r['step'] for r in evals] == [6, 12] and 'mlm_perplexity' in evals[0]
+  assert sorted(os.listdir(checkpointing.checkpoint_dir(workdir))) == ['12', '4', '8']
+  assert os.listdir(os.path.join(workdir, 'tensorboard'))
+  assert json.load(open(os.path.join(workdir, 'config.json')))['model']['hidden_size'] == 32
+
+
+def _run_main(prepared_dir, workdir, *flags):
+  cmd = [sys.executable, '-m', 'encoder_jax.main',
+         f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared_dir}',
+         f'--workdir={workdir}', *flags]
+  return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def _wait_for(predicate, proc, timeout=300):
+  end = time.time() + timeout
+  while not predicate():
+    if proc.poll() is not None:
+      raise AssertionError(f'main exited early ({proc.returncode}):\n{proc.stdout.read()}')
+    if time.time() > end:
+      proc.kill()
+      raise AssertionError('timed out')
+    time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_uninterrupted(prepared_dir, uninterrupted, tmp_path):
+  workdir = str(tmp_path / 'killed')
+  proc = _run_main(prepared_dir, workdir)
+  meta = os.path.join(checkpointing.checkpoint_dir(workdir), '8', 'meta')
+  _wait_for(lambda: os.path.isdir(meta), proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  resumed = _run_main(prepared_dir, workdir)
+  out = resumed.communicate(timeout=600)[0]
+  assert resumed.returncode == 0, out
+  assert 'Resumed from checkpoint step' in out
+  expected = {r['step']: r for r in _train_lines(uninterrupted[0])}
+  got = _train_lines(workdir)
+  assert max(r['step'] for r in got) == 12
+  for r in got:  # Steps logged twice (before the kill and after resume) must agree too.
+    for key in ('loss', 'mlm_loss', 'pair_loss', 'grad_norm', 'mlm_predictions'):
+      np.testing.assert_allclose(r[key], expected[r['step']][key], rtol=1e-5,
+                                 err_msg=f'step {r["step"]} {key}')
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits(prepared_dir, tmp_path):
+  workdir = str(tmp_path / 'preempted')
+  proc = _run_main(prepared_dir, workdir, '--config.train.num_steps=100000',
+                   '--config.checkpoint.every_steps=100000')
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  _wait_for(lambda: os.path.exists(metrics) and len(_train_lines(workdir)) >= 3, proc)
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=300)[0]
+  assert proc.returncode == 0, out
+  steps = os.listdir(checkpointing.checkpoint_dir(workdir))
+  assert len(steps) == 1 and 3 <= int(steps[0]) < 100000
+  assert int(steps[0]) == _train_lines(workdir)[-1]['step']
+
+
+def _batch(prepared_dir, c):
+  prepared = data_lib.load_or_prepare(c)
+  return next(data_lib.make_train_iterator(c, prepared, 0, 1)), prepared
+
+
+def _one_step(c, mesh, batch, prepared, state=None):
+  model, tx = train.build_model(c), optimizer.make(c)
+  tables = train._vocab_tables(c, prepared)  # pylint: disable=protected-access
+  objective = objectives.build(c, model.apply, tables)
+  _, shards = train.state_shardings(c, mesh, model, tx)
+  if state is None:
+    state = train.create_train_state(c, mesh)
+  else:
+    state = jax.device_put(state, shards)
+  step = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
+      c.optim, c.train.num_steps), mesh, shards, schedule.phases(c.train)[0])
+  new, m = step(state, feeding.to_global(batch, sharding.batch_sharding(mesh)))
+  return jax.device_get(new), jax.device_get(m)
+
+
+def test_same_loss_on_one_device_and_on_a_2x2x2_mesh(prepared_dir):
+  c = _config(prepared_dir)
+  batch, prepared = _batch(prepared_dir, c)
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+  one = _one_step(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), batch, prepared)
+  c.mesh.update(data=2, fsdp=2, tensor=2)
+  eight = _one_step(c, sharding.make_mesh(c.mesh), batch, prepared)
+  for key in ('loss', 'mlm_loss', 'pair_loss', 'grad_norm'):
+    np.testing.assert_allclose(one[1][key], eight[1][key], rtol=2e-5, err_msg=key)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               one[0].params, eight[0].params)
+
+
+def test_gradient_accumulation_equals_the_full_batch(prepared_dir):
+  c = _config(prepared_dir)
+  c.objective.names = ('nsp',)  # No random masks, so both runs see identical inputs.
+  c.model.update(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  batch, prepared = _batch(prepared_dir, c)
+  mesh = sharding.make_mesh(c.mesh)
+  full = _one_step(c, mesh, batch, prepared)
+  c.train.update(grad_accum_steps=2, batch_size=16)  # 16 / 2 = 8 rows per micro-batch.
+  batch2 = {k: np.concatenate([v, v]) for k, v in batch.items()}
+  c.train.batch_size = 16
+  accum = _one_step(c, mesh, batch2, prepared)
+  np.testing.assert_allclose(full[1]['loss'], accum[1]['loss'], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               full[0].params, accum[0].params)
+
+
+def test_skip_policy_drops_a_nonfinite_update(prepared_dir):
+  c = _config(prepared_dir, nonfinite_policy='skip')
+  batch, prepared = _batch(prepared_dir, c)
+  mesh = sharding.make_mesh(c.mesh)
+  state = jax.device_get(train.create_train_state(c, mesh))
+  params = jax.tree.map(np.array, state.params)
+  params['pooler']['kernel'][0, 0] = np.nan
+  state = state.replace(params=params)
+  new, m = _one_step(c, mesh, batch, prepared, state)
+  assert m['nonfinite'] == 1.0 and int(new.step) == 1
+  np.testing.assert_array_equal(new.params['encoder']['layers']['query']['kernel'],
+                                params['encoder']['layers']['query']['kernel'])
+
+
+def test_stop_policy_names_the_step_and_last_good_checkpoint(prepared_dir, tmp_path):
+  c = _config(prepared_dir)
+  c.optim.learning_rate = 1e38  # The first update overflows the parameters.
+  c.train.log_every_steps = 3
+  with pytest.raises(FloatingPointError, match=r'at step \d+.*Last good checkpoint: step None'):
+    train.train_and_evaluate(c, str(tmp_path / 'nan'))
+
+
+def test_unreadable_checkpoint_falls_back_to_the_previous_one(prepared_dir, uninterrupted,
+                                                               tmp_path):
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(uninterrupted[0], workdir)
+  params_dir = os.path.join(checkpointing.checkpoint_dir(workdir), '12', 'params')
+  for root, _, files in os.walk(params_dir):  # Truncate every file of the newest params.
+    for f in files:
+      open(os.path.join(root, f), 'wb').close()
+  c = _config(prepared_dir)
+  mesh = sharding.make_mesh(c.mesh)
+  ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
+  _, _, data_state, step = ckpt.restore(train.abstract_state(c, mesh))
+  ckpt.close()
+  assert step == 8 and data_state
+
+
+def test_checkpoint_of_another_shape_is_reported_not_ignored(prepared_dir, uninterrupted,
+                                                              tmp_path):
+  c = _config(prepared_dir)
+  c.model.intermediate_size = 48
+  mesh = sharding.make_mesh(c.mesh)
+  ckpt = checkpointing.Checkpointer(uninterrupted[0], c.checkpoint)
+  with pytest.raises(checkpointing.CheckpointError, match='No checkpoint .* could be restored'):
+    ckpt.restore(train.abstract_state(c, mesh))
+  ckpt.close()
+  with pytest.raises(checkpointing.CheckpointError, match='does not exist'):
+    checkpointing.restore_params(str(tmp_path / 'nowhere'), train.abstract_state(c, mesh).params)
+
+
+def test_vocab_size_must_match_the_tokenizer(prepared_dir):
+  c = _config(prepared_dir)
+  prepared = data_lib.load_or_prepare(c)
+  c.model.vocab_size = 1234
+  with pytest.raises(ValueError, match='model.vocab_size=1234 but the tokenizer'):
+    train._vocab_tables(c, prepared)  # pylint: disable=protected-access

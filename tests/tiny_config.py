@@ -1,0 +1,21 @@
+r"""A 2-layer, 32-wide BERT on 300 embedded documents, for the training tests.
+
+  python -m encoder_jax.main --config=tests/tiny_config.py:prepared_dir=/tmp/p --workdir=/tmp/w
+"""
+
+from encoder_jax import config_base
+
+
+def get_config(arg=None):
+  args = config_base.parse_arg(arg, prepared_dir='')
+  c = config_base.base_config()
+  config_base.shrink_for_local_run(c)
+  c.model.update(vocab_size=1000, hidden_size=32, num_layers=2, num_heads=2,
+                 intermediate_size=64, max_position_embeddings=64)
+  c.data.update(sources='embedded;max_documents=300', prepared_dir=args.prepared_dir)
+  c.train.update(num_steps=12, batch_size=8, seq_lens=(32, 64), max_predictions=(5, 10),
+                 phase_fractions=(0.5, 0.5), log_every_steps=1, eval_every_steps=6,
+                 eval_batches=2)
+  c.optim.warmup_steps = 2
+  c.checkpoint.update(every_steps=4, keep=5)
+  return c
