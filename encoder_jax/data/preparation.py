@@ -420,11 +420,15 @@ def prepare(config, directory: str | None = None) -> dict:
       shutil.rmtree(partial)
       raise FileExistsError(f'{directory!r} was prepared concurrently by another process; '
                             'rerun to use it.')
-    shutil.rmtree(directory)  # An empty or foreign leftover without a manifest.
+    if os.listdir(directory):
+      shutil.rmtree(partial)
+      raise FileExistsError(
+          f'{directory!r} (config.data.prepared_dir) exists, has no {MANIFEST} and is not '
+          'empty; refusing to overwrite it. Point prepared_dir to a new or empty directory.')
+    os.rmdir(directory)
   os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
   os.replace(partial, directory)
-  logging.info('%s', _summary(manifest))
-  print(_summary(manifest), flush=True)
+  print(_summary(manifest), flush=True)  # Printed, not logged: shown however logging is set.
   return manifest
 
 

@@ -5,7 +5,7 @@ pieces get the fixed ids ``[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4`` (control s
 the text "[MASK]" is never turned into the mask id). Training sentences are drawn from the
 sources in proportion to ``mixing.source_probabilities`` (alpha sampling for multilingual
 corpora): source ``i`` gives its first ``q_i * config.tokenizer.train_sentences`` sentences
-in its stream order (repeated if it has fewer), so nothing is read beyond that budget.
+in its stream order (see ``training_sentences``), so nothing is read beyond that budget.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ _SEED = 12345  # SentencePiece's sampling seed: fixed, so the model depends only
 
 
 def training_sentences(config, sources: list[sources_lib.Source]) -> list[str]:
-  """The alpha-sampled (or weighted) sentences the tokenizer is trained on."""
+  """The alpha-sampled (or weighted) sentences the tokenizer is trained on.
+
+  Source ``i`` is read up to its quota ``q_i * train_sentences``. If every source runs out
+  first (the corpus is smaller than the budget), the total is the corpus size instead, so
+  a small corpus is not repeated for nothing; a source below its quota is repeated
+  (up-sampled, which is what ``q_i > p_i`` means).
+  """
   budget = int(config.tokenizer.train_sentences)
   if budget < 1:
     raise ValueError(f'config.tokenizer.train_sentences must be >= 1; got {budget}')
@@ -32,25 +38,35 @@ def training_sentences(config, sources: list[sources_lib.Source]) -> list[str]:
   q = mixing.source_probabilities(sizes, [s.weight for s in sources],
                                   float(config.data.mixing_alpha))
   max_chars = int(config.data.max_sentence_chars)
-  out = []
+  taken: list[list[str]] = []
+  exhausted = []
   for source, q_i in zip(sources, q):
     quota = max(1, int(round(q_i * budget)))
-    taken: list[str] = []
+    got: list[str] = []
     report = sources_lib.Report()  # Counted for real in the tokenization pass.
     for doc in source.documents(report):
       sents, _ = sentences_lib.document_sentences(doc.lines, source.lines_are_sentences,
                                                   max_chars)
-      taken.extend(sents[:quota - len(taken)])
-      if len(taken) >= quota:
+      got.extend(sents[:quota - len(got)])
+      if len(got) >= quota:
         break
-    if not taken:
-      continue
-    repeats = -(-quota // len(taken))
-    out.extend((taken * repeats)[:quota])
-    logging.info('Tokenizer training: %d sentences (q=%.3f) from %s', quota, q_i, source.spec)
-  if not out:
+    taken.append(got)
+    exhausted.append(len(got) < quota)
+  total = sum(len(t) for t in taken)
+  if total == 0:
     raise ValueError(f'config.data.sources = {config.data.sources!r}: the corpus has no '
                      'sentences to train a tokenizer on (all sources are empty).')
+  if all(exhausted):
+    budget = total
+  out = []
+  for source, q_i, got in zip(sources, q, taken):
+    if not got:
+      continue
+    quota = max(1, int(round(q_i * budget)))
+    repeats = -(-quota // len(got))
+    out.extend((got * repeats)[:quota])
+    logging.info('Tokenizer training: %d sentences (q=%.3f, %d distinct) from %s', quota,
+                 q_i, min(len(got), quota), source.spec)
   return out
 
 

@@ -175,3 +175,8 @@ def test_alpha_sampling_proportions(tmp_path, corpus_docs, make_config, sp_model
   q_bytes /= q_bytes.sum()
   share = np.mean([s in small_set for s in sents])
   assert len(sents) == 5000 and abs(share - q_bytes[1]) < 0.01
+  # A corpus smaller than the budget is not repeated up to it.
+  c.tokenizer.train_sentences = 10 ** 6
+  sents = tokenizer_training.training_sentences(c, srcs)
+  assert len(sents) == sum(len(d) for d in corpus_docs[:330])
+  assert abs(np.mean([s in small_set for s in sents]) - q_bytes[1]) < 0.01
