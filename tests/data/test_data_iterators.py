@@ -96,6 +96,20 @@ def test_restore_gives_identical_batches_across_the_phase_switch(prepared_small,
     _same(reference[k:], _take(restored, 30 - k))
 
 
+def test_restore_when_the_length_shrinks(prepared_small):
+  """128 -> 64: the rest of the 128-token pool is dropped, resume is still exact."""
+  c, prepared = _config(prepared_small, pair_kind='nsp')
+  c.train.update(seq_lens=(128, 64), max_predictions=(20, 10))
+  reference = _take(data_lib.make_train_iterator(c, prepared), 26)
+  assert [b['input_ids'].shape[1] for b in reference[19:21]] == [128, 64]
+  it = data_lib.make_train_iterator(c, prepared)
+  _take(it, 20)
+  state = json.loads(json.dumps(it.get_state()))
+  restored = data_lib.make_train_iterator(c, prepared)
+  restored.set_state(state)
+  _same(reference[20:], _take(restored, 6))
+
+
 def test_restore_refuses_a_state_from_other_settings(prepared_small):
   c, prepared = _config(prepared_small)
   it = data_lib.make_train_iterator(c, prepared)

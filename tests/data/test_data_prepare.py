@@ -71,8 +71,11 @@ def test_changed_tokenizer_file_is_detected(tmp_path, make_config, sp_model_path
     data_lib.load_or_prepare(c)
 
 
-def test_workers_give_identical_shards(tmp_path, make_config, sp_model_path, monkeypatch):
+@pytest.mark.parametrize('start_method', ['fork', 'spawn'])  # spawn: when JAX is loaded.
+def test_workers_give_identical_shards(tmp_path, make_config, sp_model_path, monkeypatch,
+                                       start_method):
   monkeypatch.setattr(preparation, '_CHUNK_CHARS', 20_000)  # Many chunks from 120 docs.
+  monkeypatch.setattr(preparation, '_start_method', lambda: start_method)
   dirs = []
   for workers in (1, 2):
     c = make_config(str(tmp_path / f'w{workers}'), sources='embedded;max_documents=120',

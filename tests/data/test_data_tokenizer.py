@@ -84,3 +84,18 @@ def test_wordpiece_vocab_without_specials_is_an_error(tmp_path):
   path.write_text('[PAD]\n[UNK]\n[CLS]\nthe\n##s\n')
   with pytest.raises(ValueError, match=r'vocab\.txt.*has no \[SEP\] \[MASK\]'):
     tokenizer_lib.Tokenizer.from_wordpiece_vocab(str(path))
+
+
+def test_bpe_model_type(tmp_path, make_config):
+  c = make_config(str(tmp_path / 'p'), sources='embedded;max_documents=150',
+                  held_out_fraction=0.0)
+  c.tokenizer.model_type = 'bpe'
+  c.model.vocab_size = 600
+  prepared = data_lib.load_or_prepare(c)
+  tok = prepared.tokenizer
+  assert tok.vocab_size == 600 and (tok.pad_id, tok.cls_id, tok.mask_id) == (0, 2, 4)
+  assert tok.decode(tok.encode('The module docstring.')) == 'the module docstring.'
+  c.tokenizer.model_type = 'wordpiece'
+  c.data.prepared_dir = str(tmp_path / 'q')
+  with pytest.raises(ValueError, match="model_type must be 'unigram' or 'bpe'"):
+    data_lib.load_or_prepare(c)
