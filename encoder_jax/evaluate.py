@@ -21,7 +21,6 @@ import time
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from encoder_jax import feeding
@@ -29,7 +28,6 @@ from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import sharding
 from encoder_jax.interop import checkpoint_io
-from encoder_jax.objectives import masking
 
 PAIR_OBJECTIVES = ('nsp', 'sop')
 
@@ -57,10 +55,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
                               devices)
   params, step, mesh = checkpoint_io.restore_params(config, workdir, step, mesh)
   prepared = data.load_or_prepare(config)
-  tok = prepared.tokenizer
-  tok.check_vocab_size(int(config.model.vocab_size))
-  tables = masking.VocabTables.from_tokenizer(tok, prepared.unigram_counts)
-  objective = objectives.build(config, train.build_model(config).apply, tables)
+  objective = objectives.build(config, train.build_model(config).apply,
+                               train.vocab_tables(config, prepared))
   phase = _phase(config, step, seq_len)
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   eval_step = train.make_eval_step(config, objective, mesh, param_shardings, phase)

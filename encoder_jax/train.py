@@ -178,7 +178,7 @@ def validate(config: ml_collections.ConfigDict, mesh) -> tuple[schedule.Phase, .
   return phases
 
 
-def _vocab_tables(config, prepared) -> masking.VocabTables:
+def vocab_tables(config, prepared) -> masking.VocabTables:
   tok = prepared.tokenizer
   if tok.vocab_size != config.model.vocab_size:
     raise ValueError(
@@ -218,7 +218,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   phases = validate(config, mesh)
   prepared = data_lib.load_or_prepare(config)
   model, tx = build_model(config), optimizer_lib.make(config)
-  objective = objectives.build(config, model.apply, _vocab_tables(config, prepared))
+  objective = objectives.build(config, model.apply, vocab_tables(config, prepared))
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
   boxed, shards = state_shardings(config, mesh, model, tx)
   lead = jax.process_index() == 0

@@ -9,7 +9,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -130,7 +129,7 @@ def _batch(prepared_dir, c):
 
 def _one_step(c, mesh, batch, prepared, state=None):
   model, tx = train.build_model(c), optimizer.make(c)
-  tables = train._vocab_tables(c, prepared)  # pylint: disable=protected-access
+  tables = train.vocab_tables(c, prepared)
   objective = objectives.build(c, model.apply, tables)
   _, shards = train.state_shardings(c, mesh, model, tx)
   if state is None:
@@ -228,4 +227,4 @@ def test_vocab_size_must_match_the_tokenizer(prepared_dir):
   prepared = data_lib.load_or_prepare(c)
   c.model.vocab_size = 1234
   with pytest.raises(ValueError, match='model.vocab_size=1234 but the tokenizer'):
-    train._vocab_tables(c, prepared)  # pylint: disable=protected-access
+    train.vocab_tables(c, prepared)

@@ -16,7 +16,6 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import ml_collections
 

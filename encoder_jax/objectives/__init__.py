@@ -38,4 +38,4 @@ def build(config: ml_collections.ConfigDict, apply_fn, tables: masking.VocabTabl
     raise ValueError(f'config.objective.names has unknown {unknown}; valid: {sorted(REGISTRY)}')
   objectives = [REGISTRY[n](config, tables) for n in names]
   base.check_pair_kind(objectives, config.data)
-  return base.Composite(objectives, apply_fn)
+  return base.Composite(objectives, apply_fn, config.train.dropout_rng_impl)

@@ -17,6 +17,10 @@ import ml_collections
 from encoder_jax import schedule
 
 Batch = dict[str, jax.Array]
+
+# Generators for dropout masks. Threefry gives the same bits on any mesh but is slow
+# inside the scanned layer body on XLA:CPU; 'rbg' (XLA's RngBitGenerator) is fast.
+DROPOUT_RNG_IMPLS = {'threefry': 'threefry2x32', 'rbg': 'rbg'}
 Metrics = dict[str, jax.Array]
 
 
@@ -46,9 +50,20 @@ def cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array, weights_N: jax.Arr
 class Composite:
   """``loss_fn(params, batch, rng, phase, train)`` for a list of objectives and a model."""
 
-  def __init__(self, objectives: list[Objective], apply_fn: Callable[..., dict]):
+  def __init__(self, objectives: list[Objective], apply_fn: Callable[..., dict],
+               dropout_rng_impl: str = 'threefry'):
+    if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
+      raise ValueError(f'config.train.dropout_rng_impl={dropout_rng_impl!r}; expected one of '
+                       f'{list(DROPOUT_RNG_IMPLS)}')
     self.objectives = objectives
     self.apply_fn = apply_fn
+    self.dropout_rng_impl = DROPOUT_RNG_IMPLS[dropout_rng_impl]
+
+  def _dropout_key(self, rng: jax.Array) -> jax.Array:
+    """A dropout key of the configured generator, seeded from ``rng`` (so still per step)."""
+    if self.dropout_rng_impl == 'threefry2x32':
+      return rng
+    return jax.random.key(jax.random.bits(rng, dtype=jnp.uint32), impl=self.dropout_rng_impl)
 
   def loss_fn(self, params, batch: Batch, rng: jax.Array, phase: schedule.Phase,
               train: bool) -> tuple[jax.Array, Metrics]:
@@ -61,7 +76,7 @@ class Composite:
     outputs = self.apply_fn(
         {'params': params}, batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
-        rngs={'dropout': rngs[0]} if train else None)
+        rngs={'dropout': self._dropout_key(rngs[0])} if train else None)
     total, metrics = jnp.float32(0.0), {}
     for objective in self.objectives:
       loss, m = objective.loss(outputs, batch)
