@@ -44,6 +44,8 @@ def tokenizer_config() -> ml_collections.ConfigDict:
       path='',  # Existing .model or vocab.txt; '' = train SentencePiece on the corpus.
       model_type='unigram',  # SentencePiece training: 'unigram' or 'bpe'.
       lowercase=True,  # WordPiece: lowercase input; SentencePiece training: case folding.
-      train_sentences=2_000_000,  # Sentences (alpha-sampled across sources) to train on.
+      # SentencePiece training budget in sentences, alpha-sampled across sources (a smaller
+      # corpus is used whole).
+      train_sentences=2_000_000,
       character_coverage=0.9995,  # SentencePiece: share of characters kept as pieces.
   ))

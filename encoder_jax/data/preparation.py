@@ -4,8 +4,8 @@
 documents in worker processes (all cores; results are consumed in order, so the output does
 not depend on the number of workers), and writes shards as they fill, so memory stays
 bounded by (workers x chunk) + one shard buffer + the held-out documents. The result lands
-in a ``.partial`` directory that is renamed when complete; ``manifest.json`` lists shards,
-counts, skipped input by reason, the unigram counts of the train split, the tokenizer's
+in a ``.partial-<host>-<pid>`` directory that is renamed when complete (and removed on
+failure); ``manifest.json`` lists shards, counts, skipped input by reason, the unigram counts of the train split, the tokenizer's
 sha256 and a hash of the config fields that determine the content (``CONTENT_KEYS``).
 
 ``load_or_prepare(config)`` reuses a prepared directory whose config hash matches, prepares
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
 import hashlib
 import heapq
 import json
@@ -28,6 +29,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import socket
 import sys
 import time
 
@@ -256,6 +258,35 @@ def _summary(manifest: dict) -> str:
   return '\n'.join(lines)
 
 
+def _partial_directory(directory: str) -> str:
+  """A fresh ``<directory>.partial-<host>-<pid>``; removes this host's dead ones.
+
+  Unique per process, so hosts sharing a file system can prepare the same directory at
+  once (the first to finish wins; the others use its result).
+  """
+  host = socket.gethostname()
+  prefix = f"{directory.rstrip('/')}.partial-{host}-"
+  for stale in glob.glob(glob.escape(prefix) + '*'):
+    pid = stale[len(prefix):]
+    if pid.isdigit() and not _alive(int(pid)):
+      logging.warning('Removing the unfinished preparation %s', stale)
+      shutil.rmtree(stale, ignore_errors=True)
+  partial = prefix + str(os.getpid())
+  shutil.rmtree(partial, ignore_errors=True)
+  os.makedirs(partial)
+  return partial
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
 def prepare(config, directory: str | None = None) -> dict:
   """Prepares ``directory`` (default: ``prepared_directory(config)``); returns the manifest."""
   start_time = time.time()
@@ -263,16 +294,16 @@ def prepare(config, directory: str | None = None) -> dict:
   directory = directory or prepared_directory(config, fields)
   srcs = sources_lib.parse_sources(config.data)
   for s in srcs:  # Fail early on missing files / datasets, before training a tokenizer.
-    if s.kind in ('text', 'jsonl'):
-      s.paths()
-    elif s.kind == 'tfds':
-      s._tfds_builder()  # pylint: disable=protected-access
-  partial = directory.rstrip('/') + '.partial'
-  if os.path.exists(partial):
-    logging.warning('Removing the unfinished preparation %s', partial)
-    shutil.rmtree(partial)
-  os.makedirs(partial)
+    s.check_exists()
+  partial = _partial_directory(directory)
+  try:
+    return _prepare_into(config, fields, srcs, directory, partial, start_time)
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)  # Renamed away on success.
 
+
+def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
+  """Tokenizer, shards and manifest into ``partial``, then renamed to ``directory``."""
   kind, path = str(config.tokenizer.kind), str(config.tokenizer.path)
   lowercase = bool(config.tokenizer.lowercase)
   vocab_size = int(config.model.vocab_size)
@@ -416,10 +447,14 @@ def prepare(config, directory: str | None = None) -> dict:
   with open(os.path.join(partial, MANIFEST), 'w') as f:
     json.dump(manifest, f, indent=1)
   if os.path.exists(directory):
-    if os.path.exists(os.path.join(directory, MANIFEST)):
+    if os.path.exists(os.path.join(directory, MANIFEST)):  # Another process was faster.
       shutil.rmtree(partial)
-      raise FileExistsError(f'{directory!r} was prepared concurrently by another process; '
-                            'rerun to use it.')
+      with open(os.path.join(directory, MANIFEST)) as f:
+        theirs = json.load(f)
+      if theirs.get('config_hash') != manifest['config_hash']:
+        raise FileExistsError(f'{directory!r} was prepared concurrently from another config.')
+      logging.info('%s was prepared concurrently by another process; using it.', directory)
+      return theirs
     if os.listdir(directory):
       shutil.rmtree(partial)
       raise FileExistsError(

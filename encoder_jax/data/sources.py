@@ -92,6 +92,13 @@ class Source:
     """Extra identity for the config hash (the embedded corpus depends on Python)."""
     return embedded.fingerprint() if self.kind == 'embedded' else ''
 
+  def check_exists(self) -> None:
+    """Raises a clear error now if the files or the tfds dataset are missing."""
+    if self.kind in ('text', 'jsonl'):
+      self.paths()
+    elif self.kind == 'tfds':
+      self._tfds_builder()
+
   def documents(self, report: Report) -> Iterator[RawDocument]:
     limit = int(self.options.get('max_documents', 0)) or None
     stream = {'embedded': self._embedded, 'text': self._text, 'jsonl': self._jsonl,
