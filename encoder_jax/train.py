@@ -112,7 +112,7 @@ def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: sch
 
       (grads, m), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
       grads, m = jax.tree.map(lambda x: x / accum, (grads, m))
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(m['loss']) & jnp.isfinite(grad_norm)
