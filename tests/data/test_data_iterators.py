@@ -176,8 +176,8 @@ def test_alpha_sampling_proportions(tmp_path, corpus_docs, make_config, sp_model
   it = data_lib.make_train_iterator(c, prepared)
   np.testing.assert_allclose(it.source_probabilities, q)
   c.data.sources = f'text:{tmp_path}/big.txt@3,text:{tmp_path}/small.txt@1'
-  srcs = sources.parse_sources(c.data)
-  np.testing.assert_allclose(mixing.source_probabilities([1, 1], [3, 1], 0.3), [0.75, 0.25])
+  weights = [s.weight for s in sources.parse_sources(c.data)]
+  np.testing.assert_allclose(mixing.source_probabilities([1, 1], weights, 0.3), [0.75, 0.25])
   # Tokenizer training sentences are sampled with the same q (here from byte sizes).
   c.data.sources = f'text:{tmp_path}/big.txt,text:{tmp_path}/small.txt'
   c.tokenizer.train_sentences = 5000
