@@ -43,11 +43,9 @@ def l2_normalize(x_BxE: jax.Array) -> jax.Array:
 def embed_batch(params, input_ids_BxL, input_mask_BxL, *, config: bert.BertConfig,
                 pooling: str = 'mean', normalize: bool = True) -> jax.Array:
   """Pooled (and normalised) final hidden states of a padded batch, float32 [B, E]."""
-  model = bert.BertForPreTraining(config)
-  # The MLM head runs at one position only: its output is not used.
-  positions_Bx1 = jnp.zeros((input_ids_BxL.shape[0], 1), jnp.int32)
-  out = model.apply({'params': params}, input_ids_BxL, jnp.zeros_like(input_ids_BxL),
-                    input_mask_BxL, positions_Bx1, deterministic=True)
+  # The encoder alone: the pretraining heads' parameters, if present, are not read.
+  out = bert.BertModel(config).apply({'params': params}, input_ids_BxL,
+                                     jnp.zeros_like(input_ids_BxL), input_mask_BxL)
   emb_BxE = pool(out['sequence_output'], input_mask_BxL, pooling)
   return l2_normalize(emb_BxE) if normalize else emb_BxE
 

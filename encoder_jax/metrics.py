@@ -53,7 +53,9 @@ class MetricWriter:
       import tensorboardX  # Writes real TensorBoard event files without TensorFlow.
       os.makedirs(workdir, exist_ok=True)
       self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      path = os.path.join(workdir, 'metrics.jsonl')
+      _drop_partial_last_line(path)
+      self._jsonl = open(path, 'a', encoding='utf-8')
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
     if not self.enabled:
@@ -72,6 +74,17 @@ class MetricWriter:
     if self.enabled:
       self._tb.close()
       self._jsonl.close()
+
+
+def _drop_partial_last_line(path: str) -> None:
+  """A run killed mid-write leaves half a JSON line; cut it so appends stay valid JSONL."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb+') as f:
+    content = f.read()
+    if content and not content.endswith(b'\n'):
+      logging.warning('%s ends with a partial line (killed run?); removing it.', path)
+      f.truncate(content.rfind(b'\n') + 1)
 
 
 def _fmt(v: float) -> str:

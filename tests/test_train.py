@@ -15,6 +15,7 @@ import pytest
 from encoder_jax import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax import feeding
+from encoder_jax import metrics as metrics_lib
 from encoder_jax import objectives
 from encoder_jax import optimizer
 from encoder_jax import schedule
@@ -49,6 +50,15 @@ def uninterrupted(prepared_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('uninterrupted'))
   last = train.train_and_evaluate(_config(prepared_dir), workdir)
   return workdir, last
+
+
+def test_partial_metrics_line_from_a_killed_run_is_dropped(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 1, "split": "train", "loss": 1.0}\n{"step": 2, "spl')
+  writer = metrics_lib.MetricWriter(str(tmp_path))
+  writer.write(2, {'loss': 0.5})
+  writer.close()
+  assert [r['step'] for r in _train_lines(str(tmp_path))] == [1, 2]
 
 
 def test_run_goes_through_both_phases_and_logs_everything(uninterrupted):
@@ -90,8 +100,9 @@ def _wait_for(predicate, proc, timeout=300):
 def test_sigkill_then_resume_equals_uninterrupted(prepared_dir, uninterrupted, tmp_path):
   workdir = str(tmp_path / 'killed')
   proc = _run_main(prepared_dir, workdir)
-  meta = os.path.join(checkpointing.checkpoint_dir(workdir), '8', 'meta')
-  _wait_for(lambda: os.path.isdir(meta), proc)
+  # Orbax renames a checkpoint into place and then writes its metadata file: wait for both.
+  done = os.path.join(checkpointing.checkpoint_dir(workdir), '8', '_CHECKPOINT_METADATA')
+  _wait_for(lambda: os.path.exists(done), proc)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   resumed = _run_main(prepared_dir, workdir)

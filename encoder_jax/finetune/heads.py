@@ -33,11 +33,8 @@ class SequenceClassifier(nn.Module):
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
                deterministic: bool = True):
     c = self.config
-    # Same scopes as BertForPreTraining: embeddings/encoder at the top level.
-    x_BxLxE, _ = bert.Embeddings(c, name='embeddings')(input_ids_BxL, segment_ids_BxL,
-                                                       deterministic)
-    x_BxLxE, _ = bert.Encoder(c, name='encoder')(x_BxLxE, input_mask_BxL, deterministic)
-    pooled_BxE = jnp.tanh(_dense(c, c.hidden_size, ('embed',), 'pooler')(x_BxLxE[:, 0]))
+    pooled_BxE = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                             deterministic=deterministic)['pooled_output']
     pooled_BxE = nn.Dropout(self.dropout_rate)(pooled_BxE, deterministic=deterministic)
     return _dense(c, self.num_labels, (None,), 'classifier')(pooled_BxE).astype(jnp.float32)
 
@@ -52,9 +49,8 @@ class TokenClassifier(nn.Module):
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
                deterministic: bool = True):
     c = self.config
-    x_BxLxE, _ = bert.Embeddings(c, name='embeddings')(input_ids_BxL, segment_ids_BxL,
-                                                       deterministic)
-    x_BxLxE, _ = bert.Encoder(c, name='encoder')(x_BxLxE, input_mask_BxL, deterministic)
+    x_BxLxE = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                          deterministic=deterministic, pool=False)['sequence_output']
     x_BxLxE = nn.Dropout(self.dropout_rate)(x_BxLxE, deterministic=deterministic)
     return _dense(c, self.num_labels, (None,), 'classifier')(x_BxLxE).astype(jnp.float32)
 

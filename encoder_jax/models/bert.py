@@ -133,6 +133,42 @@ class Encoder(nn.Module):
     return x_BxLxE, all_NxBxLxE
 
 
+def encode(c: BertConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
+           deterministic: bool, pool: bool = True, collect_hidden: bool = False
+           ) -> dict[str, Any]:
+  """Embeddings -> encoder [-> tanh pooler on [CLS]], inside the calling compact module.
+
+  The submodules are named 'embeddings', 'encoder' and 'pooler' in whatever module calls
+  this, so every model built on it (pretraining, encoder-only, fine-tuning heads) shares
+  one parameter layout and loads the same checkpoints.
+  """
+  embedded_BxLxE, word_embed = Embeddings(c, name='embeddings')(
+      input_ids_BxL, segment_ids_BxL, deterministic)
+  x_BxLxE, all_NxBxLxE = Encoder(c, name='encoder')(embedded_BxLxE, input_mask_BxL,
+                                                    deterministic, collect_hidden)
+  out = {'sequence_output': x_BxLxE, 'word_embed': word_embed}
+  if pool:
+    out['pooled_output'] = jnp.tanh(layers.Dense(
+        (c.hidden_size,), (c.hidden_size,), ('embed',), ('embed',), c.initializer_range,
+        c.jnp_dtype, name='pooler')(x_BxLxE[:, 0]))
+  if collect_hidden:  # Embedding output, then each layer's output (as Hugging Face).
+    out['all_hidden_states'] = (embedded_BxLxE, *all_NxBxLxE)
+  return out
+
+
+class BertModel(nn.Module):
+  """The encoder alone (embeddings, layers, pooler): sentence embeddings and features."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
+               deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+    out = encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                 deterministic=deterministic, collect_hidden=collect_hidden)
+    del out['word_embed']
+    return out
+
+
 class BertForPreTraining(nn.Module):
   """Encoder + pooler + MLM head + pair (NSP/SOP) head.
 
@@ -144,21 +180,14 @@ class BertForPreTraining(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
                *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
-    c, dt = self.config, self.config.jnp_dtype
-    e = c.hidden_size
-    embedded_BxLxE, word_embed = Embeddings(c, name='embeddings')(input_ids_BxL, segment_ids_BxL,
-                                                                  deterministic)
-    x_BxLxE = embedded_BxLxE
-    x_BxLxE, all_NxBxLxE = Encoder(c, name='encoder')(x_BxLxE, input_mask_BxL, deterministic,
-                                                      collect_hidden)
-    dense = lambda n, out, out_axes: layers.Dense((e,), (out,), ('embed',), out_axes,
-                                                  c.initializer_range, dt, name=n)
-    pooled_BxE = jnp.tanh(dense('pooler', e, ('embed',))(x_BxLxE[:, 0]))
-    pair_logits_Bx2 = dense('pair_head', 2, (None,))(pooled_BxE).astype(jnp.float32)
-    out = {'sequence_output': x_BxLxE, 'pooled_output': pooled_BxE,
-           'pair_logits': pair_logits_Bx2}
-    if collect_hidden:  # Embedding output, then each layer's output (as Hugging Face).
-      out['all_hidden_states'] = (embedded_BxLxE, *all_NxBxLxE)
+    c = self.config
+    out = encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                 deterministic=deterministic, collect_hidden=collect_hidden)
+    word_embed = out.pop('word_embed')
+    x_BxLxE = out['sequence_output']
+    out['pair_logits'] = layers.Dense(
+        (c.hidden_size,), (2,), ('embed',), (None,), c.initializer_range, c.jnp_dtype,
+        name='pair_head')(out['pooled_output']).astype(jnp.float32)
     if masked_positions_BxP is None:
       masked_positions_BxP = jnp.broadcast_to(jnp.arange(x_BxLxE.shape[1]), input_ids_BxL.shape)
     h_BxPxE = jnp.take_along_axis(x_BxLxE, masked_positions_BxP[..., None], axis=1)
