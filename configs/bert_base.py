@@ -15,6 +15,7 @@ def get_config(arg=None):
   args = config_base.parse_arg(arg, runlocal=False)
   c = config_base.base_config()
   c.data.sources = 'tfds:wikipedia/20230601.en:train'
+  c.model.dtype = 'bfloat16'  # Activations; params and optimizer state stay float32.
   if args.runlocal:
     config_base.shrink_for_local_run(c)
   return c

@@ -11,6 +11,7 @@ def get_config(arg=None):
   c = config_base.base_config()
   c.model.update(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096)
   c.data.sources = 'tfds:wikipedia/20230601.en:train'
+  c.model.dtype = 'bfloat16'  # Activations; params and optimizer state stay float32.
   if args.runlocal:
     config_base.shrink_for_local_run(c)
   return c

@@ -12,5 +12,4 @@ def get_config(arg=None):
   del arg  # No variants.
   c = config_base.base_config()
   config_base.shrink_for_local_run(c)
-  c.model.vocab_size = 8000
   return c

@@ -10,13 +10,16 @@ restored, the run stops with every reason, and never silently starts from scratc
 
 from __future__ import annotations
 
-import os
+import json
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+
+from encoder_jax import workdir as workdir_lib
 
 ITEMS = ('params', 'opt_state', 'data', 'meta')
 
@@ -26,13 +29,15 @@ class CheckpointError(RuntimeError):
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+  return str(workdir_lib.path(workdir, 'checkpoints'))
 
 
-def _manager(workdir: str, keep: int = 3, async_save: bool = False) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+def _manager(workdir: str, keep: int = 3, async_save: bool = False, items=ITEMS,
+             create: bool = True) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
                                          enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options, item_names=ITEMS)
+  return ocp.CheckpointManager(workdir_lib.path(workdir, 'checkpoints'), options=options,
+                               item_names=items)
 
 
 def _check_shapes(restored, abstract, what: str, step: int):
@@ -54,6 +59,34 @@ def _restore_args(abstract_tree):
   return ocp.args.StandardRestore(abstract_tree)
 
 
+def _gather_json(obj) -> list:
+  """Every process's JSON-serialisable ``obj``, in process order (a collective call).
+
+  Orbax writes JSON items from the primary host only, so each host's data-iterator state
+  is gathered there and saved as one list; each host restores its own entry.
+  """
+  if jax.process_count() == 1:
+    return [obj]
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  raw = np.frombuffer(json.dumps(obj).encode('utf-8'), np.uint8)
+  lengths = multihost_utils.process_allgather(np.array([raw.size], np.int32)).reshape(-1)
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:raw.size] = raw
+  rows = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(rows[i, :lengths[i]]).decode('utf-8')) for i in range(len(lengths))]
+
+
+def _own_data_state(saved: dict | None, step: int) -> dict:
+  states = (saved or {}).get('processes', [{}])
+  if all(not s for s in states):
+    return {}  # E.g. an imported checkpoint: the stream starts from the beginning.
+  if len(states) != jax.process_count():
+    raise CheckpointError(
+        f'checkpoint step {step} holds the data-iterator state of {len(states)} processes; '
+        f'this run has {jax.process_count()}: resume with the same number of hosts')
+  return states[jax.process_index()]
+
+
 class Checkpointer:
   """Saves and restores a run's state in ``<workdir>/checkpoints``."""
 
@@ -71,7 +104,7 @@ class Checkpointer:
     self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
         opt_state=ocp.args.StandardSave(state.opt_state),
-        data=ocp.args.JsonSave(data_state),
+        data=ocp.args.JsonSave({'processes': _gather_json(data_state)}),
         meta=ocp.args.JsonSave({'step': int(step)})), force=True)
 
   def wait(self) -> None:
@@ -106,7 +139,7 @@ class Checkpointer:
       if failures:
         logging.warning('Restored step %d after skipping unreadable checkpoints: %s', step,
                         '; '.join(failures))
-      return got.params, got.opt_state, dict(got.data or {}), step
+      return got.params, got.opt_state, _own_data_state(got.data, step), step
     raise CheckpointError(
         f'No checkpoint in {self.manager.directory} could be restored; refusing to start from '
         'scratch over them. Reasons: ' + ' | '.join(failures))
@@ -119,9 +152,9 @@ class Checkpointer:
 def restore_params(workdir: str, abstract_params, step: int | None = None):
   """Only the params of a checkpoint (latest, or ``step``), placed per ``abstract_params``."""
   directory = checkpoint_dir(workdir)
-  if not os.path.isdir(directory):
+  if not workdir_lib.path(workdir, 'checkpoints').is_dir():
     raise CheckpointError(f'{directory} does not exist: no checkpoints in workdir {workdir!r}')
-  manager = _manager(workdir)
+  manager = _manager(workdir, items=('params',), create=False)
   try:
     steps = manager.all_steps()
     if not steps:

@@ -122,8 +122,9 @@ def parse_arg(arg: str | None, **defaults):
 
 def shrink_for_local_run(c: ml_collections.ConfigDict) -> None:
   """``runlocal``: the same recipe, small enough for a 2-core CPU in a few minutes."""
-  c.model.update(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512,
-                 max_position_embeddings=128)
+  # The embedded corpus (~1.6 MB) supports a vocabulary of at most ~9k pieces.
+  c.model.update(vocab_size=8000, hidden_size=128, num_layers=2, num_heads=2,
+                 intermediate_size=512, max_position_embeddings=128, dtype='float32')
   c.data.sources = 'embedded'
   c.train.update(num_steps=300, batch_size=32, seq_lens=(64, 128), max_predictions=(10, 20),
                  phase_fractions=(0.9, 0.1), log_every_steps=20, eval_every_steps=100,

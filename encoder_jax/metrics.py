@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Mapping
 
 import jax
 from absl import logging
+
+from encoder_jax import workdir as workdir_lib
 
 # Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind.
 PEAK_TFLOPS = {
@@ -50,12 +51,11 @@ class MetricWriter:
     self._tb = None
     self._jsonl = None
     if enabled:
-      import tensorboardX  # Writes real TensorBoard event files without TensorFlow.
-      os.makedirs(workdir, exist_ok=True)
-      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      path = os.path.join(workdir, 'metrics.jsonl')
+      workdir_lib.path(workdir).mkdir(parents=True, exist_ok=True)
+      self._tb = _summary_writer(str(workdir_lib.path(workdir, 'tensorboard')))
+      path = workdir_lib.path(workdir, 'metrics.jsonl')
       _drop_partial_last_line(path)
-      self._jsonl = open(path, 'a', encoding='utf-8')
+      self._jsonl = path.open('a')
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
     if not self.enabled:
@@ -76,15 +76,38 @@ class MetricWriter:
       self._jsonl.close()
 
 
-def _drop_partial_last_line(path: str) -> None:
+def _summary_writer(logdir: str):
+  """TensorBoard event files: tensorboardX locally; TensorFlow's writer for gs:// and co."""
+  if '://' not in logdir:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return tensorboardX.SummaryWriter(logdir)
+  return _TfSummaryWriter(logdir)
+
+
+class _TfSummaryWriter:
+  """The tensorboardX calls we use, on ``tf.summary`` (which writes to remote file systems)."""
+
+  def __init__(self, logdir: str):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._tf = tf
+    self._writer = tf.summary.create_file_writer(logdir)
+
+  def add_scalar(self, tag: str, value: float, step: int) -> None:
+    with self._writer.as_default():
+      self._tf.summary.scalar(tag, value, step=step)
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+def _drop_partial_last_line(path) -> None:
   """A run killed mid-write leaves half a JSON line; cut it so appends stay valid JSONL."""
-  if not os.path.exists(path):
+  if not path.exists():
     return
-  with open(path, 'rb+') as f:
-    content = f.read()
-    if content and not content.endswith(b'\n'):
-      logging.warning('%s ends with a partial line (killed run?); removing it.', path)
-      f.truncate(content.rfind(b'\n') + 1)
+  content = path.read_bytes()
+  if content and not content.endswith(b'\n'):
+    logging.warning('%s ends with a partial line (killed run?); removing it.', path)
+    path.write_bytes(content[:content.rfind(b'\n') + 1])
 
 
 def _fmt(v: float) -> str:

@@ -9,7 +9,6 @@ params, optimizer state and data-iterator state are saved together.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from encoder_jax import objectives
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import schedule
 from encoder_jax import sharding
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.models import bert
 from encoder_jax.objectives import masking
 
@@ -138,21 +138,33 @@ def make_eval_step(config, objective, mesh, param_shardings, phase: schedule.Pha
   return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
 
 
-def evaluate(eval_step, params, eval_batches, mesh) -> dict[str, float]:
-  """Mean of the per-batch metrics over a finite iterator of host batches."""
-  totals, n = {}, 0
-  for i, batch in enumerate(eval_batches):
-    m = jax.device_get(eval_step(params, feeding.to_global(batch, sharding.batch_sharding(mesh)),
-                                 i))
-    for k, v in m.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-    n += 1
-  if not n:
+def evaluate(eval_step, params, eval_batches, mesh, metric_weights: dict[str, str]
+             ) -> dict[str, float]:
+  """Held-out metrics over a finite iterator of host batches.
+
+  A metric named in ``metric_weights`` (the objective's) is a mean over a per-batch count
+  and is weighted by it (MLM loss and accuracy per predicted token); counts are summed;
+  other metrics are means over batches.
+  """
+  per_batch = [jax.device_get(eval_step(
+      params, feeding.to_global(batch, sharding.batch_sharding(mesh)), i))
+               for i, batch in enumerate(eval_batches)]
+  if not per_batch:
     raise ValueError('The held-out split produced no evaluation batch')
-  out = {k: v / n for k, v in totals.items()}
+  counts = set(metric_weights.values())
+  out = {}
+  for k in per_batch[0]:
+    values = np.array([float(m[k]) for m in per_batch])
+    if k in counts:
+      out[k] = float(values.sum())
+    elif k in metric_weights:
+      w = np.array([float(m[metric_weights[k]]) for m in per_batch])
+      out[k] = float((values * w).sum() / max(w.sum(), 1.0))
+    else:
+      out[k] = float(values.mean())
   if 'mlm_loss' in out:
     out['mlm_perplexity'] = float(np.exp(min(out['mlm_loss'], 50.0)))
-  out['batches'] = n
+  out['batches'] = len(per_batch)
   return out
 
 
@@ -189,13 +201,27 @@ def vocab_tables(config, prepared) -> masking.VocabTables:
 
 
 class _Preempted:
-  """Records SIGTERM (how TPU VMs are preempted) so the loop can save and exit cleanly."""
+  """Tells the loop when to save and exit because the machine is being preempted.
+
+  One process: our SIGTERM handler (how TPU VMs are preempted) sets a flag. Several
+  processes must agree on the step, or they would enter the collective save at different
+  steps: JAX's preemption service (started by ``jax.distributed.initialize``) hears the
+  signal and ``reached_preemption_sync_point`` says the same step on every host.
+  """
 
   def __init__(self):
-    self.requested = False
+    self._requested = False
     self._previous = None
 
+  def at(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._requested
+
   def __enter__(self):
+    if jax.process_count() > 1:
+      return self  # JAX's preemption service owns SIGTERM.
     try:
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # Not the main thread: no handler, nothing to restore.
@@ -205,7 +231,7 @@ class _Preempted:
   def _handle(self, signum, frame):
     del signum, frame
     logging.warning('SIGTERM received: saving a checkpoint after the current step.')
-    self.requested = True
+    self._requested = True
 
   def __exit__(self, *exc):
     if self._previous is not None:
@@ -223,9 +249,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   boxed, shards = state_shardings(config, mesh, model, tx)
   lead = jax.process_index() == 0
   if lead:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-      f.write(config.to_json_best_effort(indent=2))
+    workdir_lib.write_config(workdir, config)
+    workdir_lib.pin_tokenizer(workdir, prepared.tokenizer, prepared.unigram_counts)
     logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape),
                  sharding.describe(boxed.params, mesh))
   n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
@@ -249,6 +274,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   peak = metrics_lib.peak_tflops_per_device(config.train.peak_tflops_per_device)
   step_fns: dict[int, Any] = {}
   eval_fns: dict[int, Any] = {}
+  eval_sets: dict[int, list] = {}
+
+  def eval_set(phase):
+    """The held-out batches at a phase's length: built once, the same at every eval."""
+    if phase.index not in eval_sets:
+      eval_sets[phase.index] = list(data_lib.make_eval_iterator(
+          config, prepared, phase.seq_len, jax.process_index(), jax.process_count()))
+    return eval_sets[phase.index]
+
+  if config.train.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
+    eval_set(schedule.phase_at(phases, int(jax.device_get(state.step))))
   feed = feeding.Prefetcher(iterator)
   batch_shard = sharding.batch_sharding(mesh)
   t = config.train
@@ -311,15 +347,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.num_steps):
           if phase.index not in eval_fns:
             eval_fns[phase.index] = make_eval_step(config, objective, mesh, shards.params, phase)
-          writer.write(step, evaluate(eval_fns[phase.index], state.params, data_lib.make_eval_iterator(
-              config, prepared, phase.seq_len, jax.process_index(), jax.process_count()), mesh),
-                       prefix='eval')
+          writer.write(step, evaluate(eval_fns[phase.index], state.params, eval_set(phase), mesh,
+                                      objective.metric_weights), prefix='eval')
           timer_start = None
-        if step % ckpt.every_steps == 0 or step == t.num_steps or preempted.requested:
+        stop = preempted.at(step)
+        if step % ckpt.every_steps == 0 or step == t.num_steps or stop:
           flush_metrics(phase)  # Never save over a non-finite step.
           ckpt.save(step, state, data_state)
           timer_start = None
-        if preempted.requested:
+        if stop:
           logging.warning('Preempted at step %d: checkpoint saved, exiting.', step)
           break
   finally:

@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from encoder_jax import config_base
+from encoder_jax import data as data_lib
 from encoder_jax import schedule
 from encoder_jax import sharding
 from encoder_jax import train
@@ -42,6 +43,15 @@ def test_config_builds_under_eval_shape(path, arg):
   assert schedule.phases(c.train)[-1].end_step == c.train.num_steps
 
 
+@pytest.mark.parametrize('name', ['bert_base.py', 'bert_large.py'])
+def test_runlocal_variant_prepares_the_embedded_corpus(name, tmp_path):
+  c = _load(os.path.join(ROOT, 'configs', name), 'runlocal=True')
+  c.data.prepared_dir = str(tmp_path / 'prepared')
+  prepared = data_lib.load_or_prepare(c)
+  assert prepared.tokenizer.vocab_size == c.model.vocab_size
+  assert c.model.dtype == 'float32'  # bf16 is for accelerators; runlocal is for CPUs.
+
+
 def test_bert_base_is_the_papers_recipe():
   c = _load(os.path.join(ROOT, 'configs', 'bert_base.py'))
   assert (c.model.num_layers, c.model.hidden_size, c.model.num_heads) == (12, 768, 12)
@@ -50,6 +60,7 @@ def test_bert_base_is_the_papers_recipe():
   assert [(p.seq_len, p.max_predictions, p.end_step - p.start_step) for p in ph] == [
       (128, 20, 900_000), (512, 80, 100_000)]
   assert (c.optim.learning_rate, c.optim.warmup_steps, c.optim.eps) == (1e-4, 10_000, 1e-6)
+  assert c.model.dtype == 'bfloat16' and c.objective.names == ('mlm', 'nsp')
 
 
 def test_unknown_config_argument_is_rejected():

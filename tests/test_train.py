@@ -21,6 +21,7 @@ from encoder_jax import optimizer
 from encoder_jax import schedule
 from encoder_jax import sharding
 from encoder_jax import train
+from encoder_jax import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -100,8 +101,9 @@ def _wait_for(predicate, proc, timeout=300):
 def test_sigkill_then_resume_equals_uninterrupted(prepared_dir, uninterrupted, tmp_path):
   workdir = str(tmp_path / 'killed')
   proc = _run_main(prepared_dir, workdir)
-  # Orbax renames a checkpoint into place and then writes its metadata file: wait for both.
-  done = os.path.join(checkpointing.checkpoint_dir(workdir), '8', '_CHECKPOINT_METADATA')
+  # Killed after checkpoint 4, so the resumed run crosses the 32 -> 64 token phase switch
+  # at step 6. Orbax renames a checkpoint into place, then writes its metadata file.
+  done = os.path.join(checkpointing.checkpoint_dir(workdir), '4', '_CHECKPOINT_METADATA')
   _wait_for(lambda: os.path.exists(done), proc)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
@@ -231,6 +233,40 @@ def test_checkpoint_of_another_shape_is_reported_not_ignored(prepared_dir, unint
   ckpt.close()
   with pytest.raises(checkpointing.CheckpointError, match='does not exist'):
     checkpointing.restore_params(str(tmp_path / 'nowhere'), train.abstract_state(c, mesh).params)
+
+
+def test_data_state_of_each_process_is_saved_and_restored(monkeypatch):
+  from jax.experimental import multihost_utils
+  states = [{'step': 3, 'pool': None, 'name': 'process 0'}, {'step': 3, 'pool': [1, 2]}]
+  other = np.frombuffer(json.dumps(states[0]).encode(), np.uint8)
+
+  def all_gather_with_process_0(x):  # What process 1 receives from a 2-process all-gather.
+    x = np.asarray(x)
+    if x.dtype == np.int32:
+      return np.stack([np.array([other.size], np.int32), x])
+    row0 = np.zeros_like(x)
+    row0[:other.size] = other
+    return np.stack([row0, x])
+
+  monkeypatch.setattr(multihost_utils, 'process_allgather', all_gather_with_process_0)
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  assert checkpointing._gather_json(states[1]) == states
+  assert checkpointing._own_data_state({'processes': states}, 7) == states[1]
+  assert checkpointing._own_data_state({'processes': [{}]}, 0) == {}  # Imported: start over.
+  with pytest.raises(checkpointing.CheckpointError, match='state of 1 processes; this run has 2'):
+    checkpointing._own_data_state({'processes': states[:1]}, 7)
+
+
+def test_workdir_pins_the_tokenizer_and_refuses_another(prepared_dir, uninterrupted):
+  tok, counts = workdir_lib.load_tokenizer(uninterrupted[0])
+  prepared = data_lib.load_or_prepare(_config(prepared_dir))
+  assert tok.sha256() == prepared.tokenizer.sha256()
+  np.testing.assert_array_equal(counts, prepared.unigram_counts)
+  other = type('Tok', (), dict(path=__file__, kind='sentencepiece', lowercase=False,
+                               vocab_size=1))
+  with pytest.raises(ValueError, match='differs from the one .* was trained with'):
+    workdir_lib.pin_tokenizer(uninterrupted[0], other, None)
 
 
 def test_vocab_size_must_match_the_tokenizer(prepared_dir):

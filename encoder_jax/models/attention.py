@@ -59,7 +59,8 @@ def explicit_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropo
                          dropout_rng):
   """The same attention with an explicit float32 softmax, and dropout on its output."""
   depth = q_BxLxHxD.shape[-1]
-  logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD).astype(jnp.float32)
+  logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD,
+                              preferred_element_type=jnp.float32)
   logits_BxHxLxS = logits_BxHxLxS / jnp.sqrt(jnp.float32(depth))
   logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
   probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)

@@ -89,4 +89,6 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    return jnp.einsum('...d,vd->...v', x.astype(self.dtype), self.embedding.astype(self.dtype))
+    # Vocabulary logits feed a softmax over ~30k classes: accumulate and return float32.
+    return jnp.einsum('...d,vd->...v', x.astype(self.dtype), self.embedding.astype(self.dtype),
+                      preferred_element_type=jnp.float32)

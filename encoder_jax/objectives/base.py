@@ -29,6 +29,9 @@ class Objective:
   name: str = ''
   # data.pair_kind values whose batches this objective can learn from (None = any).
   pair_kinds: tuple[str, ...] | None = None
+  # Metrics that are means over a per-batch count, e.g. {'mlm_loss': 'mlm_predictions'}:
+  # averaging over batches weights each batch by that count (a per-token mean).
+  metric_weights: dict[str, str] = {}
 
   def corrupt(self, batch: Batch, rng: jax.Array, phase: schedule.Phase) -> Batch:
     del rng, phase
@@ -84,6 +87,10 @@ class Composite:
       metrics.update(m)
     metrics['loss'] = total
     return total, metrics
+
+  @property
+  def metric_weights(self) -> dict[str, str]:
+    return {k: v for o in self.objectives for k, v in o.metric_weights.items()}
 
 
 def check_pair_kind(objectives: list[Objective], data_config: ml_collections.ConfigDict):

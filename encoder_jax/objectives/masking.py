@@ -112,12 +112,11 @@ def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Ar
 
 
 def _whole_word_selection(u_BxL, maskable_BxL, n_B, word_start_BxL):
-  """Picks whole words in random order while their pieces fit in ``n_B``.
+  """Picks whole words in random order, skipping any that would exceed ``n_B`` pieces.
 
-  A word is a maskable word-start piece and the maskable non-start pieces after it. Words
-  are taken in the order of a random score until the next one would exceed the budget
-  (google-research/bert skips such a word and tries smaller ones; stopping instead
-  under-fills by less than one word).
+  A word is a maskable word-start piece and the maskable non-start pieces after it. As in
+  google-research/bert, words are visited in random order and a word that no longer fits
+  is skipped (a smaller one later may still fit), so the count is met whenever possible.
   """
   b, l = u_BxL.shape
   starts_BxL = maskable_BxL & (word_start_BxL | ~jnp.concatenate(
@@ -125,13 +124,21 @@ def _whole_word_selection(u_BxL, maskable_BxL, n_B, word_start_BxL):
   word_id_BxL = jnp.cumsum(starts_BxL, axis=1) - 1  # Index of the word each piece is in.
   word_id_BxL = jnp.where(maskable_BxL, word_id_BxL, l)  # Non-maskable -> a dummy word.
   # Each word's random score is its start piece's draw; sizes count its pieces.
-  word_score_BxW = jnp.full((b, l + 1), 2.0).at[jnp.arange(b)[:, None], jnp.where(
-      starts_BxL, word_id_BxL, l)].set(jnp.where(starts_BxL, u_BxL, 2.0))
+  rows = jnp.arange(b)[:, None]
+  word_score_BxW = jnp.full((b, l + 1), 2.0).at[rows, jnp.where(starts_BxL, word_id_BxL, l)].set(
+      jnp.where(starts_BxL, u_BxL, 2.0))
   word_score_BxW = word_score_BxW.at[:, l].set(2.0)
-  word_size_BxW = jnp.zeros((b, l + 1), jnp.int32).at[jnp.arange(b)[:, None], word_id_BxL].add(1)
+  word_size_BxW = jnp.zeros((b, l + 1), jnp.int32).at[rows, word_id_BxL].add(1)
   order_BxW = jnp.argsort(word_score_BxW, axis=1)  # Random order; dummy words last.
-  sizes_in_order = jnp.take_along_axis(word_size_BxW, order_BxW, 1)
-  fits_in_order = (jnp.cumsum(sizes_in_order, axis=1) <= n_B[:, None]) & (
-      jnp.take_along_axis(word_score_BxW, order_BxW, 1) < 2.0)
-  chosen_BxW = jnp.zeros((b, l + 1), bool).at[jnp.arange(b)[:, None], order_BxW].set(fits_in_order)
+
+  def greedy(sizes_W, real_W, budget):
+    def visit(count, word):
+      size, real = word
+      take = real & (count + size <= budget)
+      return count + jnp.where(take, size, 0), take
+    return jax.lax.scan(visit, jnp.int32(0), (sizes_W, real_W))[1]
+
+  taken_in_order = jax.vmap(greedy)(jnp.take_along_axis(word_size_BxW, order_BxW, 1),
+                                    jnp.take_along_axis(word_score_BxW, order_BxW, 1) < 2.0, n_B)
+  chosen_BxW = jnp.zeros((b, l + 1), bool).at[rows, order_BxW].set(taken_in_order)
   return jnp.take_along_axis(chosen_BxW, word_id_BxL, 1) & maskable_BxL

@@ -8,6 +8,7 @@ from encoder_jax.objectives import masking
 
 class MaskedLM(base.Objective):
   name = 'mlm'
+  metric_weights = {'mlm_loss': 'mlm_predictions', 'mlm_accuracy': 'mlm_predictions'}
 
   def __init__(self, recipe: masking.MaskingRecipe, tables: masking.VocabTables):
     self.recipe = recipe
