@@ -1,29 +1,34 @@
 r"""Converts checkpoints between Hugging Face BERT directories and encoder_jax workdirs.
 
-  # HF (config.json + model.safetensors | pytorch_model.bin, vocab.txt | tokenizer.json)
-  # -> a workdir with config.json, config.py, vocab.txt and a step-0 checkpoint:
+  # HF (config.json + model.safetensors | pytorch_model.bin; vocab.txt | tokenizer.json, or
+  # the tokenizer.model of an encoder_jax export) -> a workdir with config.json, config.py,
+  # the tokenizer file (pinned in tokenizer/) and a step-0 checkpoint:
   python -m encoder_jax.convert hf_to_workdir --hf_dir=HF_DIR --workdir=DIR \
       [--config=configs/bert_base.py]   # the training recipe to continue with (optional)
   python -m encoder_jax.main --config=DIR/config.py --workdir=DIR   # continue pretraining
 
-  # A workdir checkpoint -> config.json + model.safetensors (+ vocab.txt) for
-  # transformers.BertForPreTraining.from_pretrained(OUT):
+  # A workdir checkpoint -> config.json + model.safetensors + the workdir's pinned tokenizer
+  # (WordPiece: vocab.txt; SentencePiece: tokenizer.json + tokenizer.model) for
+  # transformers.BertForPreTraining / AutoTokenizer .from_pretrained(OUT):
   python -m encoder_jax.convert workdir_to_hf --workdir=DIR [--config=...] [--step=N] --out=OUT
+
+  # A workdir from before tokenizers were pinned: pin the one its run trained with.
+  python -m encoder_jax.convert pin_tokenizer --workdir=DIR --tokenizer=PREPARED/tokenizer.model
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 
 from absl import app
 from absl import flags
 
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import checkpoint_io
 from encoder_jax.interop import hf
 from encoder_jax.interop import tokenizer as tokenizer_io
 
-COMMANDS = ('hf_to_workdir', 'workdir_to_hf')
+COMMANDS = ('hf_to_workdir', 'workdir_to_hf', 'pin_tokenizer')
 
 # A config.py beside config.json, so main can be pointed at the workdir's own config
 # (and command-line overrides such as --config.data.sources=... still work).
@@ -31,6 +36,7 @@ WORKDIR_CONFIG_PY = '''"""The config of this workdir (written by encoder_jax.con
 
 import os
 
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import checkpoint_io
 
 
@@ -48,25 +54,28 @@ def hf_to_workdir(hf_dir: str, workdir: str, base_config=None) -> hf.ImportRepor
 
 
 def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) -> str:
-  """Writes ``out``; returns a one-line description."""
-  loaded = checkpoint_io.load_workdir(workdir, config, step, with_tokenizer=False)
-  t = loaded.run_config.tokenizer
-  pad_id = 0
-  if t.kind == 'wordpiece' and t.path:
-    tok = tokenizer_io.wordpiece(t.path, bool(t.lowercase))
-    pad_id = tok.pad_id
-  hf.save_hf(out, loaded.model_config, checkpoint_io.to_host(loaded.params), pad_token_id=pad_id)
-  if t.kind == 'wordpiece' and t.path:
-    tokenizer_io.write_hf_tokenizer_files(t.path, out, bool(t.lowercase),
-                                          loaded.model_config.max_position_embeddings)
-    tokenizer_note = 'vocab.txt + tokenizer_config.json'
-  elif t.path:
-    shutil.copyfile(t.path, os.path.join(out, os.path.basename(t.path)))
-    tokenizer_note = (f'{os.path.basename(t.path)} (SentencePiece: not loadable by '
-                      'BertTokenizer; use it with sentencepiece)')
-  else:
-    tokenizer_note = 'no tokenizer (config.tokenizer.path is empty: it lives in prepared data)'
-  return f'Wrote {out}: config.json + model.safetensors from {loaded.source}; {tokenizer_note}'
+  """Writes ``out`` (weights and the workdir's pinned tokenizer); returns a description."""
+  loaded = checkpoint_io.load_workdir(workdir, config, step)
+  tok = loaded.tokenizer
+  hf.save_hf(out, loaded.model_config, checkpoint_io.to_host(loaded.params),
+             pad_token_id=tok.pad_id)
+  written = tokenizer_io.export_hf_tokenizer(tok, out,
+                                             loaded.model_config.max_position_embeddings)
+  return f'Wrote {out}: config.json + model.safetensors from {loaded.source}; {written}'
+
+
+def pin_tokenizer(workdir: str, tokenizer_path: str, config=None) -> str:
+  """Pins ``tokenizer_path`` in a workdir that has none (runs from before pinning)."""
+  config = config if config is not None else checkpoint_io.read_run_config(workdir)
+  kind = tokenizer_io.kind_of_file(tokenizer_path)
+  tok = tokenizer_io.from_path(kind, tokenizer_path, bool(config.tokenizer.lowercase))
+  tok.check_vocab_size(int(config.model.vocab_size), f'config.model.vocab_size of {workdir}')
+  if kind != config.tokenizer.kind:
+    raise ValueError(f'{tokenizer_path} is a {kind} tokenizer but the config of {workdir} says '
+                     f'tokenizer.kind={config.tokenizer.kind!r}')
+  workdir_lib.pin_tokenizer(workdir, tok, None)  # Raises if a different one is pinned.
+  return (f'Pinned {tokenizer_path} ({kind}, {tok.vocab_size} pieces) in '
+          f'{workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR)}')
 
 
 def main(argv):
@@ -79,16 +88,23 @@ def main(argv):
       raise app.UsageError('hf_to_workdir needs --hf_dir and --workdir')
     report = hf_to_workdir(f.hf_dir, f.workdir, f.config)
     print(report.summary())
-    print(f'Wrote {f.workdir}: checkpoints/0, config.json, config.py, vocab.txt. Continue '
-          f'pretraining with: python -m encoder_jax.main --config={f.workdir}/config.py '
-          f'--workdir={f.workdir}')
-  else:
+    tokenizer_file = os.path.basename(checkpoint_io.read_run_config(f.workdir).tokenizer.path)
+    print(f'Wrote {f.workdir}: checkpoints/0, config.json, config.py, {tokenizer_file} (also '
+          'pinned in tokenizer/). Continue pretraining with: python -m encoder_jax.main '
+          f'--config={f.workdir}/config.py --workdir={f.workdir}')
+  elif argv[1] == 'workdir_to_hf':
     if not f.workdir or not f.out:
       raise app.UsageError('workdir_to_hf needs --workdir and --out')
     print(workdir_to_hf(f.workdir, f.out, f.config, f.step))
+  else:
+    if not f.workdir or not f.tokenizer:
+      raise app.UsageError('pin_tokenizer needs --workdir and --tokenizer')
+    print(pin_tokenizer(f.workdir, f.tokenizer, f.config))
 
 
 if __name__ == '__main__':
   checkpoint_io.define_source_flags()
   flags.DEFINE_string('out', None, 'workdir_to_hf: the Hugging Face directory to write.')
+  flags.DEFINE_string('tokenizer', None, 'pin_tokenizer: the tokenizer.model (SentencePiece) '
+                      'or vocab.txt (WordPiece) the run trained with.')
   app.run(main)

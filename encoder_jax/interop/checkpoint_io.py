@@ -21,6 +21,7 @@ from absl import logging
 from encoder_jax import checkpointing
 from encoder_jax import config_base
 from encoder_jax import sharding
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_table
 from encoder_jax.interop import tokenizer as tokenizer_io
@@ -179,9 +180,11 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | 
 
 def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
                  step: int | None = None, mesh=None, with_tokenizer: bool = True) -> Loaded:
+  """A workdir's checkpoint and the tokenizer pinned in it (see ``tokenizer.for_workdir``)."""
   config = config if config is not None else read_run_config(workdir)
+  step = latest_or(workdir, step)  # Cheap checks first: the checkpoint, then the tokenizer.
+  tok = tokenizer_io.for_workdir(workdir, config) if with_tokenizer else None
   params, step, mesh = restore_params(config, workdir, step, mesh)
-  tok = tokenizer_io.for_config(config) if with_tokenizer else None
   return Loaded(bert.BertConfig.from_config(config.model), params, tok,
                 f'{workdir} step {step}', step, config, mesh)
 
@@ -189,27 +192,25 @@ def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
 def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
   model_config, params, report = hf.load_hf(hf_dir, seed)
   logging.info('%s', report.summary())
-  vocab = os.path.join(hf_dir, tokenizer_io.VOCAB_TXT)
-  if not os.path.exists(vocab):  # tokenizer.json only: write a vocab.txt next to nothing.
-    import tempfile  # pylint: disable=g-import-not-at-top
-    vocab = tokenizer_io.write_hf_vocab(hf_dir, tempfile.mkdtemp(prefix='vocab_'))
-  tok = tokenizer_io.wordpiece(vocab, tokenizer_io.hf_lowercase(hf_dir))
+  tok = tokenizer_io.load_hf_tokenizer(hf_dir)
+  if tok.vocab_size != model_config.vocab_size:
+    raise ValueError(f'{hf_dir}: the tokenizer ({tok.path}) has {tok.vocab_size} pieces but '
+                     f'config.json says vocab_size={model_config.vocab_size}')
   return Loaded(model_config, params, tok, hf_dir, report=report)
 
 
 # ---------------------------------------------------------------------------- import
 
 
-def run_config_for(model_config: bert.BertConfig, workdir: str, lowercase: bool,
+def run_config_for(model_config: bert.BertConfig, tok,
                    base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
-  """``base`` (default: the schema defaults) with the imported model and its WordPiece vocab."""
+  """``base`` (default: the schema defaults) with the imported model and tokenizer file."""
   config = ml_collections.ConfigDict(base.to_dict()) if base is not None else (
       config_base.base_config())
   config.model.update({ours: getattr(model_config, ours)
                        for ours, _ in hf_table.CONFIG_FIELDS})
-  config.tokenizer.update(kind='wordpiece', path=os.path.join(os.path.abspath(workdir),
-                                                              tokenizer_io.VOCAB_TXT),
-                          lowercase=lowercase)
+  config.tokenizer.update(kind=tok.kind, path=os.path.abspath(tok.path),
+                          lowercase=bool(tok.lowercase))
   longest, limit = max(config.train.seq_lens), model_config.max_position_embeddings
   if base is None and longest > limit:  # Default recipe, short model: shorten the phases.
     config.train.seq_lens = tuple(min(s, limit) for s in config.train.seq_lens)
@@ -223,20 +224,25 @@ def run_config_for(model_config: bert.BertConfig, workdir: str, lowercase: bool,
 
 def import_hf_to_workdir(hf_dir: str, workdir: str,
                          base: ml_collections.ConfigDict | None = None) -> hf.ImportReport:
-  """HF BERT directory -> ``workdir`` with config.json, vocab.txt and a step-0 checkpoint."""
+  """HF directory -> ``workdir``: config.json, the tokenizer (pinned), a step-0 checkpoint.
+
+  The tokenizer file (``vocab.txt``, or the ``tokenizer.model`` of an encoder_jax
+  SentencePiece export) is copied into the workdir, named by ``config.tokenizer.path``
+  for continued pretraining, and pinned in ``<workdir>/tokenizer/``.
+  """
   from encoder_jax import train  # pylint: disable=g-import-not-at-top
   ckpt_dir = checkpointing.checkpoint_dir(workdir)
   if os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir)):
     raise FileExistsError(f'{ckpt_dir} already holds checkpoints; import into an empty workdir')
   seed = int(base.seed) if base is not None else 0
   model_config, params, report = hf.load_hf(hf_dir, seed)
-  config = run_config_for(model_config, workdir, tokenizer_io.hf_lowercase(hf_dir), base)
-  vocab = tokenizer_io.write_hf_vocab(hf_dir, workdir)
-  tok = tokenizer_io.wordpiece(vocab, bool(config.tokenizer.lowercase))
+  tok = tokenizer_io.import_hf_tokenizer(hf_dir, workdir)
   if tok.vocab_size != model_config.vocab_size:
     raise ValueError(f'{hf_dir}: the tokenizer has {tok.vocab_size} pieces but config.json '
                      f'says vocab_size={model_config.vocab_size}; the input pipeline needs '
                      'them equal')
+  config = run_config_for(model_config, tok, base)
+  workdir_lib.pin_tokenizer(workdir, tok, None)
   mesh = local_mesh(config)
   state = train.create_train_state(config, mesh, params=params)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
