@@ -83,6 +83,7 @@ def main(argv):
     raise app.UsageError(f'Usage: python -m encoder_jax.convert {{{"|".join(COMMANDS)}}} '
                          f'[flags]; got {argv[1:]}')
   f = flags.FLAGS
+  checkpoint_io.quiet_logging()
   if argv[1] == 'hf_to_workdir':
     if not f.hf_dir or not f.workdir:
       raise app.UsageError('hf_to_workdir needs --hf_dir and --workdir')

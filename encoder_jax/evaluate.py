@@ -2,20 +2,24 @@ r"""Held-out evaluation of a pretraining checkpoint: MLM loss / accuracy / perpl
 
   python -m encoder_jax.evaluate --config=configs/bert_small.py --workdir=DIR [--step=N]
   python -m encoder_jax.evaluate --workdir=DIR   # the workdir's own config.json
+  python -m encoder_jax.evaluate --workdir=DIR --batch_size=8 --eval_batches=20  # a laptop
 
-The masks are the training objective's own (``objectives.build``, 15% with 80/10/10 as
-configured), drawn with ``train=False`` from a key fixed by ``config.seed``, so two runs
-on the same checkpoint give the same numbers, on any mesh. MLM metrics are per predicted
-token over all batches (not a mean of batch means); perplexity = exp(MLM loss). The pair
-(NSP/SOP) metrics appear when ``config.objective.names`` has that head. Results go to
-``<workdir>/eval_<step>.json`` and a readable summary to stdout. The checkpoint is
-restored onto this machine's devices, whatever wrote it.
+The metrics are the training-time evaluation's (``train.evaluate``): the objective's own
+masks (``objectives.build``, 15% with 80/10/10 as configured), drawn with ``train=False``
+from a key fixed by ``config.seed``, so two runs on the same checkpoint give the same
+numbers, on any mesh; MLM loss and accuracy per predicted token over all batches (not a
+mean of batch means); perplexity = exp(MLM loss). The pair (NSP/SOP) metrics appear when
+``config.objective.names`` has that head. ``--batch_size`` / ``--eval_batches`` (default:
+``config.train``'s) bound the memory and the time. The held-out split comes from the
+prepared data of the config, which must have been tokenized with the tokenizer pinned in
+the workdir (checked by sha256). Results go to ``<workdir>/eval_<step>.json`` and a
+readable summary to stdout. The checkpoint is restored onto this machine's devices,
+whatever wrote it.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
@@ -23,11 +27,11 @@ import jax
 import ml_collections
 from absl import logging
 
-from encoder_jax import feeding
 from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import sharding
 from encoder_jax.interop import checkpoint_io
+from encoder_jax.interop import tokenizer as tokenizer_io
 
 PAIR_OBJECTIVES = ('nsp', 'sop')
 
@@ -43,67 +47,83 @@ def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) ->
                    f'{[p.seq_len for p in phases]}')
 
 
+def check_prepared_tokenizer(workdir: str, pinned, prepared) -> None:
+  """The held-out data must be tokenized with the tokenizer the checkpoint was trained with."""
+  ours, theirs = pinned.sha256(), prepared.tokenizer.sha256()
+  if ours != theirs:
+    raise ValueError(
+        f'The data prepared for this config ({prepared.directory}) is tokenized with '
+        f'{prepared.tokenizer.path} (sha256 {theirs[:12]}), not with the tokenizer {workdir} '
+        f'was trained with ({pinned.path}, sha256 {ours[:12]}): the metrics would be '
+        'meaningless. Evaluate with the config the run trained with (<workdir>/config.json, '
+        'the default), or point config.data.prepared_dir at the data prepared for that run.')
+
+
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
                         step: int | None = None, seq_len: int | None = None,
-                        devices=None) -> dict:
-  """The metrics of one checkpoint on the held-out split (see the module docstring)."""
+                        devices=None, batch_size: int | None = None,
+                        eval_batches: int | None = None) -> dict:
+  """The metrics of one checkpoint on the held-out split (see the module docstring).
+
+  ``batch_size`` / ``eval_batches`` override ``config.train.batch_size`` / ``eval_batches``.
+  """
   from encoder_jax import data  # pylint: disable=g-import-not-at-top
   from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  config = config.copy_and_resolve_references()
+  for name, value in (('batch_size', batch_size), ('eval_batches', eval_batches)):
+    if value is not None:
+      if value < 1:
+        raise ValueError(f'--{name}={value}; expected >= 1')
+      config.train[name] = int(value)
   mesh = None
   if devices is not None:
     mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
                               devices)
-  params, step, mesh = checkpoint_io.restore_params(config, workdir, step, mesh)
+  step = checkpoint_io.latest_or(workdir, step)
+  mesh = mesh or checkpoint_io.local_mesh(config)
+  sharding.check_batch(int(config.train.batch_size), mesh,
+                       '--batch_size (default config.train.batch_size)')
+  pinned = tokenizer_io.for_workdir(workdir, config)  # None pinned: fail before preparing.
   prepared = data.load_or_prepare(config)
+  check_prepared_tokenizer(workdir, pinned, prepared)
+  params, step, mesh = checkpoint_io.restore_params(config, workdir, step, mesh)
   objective = objectives.build(config, train.build_model(config).apply,
                                train.vocab_tables(config, prepared))
   phase = _phase(config, step, seq_len)
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   eval_step = train.make_eval_step(config, objective, mesh, param_shardings, phase)
-  batch_sharding = sharding.batch_sharding(mesh)
-  sharding.check_batch(int(config.train.batch_size), mesh)
 
   start = time.perf_counter()
-  sums: dict[str, float] = {}
-  predictions = sequences = batches = 0
-  for i, batch in enumerate(data.make_eval_iterator(config, prepared, phase.seq_len,
-                                                    jax.process_index(),
-                                                    jax.process_count())):
-    m = jax.device_get(eval_step(params, feeding.to_global(batch, batch_sharding), i))
-    n_pred = float(m.get('mlm_predictions', 0.0))
-    n_seq = int(batch['input_ids'].shape[0]) * jax.process_count()
-    for k, v in m.items():
-      if k.startswith('mlm_') and k != 'mlm_predictions':
-        sums[k] = sums.get(k, 0.0) + float(v) * n_pred
-      elif k.startswith('pair_'):
-        sums[k] = sums.get(k, 0.0) + float(v) * n_seq
-    predictions += n_pred
-    sequences += n_seq
-    batches += 1
-  if not batches:
-    raise ValueError(f'The held-out split of {prepared.directory} gave no batch')
+  sequences = 0
+
+  def counted(batches):
+    nonlocal sequences
+    for batch in batches:
+      sequences += int(batch['input_ids'].shape[0]) * jax.process_count()
+      yield batch
+
+  m = train.evaluate(eval_step, params, counted(data.make_eval_iterator(
+      config, prepared, phase.seq_len, jax.process_index(), jax.process_count())), mesh,
+                     objective.metric_weights)
   out = {'step': int(step), 'seq_len': phase.seq_len, 'max_predictions': phase.max_predictions,
-         'batches': batches, 'sequences': sequences, 'seed': int(config.seed),
+         'batches': int(m.pop('batches')), 'batch_size': int(config.train.batch_size),
+         'sequences': sequences, 'seed': int(config.seed),
          'mask_rate': float(config.objective.mask_rate),
          'objectives': list(config.objective.names)}
-  if 'mlm_loss' in sums:
-    out['mlm_predictions'] = int(predictions)
-    out['mlm_loss'] = sums['mlm_loss'] / max(predictions, 1.0)
-    out['mlm_accuracy'] = sums['mlm_accuracy'] / max(predictions, 1.0)
-    out['mlm_perplexity'] = math.exp(min(out['mlm_loss'], 50.0))
+  out.update(m)
+  if 'mlm_predictions' in out:
+    out['mlm_predictions'] = int(round(out['mlm_predictions']))
   pair = [n for n in config.objective.names if n in PAIR_OBJECTIVES]
-  if pair and 'pair_loss' in sums:
+  if pair and 'pair_loss' in out:
     out['pair_objective'] = pair[0]
-    out['pair_loss'] = sums['pair_loss'] / sequences
-    out['pair_accuracy'] = sums['pair_accuracy'] / sequences
   out['eval_time_s'] = time.perf_counter() - start
   return out
 
 
 def summary(metrics: dict, workdir: str) -> str:
   lines = [f'Evaluation of {workdir} step {metrics["step"]} on the held-out split: '
-           f'{metrics["batches"]} batches, {metrics["sequences"]} sequences of '
-           f'{metrics["seq_len"]} tokens (seed {metrics["seed"]}, mask rate '
+           f'{metrics["batches"]} batches of {metrics["batch_size"]}, {metrics["sequences"]} '
+           f'sequences of {metrics["seq_len"]} tokens (seed {metrics["seed"]}, mask rate '
            f'{metrics["mask_rate"]:.0%}).']
   if 'mlm_loss' in metrics:
     lines.append(f'  MLM   loss {metrics["mlm_loss"]:.4f}  accuracy '
@@ -136,8 +156,10 @@ def main(argv):
   f = flags.FLAGS
   if not f.workdir:
     raise app.UsageError('--workdir is required')
+  checkpoint_io.quiet_logging()
   config = f.config if f.config is not None else checkpoint_io.read_run_config(f.workdir)
-  metrics = evaluate_checkpoint(config, f.workdir, f.step, f.seq_len)
+  metrics = evaluate_checkpoint(config, f.workdir, f.step, f.seq_len,
+                                batch_size=f.batch_size, eval_batches=f.eval_batches)
   if jax.process_index() == 0:
     path = write(metrics, f.workdir, f.output)
     print(summary(metrics, f.workdir))
@@ -155,5 +177,9 @@ if __name__ == '__main__':
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
   flags.DEFINE_integer('seq_len', None, 'Evaluate at this phase length (default: the phase '
                        'of the checkpoint step).')
+  flags.DEFINE_integer('batch_size', None, 'Sequences per evaluation batch (default: '
+                       'config.train.batch_size); lower it to evaluate a big model on a CPU.')
+  flags.DEFINE_integer('eval_batches', None, 'Held-out batches to evaluate (default: '
+                       'config.train.eval_batches).')
   flags.DEFINE_string('output', None, 'JSON path (default: <workdir>/eval_<step>.json).')
   app.run(main)

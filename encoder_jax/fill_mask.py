@@ -74,6 +74,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   f = flags.FLAGS
+  checkpoint_io.quiet_logging()
   loaded = checkpoint_io.load_from_flags(f)
   if loaded.report is not None and 'mlm_head' in loaded.report.initialised_groups:
     print(f'Warning: {loaded.source} has no MLM head (freshly initialised): predictions are '

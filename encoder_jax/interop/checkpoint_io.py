@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging as std_logging
 import os
 from typing import Any
 
@@ -278,6 +279,25 @@ def load_from_flags(f, with_tokenizer: bool = True) -> Loaded:
   if f.hf_dir:
     return load_hf_dir(f.hf_dir)
   return load_workdir(f.workdir, f.config, f.step, with_tokenizer=with_tokenizer)
+
+
+def _not_orbax_chatter(record) -> bool:
+  """False for Orbax's records below ERROR (restore notes such as 'Item opt_state was found
+  in the checkpoint, but could not be restored': the tools restore params on purpose)."""
+  return record.levelno >= std_logging.ERROR or f'{os.sep}orbax{os.sep}' not in record.pathname
+
+
+def quiet_logging() -> None:
+  """For the CLIs' main: warnings and errors only (unless --verbosity is given), no Orbax notes.
+
+  What the user sees is the result and real problems, not library chatter.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if 'verbosity' not in flags.FLAGS or not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  for target in (logging.get_absl_handler(), logging.get_absl_logger(), std_logging.getLogger()):
+    if _not_orbax_chatter not in target.filters:
+      target.addFilter(_not_orbax_chatter)
 
 
 def to_host(params) -> Any:

@@ -13,6 +13,7 @@ import transformers
 
 from encoder_jax import checkpointing
 from encoder_jax import convert
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import checkpoint_io
 from encoder_jax.models import bert
 
@@ -38,7 +39,9 @@ def test_workdir_layout_and_config(imported):
   assert config.tokenizer.kind == 'wordpiece'
   assert config.tokenizer.path == os.path.join(os.path.abspath(workdir), 'vocab.txt')
   assert max(config.train.seq_lens) <= 32  # Fits the imported max_position_embeddings.
-  del hf_dir
+  tok, counts = workdir_lib.load_tokenizer(workdir)  # Pinned: the workdir is self-contained.
+  assert tok.kind == 'wordpiece' and tok.sha256() == checkpoint_io.tokenizer_io.wordpiece(
+      os.path.join(hf_dir, 'vocab.txt')).sha256() and counts is None
 
 
 def test_restored_checkpoint_computes_what_transformers_computes(imported):

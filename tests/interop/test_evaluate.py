@@ -55,14 +55,28 @@ def test_same_numbers_on_one_device_and_on_a_mesh(run):
 def test_cli_writes_json_and_summary(run):
   workdir, _ = run
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.evaluate', f'--workdir={workdir}'],
+  out = subprocess.run([sys.executable, '-m', 'encoder_jax.evaluate', f'--workdir={workdir}',
+                        '--batch_size=4', '--eval_batches=2', '--alsologtostderr'],
                        capture_output=True, text=True, env=env, check=False,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'MLM   loss' in out.stdout and 'perplexity' in out.stdout and 'NSP' in out.stdout
+  assert '2 batches of 4' in out.stdout
+  assert 'could not be restored' not in out.stderr, out.stderr[-3000:]  # Orbax notes hidden.
   with open(os.path.join(workdir, 'eval_0.json')) as f:
     metrics = json.load(f)
   assert {'mlm_loss', 'mlm_accuracy', 'mlm_perplexity', 'pair_accuracy'} <= set(metrics)
+  assert (metrics['batches'], metrics['batch_size'], metrics['sequences']) == (2, 4, 8)
+
+
+def test_batch_size_must_fit_the_mesh(run):
+  workdir, config = run
+  if jax.device_count() < 8:
+    pytest.skip('needs 8 (simulated) devices')
+  with pytest.raises(ValueError, match='--batch_size.*=4 is not divisible'):
+    evaluate.evaluate_checkpoint(config, workdir, batch_size=4, devices=jax.devices()[:8])
+  with pytest.raises(ValueError, match='--eval_batches=0; expected >= 1'):
+    evaluate.evaluate_checkpoint(config, workdir, eval_batches=0)
 
 
 def test_cli_errors_name_the_problem(tmp_path):
