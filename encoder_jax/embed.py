@@ -5,6 +5,12 @@ the final hidden states of the real (non-padding) tokens, [CLS] and [SEP] includ
 sentence-transformers does). Embeddings are L2-normalised unless ``--normalize=false``.
 Batches are padded to a multiple of 16 tokens; padding never changes an embedding.
 
+Row i of the output is line i of the input, always. Nothing is dropped silently: blank
+(or whitespace-only) lines still get a row, the embedding of the empty text ``[CLS] [SEP]``,
+and are reported with their line numbers on stderr (drop them from the input if unwanted);
+sentences longer than ``--max_len`` tokens (with [CLS]/[SEP]) are truncated to it and
+reported likewise.
+
   python -m encoder_jax.embed --workdir=DIR [--config=...] [--step=N] \
       --input=sentences.txt --output=emb.npy [--pooling=mean|cls] [--normalize=true]
   python -m encoder_jax.embed --hf_dir=HF_BERT_DIR --input=... --output=...
@@ -12,7 +18,9 @@ Batches are padded to a multiple of 16 tokens; padding never changes an embeddin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import sys
 from typing import Sequence
 
 import jax
@@ -68,23 +76,69 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, max_len: int
   return ids, mask
 
 
-def embed_sentences(params, config: bert.BertConfig, tokenizer, sentences: Sequence[str], *,
-                    pooling: str = 'mean', normalize: bool = True, batch_size: int = 32,
-                    max_len: int = 128) -> np.ndarray:
-  """float32 [len(sentences), hidden] embeddings, in input order."""
+@dataclasses.dataclass
+class Encoded:
+  """Sentences as [CLS] ids [SEP] rows, and what the encoding did to them."""
+  rows: list[list[int]]
+  blank: list[int]  # 0-based indices of empty / whitespace-only sentences.
+  truncated: list[int]  # 0-based indices of sentences cut to max_len tokens.
+  longest: int  # Tokens of the longest sentence before truncation, [CLS]/[SEP] included.
+  max_len: int
+
+  def warnings(self, what: str = 'line') -> list[str]:
+    """Human-readable notes on blank and truncated inputs (1-based ``what`` numbers)."""
+    def where(indices):
+      shown = ', '.join(str(i + 1) for i in indices[:10])
+      return f'{what}s {shown}' + (f' and {len(indices) - 10} more' if len(indices) > 10 else '')
+    out = []
+    if self.blank:
+      out.append(f'{len(self.blank)} of {len(self.rows)} inputs are blank ({where(self.blank)}): '
+                 'each got the embedding of an empty text ([CLS] [SEP]) so that row i is '
+                 f'{what} i; drop them from the input if unwanted.')
+    if self.truncated:
+      out.append(f'{len(self.truncated)} of {len(self.rows)} inputs are longer than '
+                 f'max_len={self.max_len} tokens and were truncated ({where(self.truncated)}; '
+                 f'the longest has {self.longest} tokens with [CLS]/[SEP]).')
+    return out
+
+
+def encode_sentences(tokenizer, sentences: Sequence[str], max_len: int) -> Encoded:
+  """[CLS] ids [SEP] per sentence, truncated to ``max_len``, with blanks and cuts recorded."""
+  ids = tokenizer.encode_batch(list(sentences)) if sentences else []
+  rows = [with_specials(tokenizer, i, max_len) for i in ids]
+  return Encoded(rows=rows, blank=[n for n, s in enumerate(sentences) if not s.strip()],
+                 truncated=[n for n, i in enumerate(ids) if len(i) + 2 > max_len],
+                 longest=max((len(i) + 2 for i in ids), default=0), max_len=max_len)
+
+
+def embed_rows(params, config: bert.BertConfig, rows: Sequence[Sequence[int]], pad_id: int, *,
+               pooling: str = 'mean', normalize: bool = True, batch_size: int = 32
+               ) -> np.ndarray:
+  """float32 [len(rows), hidden] embeddings of [CLS] ... [SEP] id rows, in input order."""
   if pooling not in POOLINGS:
     raise ValueError(f'pooling={pooling!r}; expected one of {POOLINGS}')
-  max_len = min(max_len, config.max_position_embeddings)
-  rows = [with_specials(tokenizer, tokenizer.encode(s), max_len) for s in sentences]
+  max_len = max((len(r) for r in rows), default=1)
   out = np.zeros((len(rows), config.hidden_size), np.float32)
   # Similar lengths share a batch (less padding); results go back to input order.
   order = np.argsort([len(r) for r in rows], kind='stable')
   for start in range(0, len(rows), batch_size):
     idx = order[start:start + batch_size]
-    ids, mask = pad_batch([rows[i] for i in idx], tokenizer.pad_id, max_len)
+    ids, mask = pad_batch([rows[i] for i in idx], pad_id, max_len)
     out[idx] = np.asarray(embed_batch(params, ids, mask, config=config, pooling=pooling,
                                       normalize=normalize))
   return out
+
+
+def embed_sentences(params, config: bert.BertConfig, tokenizer, sentences: Sequence[str], *,
+                    pooling: str = 'mean', normalize: bool = True, batch_size: int = 32,
+                    max_len: int = 128) -> np.ndarray:
+  """float32 [len(sentences), hidden] embeddings, in input order; one row per sentence.
+
+  Blank sentences and truncation are not reported here: see :func:`encode_sentences`.
+  """
+  encoded = encode_sentences(tokenizer, sentences, min(max_len, config.max_position_embeddings))
+  return embed_rows(params, config, encoded.rows, tokenizer.pad_id, pooling=pooling,
+                    normalize=normalize, batch_size=batch_size)
 
 
 def main(argv):
@@ -92,16 +146,26 @@ def main(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   from encoder_jax.interop import checkpoint_io  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
+  checkpoint_io.quiet_logging()
+  if f.max_len < 3:
+    raise ValueError(f'--max_len={f.max_len}; expected >= 3 ([CLS], a token, [SEP])')
   loaded = checkpoint_io.load_from_flags(f)
   with open(f.input, encoding='utf-8') as fh:
-    sentences = [line.rstrip('\n') for line in fh]
-  emb = embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer, sentences,
-                        pooling=f.pooling, normalize=f.normalize, batch_size=f.batch_size,
-                        max_len=f.max_len)
+    sentences = [line.rstrip('\r\n') for line in fh]
+  max_len = min(f.max_len, loaded.model_config.max_position_embeddings)
+  if max_len < f.max_len:
+    print(f'Note: --max_len={f.max_len} is more than the model takes; using {max_len}.',
+          file=sys.stderr)
+  encoded = encode_sentences(loaded.tokenizer, sentences, max_len)
+  for warning in encoded.warnings():
+    print(f'Warning: {f.input}: {warning}', file=sys.stderr)
+  emb = embed_rows(loaded.params, loaded.model_config, encoded.rows, loaded.tokenizer.pad_id,
+                   pooling=f.pooling, normalize=f.normalize, batch_size=f.batch_size)
   np.save(f.output, emb)
-  print(f'Embedded {len(sentences)} sentences from {f.input} with {f.pooling} pooling '
-        f'({"L2-normalised" if f.normalize else "not normalised"}) using {loaded.source}: '
-        f'{f.output} float32 {emb.shape}')
+  notes = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']
+  print(f'Embedded {len(sentences)} lines from {f.input} ({", ".join(notes)}) with {f.pooling} '
+        f'pooling ({"L2-normalised" if f.normalize else "not normalised"}) using '
+        f'{loaded.source}: {f.output} float32 {emb.shape}')
 
 
 def _define_flags():

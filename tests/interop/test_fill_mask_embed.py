@@ -95,9 +95,37 @@ def test_cli_outputs(hf_dir_and_model, tmp_path):
                        capture_output=True, text=True, env=env, cwd=ROOT, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   emb = np.load(tmp_path / 'e.npy')
-  assert emb.shape == (4, 30) and emb.dtype == np.float32
+  assert emb.shape == (4, 30) and emb.dtype == np.float32  # Row i = line i, blank included.
+  assert '1 of 4 inputs are blank (lines 3)' in out.stderr, out.stderr[-3000:]
+  assert 'truncated' not in out.stderr
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.fill_mask', f'--hf_dir={hf_dir}',
                         '--text=the [MASK] sat.', '--top_k=3'],
                        capture_output=True, text=True, env=env, cwd=ROOT, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   assert '[MASK] #1:' in out.stdout
+
+
+def test_blank_and_truncated_inputs_are_reported(loaded):
+  tok = loaded.tokenizer
+  long = ' '.join(['the cat sat on the mat'] * 10)
+  encoded = embed.encode_sentences(tok, ['the cat.', '', '  \t', long], max_len=16)
+  assert encoded.blank == [1, 2] and encoded.truncated == [3]
+  assert [len(r) for r in encoded.rows] == [len(tok.encode('the cat.')) + 2, 2, 2, 16]
+  assert encoded.rows[1] == [tok.cls_id, tok.sep_id]
+  assert encoded.longest == len(tok.encode(long)) + 2
+  blank, cut = encoded.warnings()
+  assert '2 of 4 inputs are blank (lines 2, 3)' in blank
+  assert f'1 of 4 inputs are longer than max_len=16 tokens and were truncated (lines 4; the ' \
+         f'longest has {encoded.longest} tokens' in cut
+  emb = embed.embed_sentences(loaded.params, loaded.model_config, tok, ['the cat.', '', long])
+  assert emb.shape == (3, 30) and np.isfinite(emb).all()
+
+
+def test_cli_logging_hides_orbax_notes_only():
+  import logging  # pylint: disable=g-import-not-at-top
+  def record(path, level):
+    return logging.LogRecord('absl', level, path, 1, 'msg', None, None)
+  keep = checkpoint_io._not_orbax_chatter  # pylint: disable=protected-access
+  assert not keep(record('/site-packages/orbax/checkpoint/manager.py', logging.WARNING))
+  assert keep(record('/site-packages/orbax/checkpoint/manager.py', logging.ERROR))
+  assert keep(record('/work/encoder_jax/interop/tokenizer.py', logging.WARNING))
