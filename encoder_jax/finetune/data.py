@@ -3,7 +3,9 @@
 Sequence classification: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (segment ids 0/1),
 the longer text truncated first, as BERT does. Token classification: each word is
 tokenized on its own and its label goes on its *first* piece; other pieces, [CLS], [SEP]
-and padding get label -1 (ignored by the loss and the metrics).
+and padding get label -1 (ignored by the loss and the metrics). Words past ``max_len``
+are dropped with their labels. Nothing is cut silently: :func:`encode_with_report`
+counts the truncated examples, the tokens and words cut, for the log and the metrics.
 """
 
 from __future__ import annotations
@@ -132,14 +134,59 @@ def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
   return out, names
 
 
-def _truncate_pair(a: list[int], b: list[int], budget: int) -> None:
+@dataclasses.dataclass
+class Truncation:
+  """What :func:`encode_with_report` cut from one split to fit ``max_len``."""
+  task: str
+  max_len: int
+  examples: int = 0
+  truncated_examples: int = 0
+  dropped_tokens: int = 0  # Sequence task: pieces cut from the texts.
+  words: int = 0  # Token task: words in the split, and those dropped with their labels.
+  dropped_words: int = 0
+  longest: int = 0  # Tokens of the longest example before truncation, [CLS]/[SEP] included.
+
+  def summary(self, split: str) -> str:
+    if not self.truncated_examples:
+      return (f'{split}: {self.examples} examples, none longer than max_len={self.max_len} '
+              'tokens')
+    if self.task == 'token_classification':
+      cut = (f'{self.dropped_words} of {self.words} words dropped with their labels (not '
+             'trained on / not scored)')
+    else:
+      cut = f'{self.dropped_tokens} tokens cut'
+    return (f'{split}: {self.truncated_examples} of {self.examples} examples longer than '
+            f'max_len={self.max_len} tokens were truncated, {cut}; the longest has '
+            f'{self.longest} tokens (raise config.data.max_len to keep more)')
+
+  def metrics(self) -> dict[str, int]:
+    out = {'truncated_examples': self.truncated_examples}
+    if self.task == 'token_classification':
+      out['dropped_words'] = self.dropped_words
+    else:
+      out['dropped_tokens'] = self.dropped_tokens
+    return out
+
+
+def _truncate_pair(a: list[int], b: list[int], budget: int) -> int:
+  """Cuts the longer of ``a``/``b`` until both fit ``budget``; the number of tokens cut."""
+  cut = 0
   while len(a) + len(b) > budget:
     (a if len(a) >= len(b) else b).pop()
+    cut += 1
+  return cut
 
 
 def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, np.ndarray]:
   """int32 ``input_ids, segment_ids, input_mask`` [N, max_len] and ``labels`` [N] or [N, L]."""
+  return encode_with_report(examples, tokenizer, task, max_len)[0]
+
+
+def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
+                       ) -> tuple[dict[str, np.ndarray], Truncation]:
+  """:func:`encode`'s arrays, and what was truncated to fit ``max_len``."""
   n = len(examples)
+  report = Truncation(task=task, max_len=max_len, examples=n)
   ids = np.full((n, max_len), tokenizer.pad_id, np.int32)
   seg = np.zeros((n, max_len), np.int32)
   mask = np.zeros((n, max_len), np.int32)
@@ -147,13 +194,17 @@ def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, 
     labels = np.asarray(examples.labels, np.int32)
     for i, texts in enumerate(examples.texts):
       parts = [tokenizer.encode(t) for t in texts]
+      report.longest = max(report.longest, sum(map(len, parts)) + len(parts) + 1)
       if len(parts) == 1:
+        cut = max(len(parts[0]) - (max_len - 2), 0)
         row, segs = [tokenizer.cls_id, *parts[0][:max_len - 2], tokenizer.sep_id], None
       else:
         a, b = parts[0], parts[1]
-        _truncate_pair(a, b, max_len - 3)
+        cut = _truncate_pair(a, b, max_len - 3)
         row = [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id]
         segs = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+      report.truncated_examples += cut > 0
+      report.dropped_tokens += cut
       ids[i, :len(row)], mask[i, :len(row)] = row, 1
       if segs:
         seg[i, :len(segs)] = segs
@@ -161,16 +212,22 @@ def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, 
     labels = np.full((n, max_len), IGNORE, np.int32)
     for i, (words, tags) in enumerate(zip(examples.words, examples.tags)):
       row, row_labels = [tokenizer.cls_id], [IGNORE]
-      for word, tag in zip(words, tags):
-        pieces = tokenizer.encode(word) or [tokenizer.unk_id]
-        if len(row) + len(pieces) > max_len - 1:
-          break  # Truncated: the remaining words are dropped.
+      pieces_per_word = [p or [tokenizer.unk_id]
+                         for p in (tokenizer.encode_batch(list(words)) if words else [])]
+      report.words += len(words)
+      report.longest = max(report.longest, sum(map(len, pieces_per_word)) + 2)
+      for k, (pieces, tag) in enumerate(zip(pieces_per_word, tags)):
+        if len(row) + len(pieces) > max_len - 1:  # Truncated: the remaining words are dropped.
+          report.truncated_examples += 1
+          report.dropped_words += len(words) - k
+          break
         row += pieces
         row_labels += [tag] + [IGNORE] * (len(pieces) - 1)
       row.append(tokenizer.sep_id)
       row_labels.append(IGNORE)
       ids[i, :len(row)], mask[i, :len(row)], labels[i, :len(row)] = row, 1, row_labels
-  return {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'labels': labels}
+  arrays = {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'labels': labels}
+  return arrays, report
 
 
 def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator | None):

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from encoder_jax import optimizer as optimizer_lib
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.finetune import metrics as metrics_lib
@@ -54,14 +55,22 @@ def init_params(model: nn.Module, pretrained, max_len: int, seed: int):
 
 
 def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
-  warmup = int(round(o.warmup_fraction * total_steps))
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, o.learning_rate, max(warmup, 1)),
-       optax.linear_schedule(o.learning_rate, 0.0, max(total_steps - warmup, 1))], [warmup])
-  decay_mask = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: not any(getattr(k, 'key', '') in ('bias', 'scale') for k in path), params)
+  """AdamW with the pretraining schedule and decay mask (``encoder_jax.optimizer``).
+
+  Linear warmup over ``warmup_fraction`` of the steps, then linear decay to 0; no weight
+  decay on LayerNorm parameters and biases.
+  """
+  if not 0.0 <= float(o.warmup_fraction) <= 1.0:
+    raise ValueError(f'config.optim.warmup_fraction={o.warmup_fraction}; expected a fraction '
+                     'of the steps in [0, 1]')
+  if o.grad_clip_norm < 0:
+    raise ValueError(f'config.optim.grad_clip_norm={o.grad_clip_norm}; expected >= 0')
+  warmup = int(round(float(o.warmup_fraction) * total_steps))
+  schedule = optimizer_lib.learning_rate_schedule(
+      ml_collections.ConfigDict(dict(learning_rate=float(o.learning_rate), warmup_steps=warmup)),
+      total_steps)
   tx = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=o.weight_decay,
-                   mask=decay_mask)
+                   mask=optimizer_lib.decay_mask)
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
   return tx
@@ -83,10 +92,16 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
   max_len = min(int(d.max_len), pretrained.model_config.max_position_embeddings)
   train_ex, names = data_lib.read(d.train, config.task, d)
   eval_ex, _ = data_lib.read(d.eval, config.task, d, names) if d.eval else (None, names)
-  train = data_lib.encode(train_ex, tok, config.task, max_len)
-  evals = data_lib.encode(eval_ex, tok, config.task, max_len) if eval_ex is not None else None
+  train, train_cut = data_lib.encode_with_report(train_ex, tok, config.task, max_len)
+  evals, eval_cut = (data_lib.encode_with_report(eval_ex, tok, config.task, max_len)
+                     if eval_ex is not None else (None, None))
   logging.info('Fine-tuning %s from %s: %d train / %d eval examples, labels %s', config.task,
                pretrained.source, len(train_ex), len(eval_ex or []), names)
+  for split, cut in (('train', train_cut), ('eval', eval_cut)):
+    if cut is not None:
+      logging.info('%s', cut.summary(split))
+      if cut.truncated_examples:
+        print(f'Warning: {cut.summary(split)}', flush=True)
 
   model = heads.make(config.task, pretrained.model_config, len(names), config.dropout_rate)
   params = init_params(model, pretrained.params, max_len, config.seed)
@@ -137,6 +152,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
               'epoch_time_s': time.perf_counter() - start}
     if evals is not None:
       result.update({f'eval_{k}': v for k, v in evaluate(params).items()})
+      result.update({f'eval_{k}': v for k, v in eval_cut.metrics().items()})
     logging.info('epoch %d: %s', epoch, result)
     print(' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
                    for k, v in result.items()), flush=True)
@@ -145,6 +161,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
         f.write(json.dumps(result) + '\n')
   if workdir:
     _save(workdir, params, config, names)
+  result.update({f'train_{k}': v for k, v in train_cut.metrics().items()})
   result['labels'] = list(names)
   return result
 

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -112,6 +113,60 @@ def test_token_classification_labels_first_pieces_and_learns(hf_dir, tmp_path):
   assert (labels[len(expected):] == -1).all()
   result = train.finetune(config)
   assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.8, result
+  assert result['eval_truncated_examples'] == 0 and result['eval_dropped_words'] == 0
+  assert result['train_truncated_examples'] == 0
+
+
+def test_truncation_is_counted_not_silent(hf_dir):
+  config = _config(hf_dir, 'token_classification', '', '')
+  tok = train.load_pretrained(config).tokenizer
+  examples = data_lib.Examples(words=[s.split() for s, _ in NER],
+                               tags=[[0] * len(s.split()) for s, _ in NER])
+  arrays, cut = data_lib.encode_with_report(examples, tok, 'token_classification', 8)
+  pieces = [[len(tok.encode(w)) for w in s.split()] for s, _ in NER]
+  kept = []
+  for p in pieces:  # Words that fit in 8 tokens with [CLS]/[SEP].
+    n, used = 0, 1
+    while n < len(p) and used + p[n] <= 7:
+      used, n = used + p[n], n + 1
+    kept.append(n)
+  assert cut.words == sum(map(len, pieces))
+  assert cut.dropped_words == sum(len(p) - k for p, k in zip(pieces, kept)) > 0
+  assert cut.truncated_examples == sum(k < len(p) for p, k in zip(pieces, kept))
+  assert cut.longest == max(sum(p) + 2 for p in pieces)
+  assert (arrays['labels'] >= 0).sum() == sum(kept)  # One label per kept word.
+  assert 'dropped with their labels' in cut.summary('eval')
+  assert cut.metrics() == {'truncated_examples': cut.truncated_examples,
+                           'dropped_words': cut.dropped_words}
+
+  long = 'the film was good and the movie was great'
+  pairs = data_lib.Examples(texts=[(long, 'bad'), ('good', 'bad')], labels=[0, 1])
+  _, cut = data_lib.encode_with_report(pairs, tok, 'sequence_classification', 8)
+  a, b = len(tok.encode(long)), len(tok.encode('bad'))
+  assert cut.truncated_examples == 1 and cut.dropped_tokens == a + b + 3 - 8
+  assert 'tokens cut' in cut.summary('train')
+  single = data_lib.Examples(texts=[(long,)], labels=[0])
+  _, cut = data_lib.encode_with_report(single, tok, 'sequence_classification', 8)
+  assert cut.dropped_tokens == a + 2 - 8 and cut.longest == a + 2
+
+
+def test_optimizer_is_pretrainings_schedule_and_decay_mask():
+  o = finetune_config.base_config().optim
+  o.update(learning_rate=0.1, warmup_fraction=0.0, weight_decay=0.5, grad_clip_norm=0.0)
+  ones = lambda: np.ones((2, 2), np.float32)
+  params = {'embeddings': {'layer_norm': {'scale': ones(), 'bias': ones()}},
+            'encoder': {'layers': {'attention_layer_norm': {'scale': ones(), 'bias': ones()},
+                                   'intermediate': {'kernel': ones(), 'bias': ones()}}},
+            'classifier': {'kernel': ones(), 'bias': ones()}}
+  tx = train.make_optimizer(o, 10)
+  zeros = jax.tree.map(np.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  moved = {jax.tree_util.keystr(p): bool(np.abs(np.asarray(u)).max() > 0)
+           for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]}
+  assert moved == {k: k.endswith("['kernel']") for k in moved}, moved  # Decay: kernels only.
+  o.warmup_fraction = 1.5
+  with pytest.raises(ValueError, match='config.optim.warmup_fraction=1.5'):
+    train.make_optimizer(o, 10)
 
 
 @pytest.mark.slow  # ~25 s on a loaded 2-core CPU: an import into a workdir, then a compile.
