@@ -26,10 +26,12 @@ import time
 import jax
 import ml_collections
 from absl import logging
+from etils import epath
 
 from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import sharding
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import checkpoint_io
 from encoder_jax.interop import tokenizer as tokenizer_io
 
@@ -142,9 +144,8 @@ def summary(metrics: dict, workdir: str) -> str:
 
 
 def write(metrics: dict, workdir: str, path: str | None = None) -> str:
-  path = path or os.path.join(workdir, f'eval_{metrics["step"]}.json')
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(metrics, f, indent=2, sort_keys=True)
+  path = path or str(workdir_lib.path(workdir, f'eval_{metrics["step"]}.json'))
+  epath.Path(path).write_text(json.dumps(metrics, indent=2, sort_keys=True))
   return path
 
 

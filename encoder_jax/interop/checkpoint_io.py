@@ -61,25 +61,21 @@ def _merge(schema: ml_collections.ConfigDict, values: dict, where: str) -> None:
 
 def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run wrote to ``<workdir>/config.json``, on top of the current schema."""
-  path = os.path.join(workdir, CONFIG_JSON)
-  if not os.path.isdir(workdir):
+  path = workdir_lib.path(workdir, CONFIG_JSON)
+  if not workdir_lib.path(workdir).is_dir():
     raise FileNotFoundError(f'workdir {workdir!r} does not exist')
-  if not os.path.exists(path):
+  if not path.exists():
     raise FileNotFoundError(f'{path} not found: not a workdir written by encoder_jax.main or '
                             'encoder_jax.convert (pass --config explicitly)')
-  with open(path, encoding='utf-8') as f:
-    values = json.load(f)
+  values = json.loads(path.read_text())
   config = config_base.base_config()
-  _merge(config, values, path)
+  _merge(config, values, str(path))
   return config
 
 
 def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> str:
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_JSON)
-  with open(path, 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  return path
+  workdir_lib.write_config(workdir, config)
+  return str(workdir_lib.path(workdir, CONFIG_JSON))
 
 
 # ------------------------------------------------------------------------- restoring
@@ -152,10 +148,11 @@ def check_shapes(config: ml_collections.ConfigDict, workdir: str, step: int, abs
 def latest_or(workdir: str, step: int | None) -> int:
   """``step``, checked to exist, or the latest step; a clear error when there is none."""
   directory = checkpointing.checkpoint_dir(workdir)
-  if not os.path.isdir(workdir):
+  if not workdir_lib.path(workdir).is_dir():
     raise FileNotFoundError(f'workdir {workdir!r} does not exist')
-  steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
-      directory) else []
+  found = workdir_lib.path(workdir, 'checkpoints')
+  steps = sorted(int(d.name) for d in found.iterdir() if d.name.isdigit()) if found.is_dir(
+  ) else []
   if not steps:
     raise checkpointing.CheckpointError(
         f'{directory} holds no checkpoint; expected <step>/ directories written by '
