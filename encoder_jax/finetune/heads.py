@@ -18,46 +18,27 @@ TASKS = ('sequence_classification', 'token_classification')
 PRETRAINED_PARTS = ('embeddings', 'encoder', 'pooler')  # Taken from the pretrained params.
 
 
-def _dense(c: bert.BertConfig, out: int, out_axes, name: str) -> layers.Dense:
-  return layers.Dense((c.hidden_size,), (out,), ('embed',), out_axes, c.initializer_range,
-                      c.jnp_dtype, name=name)
-
-
-class SequenceClassifier(nn.Module):
-  """Logits [B, num_labels] from the pooled [CLS] state (single sentences or pairs)."""
+class Classifier(nn.Module):
+  """Logits from the encoder: [B, num_labels] on the pooled [CLS] state (sentences or
+  pairs), or [B, L, num_labels] on every final state (``per_token``: tagging, e.g. NER)."""
   config: bert.BertConfig
   num_labels: int
   dropout_rate: float = 0.1
+  per_token: bool = False
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
                deterministic: bool = True):
     c = self.config
-    pooled_BxE = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                             deterministic=deterministic)['pooled_output']
-    pooled_BxE = nn.Dropout(self.dropout_rate)(pooled_BxE, deterministic=deterministic)
-    return _dense(c, self.num_labels, (None,), 'classifier')(pooled_BxE).astype(jnp.float32)
-
-
-class TokenClassifier(nn.Module):
-  """Logits [B, L, num_labels] for every token (tagging, e.g. NER)."""
-  config: bert.BertConfig
-  num_labels: int
-  dropout_rate: float = 0.1
-
-  @nn.compact
-  def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
-               deterministic: bool = True):
-    c = self.config
-    x_BxLxE = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                          deterministic=deterministic, pool=False)['sequence_output']
-    x_BxLxE = nn.Dropout(self.dropout_rate)(x_BxLxE, deterministic=deterministic)
-    return _dense(c, self.num_labels, (None,), 'classifier')(x_BxLxE).astype(jnp.float32)
+    out = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                      deterministic=deterministic, pool=not self.per_token)
+    h = out['sequence_output'] if self.per_token else out['pooled_output']
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return layers.Dense((c.hidden_size,), (self.num_labels,), ('embed',), (None,),
+                        c.initializer_range, c.jnp_dtype, name='classifier')(h).astype(jnp.float32)
 
 
 def make(task: str, config: bert.BertConfig, num_labels: int, dropout_rate: float) -> nn.Module:
-  if task == 'sequence_classification':
-    return SequenceClassifier(config, num_labels, dropout_rate)
-  if task == 'token_classification':
-    return TokenClassifier(config, num_labels, dropout_rate)
-  raise ValueError(f'config.task={task!r}; expected one of {TASKS}')
+  if task not in TASKS:
+    raise ValueError(f'config.task={task!r}; expected one of {TASKS}')
+  return Classifier(config, num_labels, dropout_rate, per_token=task == 'token_classification')
