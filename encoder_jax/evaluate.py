@@ -106,7 +106,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
 
   m = train.evaluate(eval_step, params, counted(data.make_eval_iterator(
       config, prepared, phase.seq_len, jax.process_index(), jax.process_count())), mesh,
-                     objective.metric_weights)
+                     objective)
   out = {'step': int(step), 'seq_len': phase.seq_len, 'max_predictions': phase.max_predictions,
          'batches': int(m.pop('batches')), 'batch_size': int(config.train.batch_size),
          'sequences': sequences, 'seed': int(config.seed),

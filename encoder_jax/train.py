@@ -138,14 +138,14 @@ def make_eval_step(config, objective, mesh, param_shardings, phase: schedule.Pha
   return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
 
 
-def evaluate(eval_step, params, eval_batches, mesh, metric_weights: dict[str, str]
-             ) -> dict[str, float]:
+def evaluate(eval_step, params, eval_batches, mesh, objective) -> dict[str, float]:
   """Held-out metrics over a finite iterator of host batches.
 
-  A metric named in ``metric_weights`` (the objective's) is a mean over a per-batch count
-  and is weighted by it (MLM loss and accuracy per predicted token); counts are summed;
-  other metrics are means over batches.
+  A metric named in the objective's ``metric_weights`` is a mean over a per-batch count and
+  is weighted by it (MLM loss and accuracy per predicted token); counts are summed; other
+  metrics are means over batches. The objective then adds what it derives (perplexity).
   """
+  metric_weights = objective.metric_weights
   per_batch = [jax.device_get(eval_step(
       params, feeding.to_global(batch, sharding.batch_sharding(mesh)), i))
                for i, batch in enumerate(eval_batches)]
@@ -162,8 +162,7 @@ def evaluate(eval_step, params, eval_batches, mesh, metric_weights: dict[str, st
       out[k] = float((values * w).sum() / max(w.sum(), 1.0))
     else:
       out[k] = float(values.mean())
-  if 'mlm_loss' in out:
-    out['mlm_perplexity'] = float(np.exp(min(out['mlm_loss'], 50.0)))
+  out.update(objective.summarize(out))
   out['batches'] = len(per_batch)
   return out
 
@@ -348,7 +347,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           if phase.index not in eval_fns:
             eval_fns[phase.index] = make_eval_step(config, objective, mesh, shards.params, phase)
           writer.write(step, evaluate(eval_fns[phase.index], state.params, eval_set(phase), mesh,
-                                      objective.metric_weights), prefix='eval')
+                                      objective), prefix='eval')
           timer_start = None
         stop = preempted.at(step)
         if step % ckpt.every_steps == 0 or step == t.num_steps or stop:

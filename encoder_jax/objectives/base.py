@@ -40,6 +40,10 @@ class Objective:
   def loss(self, outputs: dict[str, Any], batch: Batch) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
 
+  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics derived from the aggregated held-out metrics (e.g. perplexity)."""
+    return {}
+
 
 def cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array, weights_N: jax.Array):
   """Weighted mean negative log-likelihood and accuracy (weights 0 = ignored)."""
@@ -91,6 +95,9 @@ class Composite:
   @property
   def metric_weights(self) -> dict[str, str]:
     return {k: v for o in self.objectives for k, v in o.metric_weights.items()}
+
+  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for o in self.objectives for k, v in o.summarize(metrics).items()}
 
 
 def check_pair_kind(objectives: list[Objective], data_config: ml_collections.ConfigDict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking
 
@@ -24,3 +26,6 @@ class MaskedLM(base.Objective):
                                         batch['masked_weights'])
     return loss, {'mlm_loss': loss, 'mlm_accuracy': accuracy,
                   'mlm_predictions': batch['masked_weights'].sum()}
+
+  def summarize(self, metrics):
+    return {'mlm_perplexity': math.exp(min(metrics['mlm_loss'], 50.0))}
