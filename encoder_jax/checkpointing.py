@@ -149,20 +149,28 @@ class Checkpointer:
     self.manager.close()
 
 
+def resolve_step(workdir: str, step: int | None = None) -> int:
+  """``step``, checked to exist in ``workdir``, or its newest; a clear error if there is none."""
+  directory = workdir_lib.path(workdir, 'checkpoints')
+  if not workdir_lib.path(workdir).is_dir():
+    raise CheckpointError(f'workdir {workdir!r} does not exist')
+  steps = sorted(int(d.name) for d in directory.iterdir()
+                 if d.name.isdigit()) if directory.is_dir() else []
+  if not steps:
+    raise CheckpointError(f'{directory} holds no checkpoint; expected <step>/ directories '
+                          'written by encoder_jax.main or encoder_jax.convert')
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise CheckpointError(f'{directory} has no checkpoint for step {step}; it has steps {steps}')
+  return step
+
+
 def restore_params(workdir: str, abstract_params, step: int | None = None):
   """Only the params of a checkpoint (latest, or ``step``), placed per ``abstract_params``."""
-  directory = checkpoint_dir(workdir)
-  if not workdir_lib.path(workdir, 'checkpoints').is_dir():
-    raise CheckpointError(f'{directory} does not exist: no checkpoints in workdir {workdir!r}')
+  step = resolve_step(workdir, step)
   manager = _manager(workdir, items=('params',), create=False)
   try:
-    steps = manager.all_steps()
-    if not steps:
-      raise CheckpointError(f'{directory} holds no checkpoint')
-    if step is None:
-      step = max(steps)
-    elif step not in steps:
-      raise CheckpointError(f'{directory} has no checkpoint for step {step}; it has {sorted(steps)}')
     got = manager.restore(step, args=ocp.args.Composite(params=_restore_args(abstract_params)))
     _check_shapes(got.params, abstract_params, 'params', step)
     return got.params, step

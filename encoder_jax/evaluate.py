@@ -28,6 +28,7 @@ import ml_collections
 from absl import logging
 from etils import epath
 
+from encoder_jax import checkpointing
 from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import sharding
@@ -81,7 +82,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   if devices is not None:
     mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
                               devices)
-  step = checkpoint_io.latest_or(workdir, step)
+  step = checkpointing.resolve_step(workdir, step)
   mesh = mesh or checkpoint_io.local_mesh(config)
   sharding.check_batch(int(config.train.batch_size), mesh,
                        '--batch_size (default config.train.batch_size)')

@@ -94,10 +94,7 @@ def load_tokenizer(workdir: str):
   if '://' in workdir:  # SentencePiece and tokenizers read local files only.
     local = epath.Path(tempfile.mkdtemp(prefix='tokenizer_')) / info['file']
     local.write_bytes(data)
-  if info['kind'] == 'wordpiece':
-    tok = tokenizer_lib.Tokenizer.from_wordpiece_vocab(str(local), lowercase=info['lowercase'])
-  else:
-    tok = tokenizer_lib.Tokenizer.from_sentencepiece(str(local))
+  tok = tokenizer_lib.Tokenizer.from_file(info['kind'], str(local), info['lowercase'])
   counts_path = path(workdir, TOKENIZER_DIR, UNIGRAM_COUNTS)
   counts = np.load(io.BytesIO(counts_path.read_bytes())) if counts_path.exists() else None
   return tok, counts

@@ -115,16 +115,10 @@ def prepared_directory(config, fields: dict | None = None) -> str:
 _WORKER_TOKENIZER = None
 
 
-def _load_tokenizer(kind: str, path: str, lowercase: bool) -> tokenizer_lib.Tokenizer:
-  if kind == 'wordpiece':
-    return tokenizer_lib.Tokenizer.from_wordpiece_vocab(path, lowercase=lowercase)
-  return tokenizer_lib.Tokenizer.from_sentencepiece(path)
-
-
 def _init_worker(kind: str, path: str, lowercase: bool):
   global _WORKER_TOKENIZER
   os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
-  _WORKER_TOKENIZER = _load_tokenizer(kind, path, lowercase)
+  _WORKER_TOKENIZER = tokenizer_lib.Tokenizer.from_file(kind, path, lowercase)
 
 
 def _tokenize_chunk(task):
@@ -324,7 +318,7 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
     raise ValueError(f"config.tokenizer.kind must be 'sentencepiece' or 'wordpiece'; got "
                      f'{kind!r}')
   tok_seconds = time.time() - tok_start
-  tok = _load_tokenizer(kind, os.path.join(partial, tok_file), lowercase)
+  tok = tokenizer_lib.Tokenizer.from_file(kind, os.path.join(partial, tok_file), lowercase)
   tok.check_vocab_size(vocab_size)
   dtype = shards_lib.token_dtype(vocab_size)
 
@@ -500,7 +494,7 @@ def load(config, directory: str | None = None) -> PreparedData:
     raise ValueError(f'The tokenizer {tok_path!r} changed after preparation (sha256 differs '
                      'from the manifest); its token ids would not match the shards. Delete '
                      f'{directory!r} to re-prepare.')
-  tok = _load_tokenizer(tok_info['kind'], tok_path, tok_info['lowercase'])
+  tok = tokenizer_lib.Tokenizer.from_file(tok_info['kind'], tok_path, tok_info['lowercase'])
   tok.check_vocab_size(int(config.model.vocab_size))
   counts = np.asarray(manifest['unigram_counts'], np.int64)
   return PreparedData(directory=directory, manifest=manifest, tokenizer=tok,

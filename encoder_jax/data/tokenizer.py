@@ -64,6 +64,16 @@ class Tokenizer:
   # ---- constructors ----
 
   @classmethod
+  def from_file(cls, kind: str, path: str, lowercase: bool = True) -> 'Tokenizer':
+    """A tokenizer file of ``kind``: 'sentencepiece' (.model) or 'wordpiece' (vocab.txt)."""
+    if kind == 'wordpiece':
+      return cls.from_wordpiece_vocab(path, lowercase=lowercase)
+    if kind == 'sentencepiece':
+      return cls.from_sentencepiece(path)
+    raise ValueError(f"tokenizer kind {kind!r} for {path!r}; expected 'sentencepiece' or "
+                     "'wordpiece'")
+
+  @classmethod
   def from_sentencepiece(cls, path: str) -> 'Tokenizer':
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     if not os.path.isfile(path):

@@ -145,30 +145,10 @@ def check_shapes(config: ml_collections.ConfigDict, workdir: str, step: int, abs
         f'{m.intermediate_size}, max_position_embeddings={m.max_position_embeddings}.')
 
 
-def latest_or(workdir: str, step: int | None) -> int:
-  """``step``, checked to exist, or the latest step; a clear error when there is none."""
-  directory = checkpointing.checkpoint_dir(workdir)
-  if not workdir_lib.path(workdir).is_dir():
-    raise FileNotFoundError(f'workdir {workdir!r} does not exist')
-  found = workdir_lib.path(workdir, 'checkpoints')
-  steps = sorted(int(d.name) for d in found.iterdir() if d.name.isdigit()) if found.is_dir(
-  ) else []
-  if not steps:
-    raise checkpointing.CheckpointError(
-        f'{directory} holds no checkpoint; expected <step>/ directories written by '
-        'encoder_jax.main or encoder_jax.convert')
-  if step is None:
-    return steps[-1]
-  if step not in steps:
-    raise checkpointing.CheckpointError(f'{directory} has no checkpoint for step {step}; '
-                                        f'it has steps {steps}')
-  return step
-
-
 def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | None = None,
                    mesh: jax.sharding.Mesh | None = None):
   """(params, step, mesh): a checkpoint's params, sharded over this machine's devices."""
-  step = latest_or(workdir, step)
+  step = checkpointing.resolve_step(workdir, step)
   mesh = mesh or local_mesh(config)
   abstract = abstract_params(config, mesh)
   check_shapes(config, workdir, step, abstract)
@@ -180,7 +160,7 @@ def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
                  step: int | None = None, mesh=None, with_tokenizer: bool = True) -> Loaded:
   """A workdir's checkpoint and the tokenizer pinned in it (see ``tokenizer.for_workdir``)."""
   config = config if config is not None else read_run_config(workdir)
-  step = latest_or(workdir, step)  # Cheap checks first: the checkpoint, then the tokenizer.
+  step = checkpointing.resolve_step(workdir, step)  # Cheap checks first: the checkpoint, then the tokenizer.
   tok = tokenizer_io.for_workdir(workdir, config) if with_tokenizer else None
   params, step, mesh = restore_params(config, workdir, step, mesh)
   return Loaded(bert.BertConfig.from_config(config.model), params, tok,

@@ -56,11 +56,8 @@ def sentencepiece(model_path: str):
 
 def from_path(kind: str, path: str, lowercase: bool = True):
   """A tokenizer file of ``kind`` ('sentencepiece' or 'wordpiece')."""
-  if kind == 'wordpiece':
-    return wordpiece(path, lowercase)
-  if kind == 'sentencepiece':
-    return sentencepiece(path)
-  raise ValueError(f"tokenizer kind {kind!r}; expected 'sentencepiece' or 'wordpiece'")
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  return tokenizer_lib.Tokenizer.from_file(kind, path, lowercase)
 
 
 def kind_of_file(path: str) -> str:
