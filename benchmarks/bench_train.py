@@ -61,9 +61,9 @@ def bench_ours(args, max_predictions: int) -> dict:
   special = np.zeros(v, bool)
   special[:5] = True
   tables = masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
-  model, tx = train.build_model(c), optimizer.make(c)
-  objective = objectives.build(c, model.apply, tables)
-  _, shards = train.state_shardings(c, mesh, model, tx)
+  tx = optimizer.make(c)
+  objective = objectives.build(c, tables)
+  _, shards = train.state_shardings(c, mesh, objective, tx)
   state = train.create_train_state(c, mesh)
   step_fn = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
       c.optim, 1000), mesh, shards, phase)
@@ -83,7 +83,7 @@ def bench_ours(args, max_predictions: int) -> dict:
 
   dt = _time_steps(run, args.steps, args.warmup)
   out = dict(step_s=dt, tokens_per_s=b * l / dt)
-  flops = metrics.train_flops_per_sequence(c.model, l, max_predictions) * b
+  flops = objective.flops_per_sequence(schedule.phases(c.train)[0]) * b
   out['tflops_per_device'] = flops / dt / 1e12 / jax.device_count()
   peak = metrics.peak_tflops_per_device(args.peak_tflops)
   if peak:

@@ -6,11 +6,20 @@ to a temporary directory and renames it when complete, so a run killed mid-save 
 the previous checkpoints intact. A checkpoint that fails to restore (truncated, written
 for another model shape) is reported and the next older one is tried; if none can be
 restored, the run stops with every reason, and never silently starts from scratch.
+
+When an older checkpoint does restore, every newer one that failed is moved (never
+deleted) to ``<workdir>/checkpoints_damaged/<step>-<UTC time>/``, next to a ``.txt`` with
+the reason: the run retrains those steps and must be able to save them again (Orbax
+refuses to save a step that is still listed), and the damaged files stay for inspection.
+Nothing is moved when no checkpoint restores: that is more likely a config that does not
+fit the workdir than damage, and the checkpoints must stay where they are.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import jax
@@ -18,10 +27,13 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from encoder_jax import workdir as workdir_lib
 
 ITEMS = ('params', 'opt_state', 'data', 'meta')
+JSON_ITEMS = ('data', 'meta')  # Written by ocp.args.JsonSave into <item>/metadata.
+DAMAGED_DIR = 'checkpoints_damaged'
 
 
 class CheckpointError(RuntimeError):
@@ -30,6 +42,88 @@ class CheckpointError(RuntimeError):
 
 def checkpoint_dir(workdir: str) -> str:
   return str(workdir_lib.path(workdir, 'checkpoints'))
+
+
+def damaged_dir(workdir: str) -> str:
+  """Where unrestorable checkpoints are set aside: outside Orbax's step listing."""
+  return str(workdir_lib.path(workdir, DAMAGED_DIR))
+
+
+def _diagnose(step_dir: epath.Path) -> str | None:
+  """A structural defect of a step directory, naming the file; None if none is seen.
+
+  Orbax's own errors for these cases name an item ('Item "params" was not found') or
+  nothing at all (a JSONDecodeError), not the file an operator has to look at.
+  """
+  if not step_dir.exists():
+    return f'{step_dir} does not exist'
+  if not step_dir.is_dir():
+    return f'{step_dir} is a file; expected a checkpoint directory'
+  if not any(True for _ in step_dir.iterdir()):
+    return f'{step_dir} is empty'
+  for item in ITEMS:
+    item_dir = step_dir / item
+    if not item_dir.exists():
+      return f'{item_dir} is missing'
+    if not item_dir.is_dir():
+      return f'{item_dir} is a file; expected a directory (the checkpoint item {item!r})'
+  checked = [step_dir / item / 'metadata' for item in JSON_ITEMS]
+  checked += [step_dir / item / '_METADATA' for item in ('params', 'opt_state')]
+  for file in checked:
+    if not file.exists():
+      if file.name == 'metadata':
+        return f'{file} is missing'
+      continue
+    try:
+      json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+      return f'{file} is not valid JSON ({e})'
+  return None
+
+
+def _reason(step_dir: epath.Path, error: BaseException) -> str:
+  """One line saying why a step did not restore, naming the damaged file where possible."""
+  if isinstance(error, CheckpointError):
+    return str(error)
+  found = _diagnose(step_dir)
+  if found:
+    return found
+  text = str(error)
+  shapes = re.search(r'Requested shape: (\(.*?\)) is not compatible with the stored shape: '
+                     r'(\(.*?\))', text)
+  if shapes:  # Orbax goes on to suggest disabling the check, which would load garbage.
+    return (f'an array stored with shape {shapes[2]}; the config expects {shapes[1]} (a '
+            'checkpoint of another model shape?)')
+  # TensorStore names the file it failed on ('... of local file "<path>": <what>'), inside
+  # a message of several kB of JSON specs; keep the innermost file and what went wrong.
+  files = [f for f in re.findall(r'local file "([^"]+)"', text) if not f.endswith('/')]
+  if files:
+    detail = text.rsplit(f'local file "{files[-1]}"', 1)[1].lstrip(': ')
+    detail = detail.split(' [tensorstore_spec', 1)[0].strip()
+    return f'{files[-1]}: {detail}' if detail else f'{files[-1]} cannot be read'
+  first = text.splitlines()[0] if text else ''
+  if len(first) > 300:
+    first = first[:300] + '...'
+  return f'{type(error).__name__}: {first}'
+
+
+def _move_aside(workdir: str, step_dir: epath.Path, step: int, reason: str) -> epath.Path:
+  """Moves ``step_dir`` to ``checkpoints_damaged/<step>-<UTC time>`` with a reason file."""
+  root = epath.Path(damaged_dir(workdir))
+  root.mkdir(parents=True, exist_ok=True)
+  stamp = time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())
+  target, n = root / f'{step}-{stamp}', 1
+  while target.exists() or target.with_name(target.name + '.txt').exists():
+    target, n = root / f'{step}-{stamp}-{n}', n + 1
+  try:
+    step_dir.rename(target)
+  except OSError as e:
+    raise CheckpointError(
+        f'Checkpoint step {step} cannot be restored ({reason}) and moving {step_dir} aside to '
+        f'{target} failed ({e}); move it out of {step_dir.parent} by hand, then rerun.') from e
+  target.with_name(target.name + '.txt').write_text(
+      f'step: {step}\nfrom: {step_dir}\nset aside: {stamp}\nreason: {reason}\n')
+  return target
 
 
 def _manager(workdir: str, keep: int = 3, async_save: bool = False, items=ITEMS,
@@ -94,8 +188,12 @@ class Checkpointer:
     if checkpoint_config.keep < 1 or checkpoint_config.every_steps < 1:
       raise ValueError('config.checkpoint.keep and every_steps must be >= 1; got '
                        f'{checkpoint_config.keep}, {checkpoint_config.every_steps}')
+    self.workdir = workdir
     self.every_steps = int(checkpoint_config.every_steps)
     self.manager = _manager(workdir, checkpoint_config.keep, checkpoint_config.async_save)
+    # (step, reason, where it went) of each checkpoint ``restore`` set aside; where is ''
+    # on processes other than 0, which moves the files.
+    self.set_aside: list[tuple[int, str, str]] = []
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -114,7 +212,9 @@ class Checkpointer:
     """The newest restorable (params, opt_state, data_state, step), or None if none exist.
 
     ``abstract_state`` has ``.params`` and ``.opt_state`` trees of ShapeDtypeStructs whose
-    ``.sharding`` says where each restored array goes.
+    ``.sharding`` says where each restored array goes. Newer steps that failed while an
+    older one restored are set aside (see the module docstring) and listed in
+    ``self.set_aside``, so the run can save those steps again.
     """
     steps = sorted(self.manager.all_steps(), reverse=True)
     if not steps:
@@ -131,18 +231,40 @@ class Checkpointer:
         if int(got.meta['step']) != step:
           raise CheckpointError(f'checkpoint step {step}: meta says step {got.meta["step"]}')
       except Exception as e:  # pylint: disable=broad-except
-        reason = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+        reason = _reason(self._step_dir(step), e)
         logging.error('Checkpoint step %d in %s cannot be restored (%s); trying an older one.',
                       step, self.manager.directory, reason)
-        failures.append(f'step {step}: {reason}')
+        failures.append((step, reason))
         continue
       if failures:
-        logging.warning('Restored step %d after skipping unreadable checkpoints: %s', step,
-                        '; '.join(failures))
+        self._set_aside(failures)
+        logging.warning('Restored step %d after setting aside unrestorable checkpoints: %s',
+                        step, '; '.join(f'step {s}: {r}' for s, r in failures))
       return got.params, got.opt_state, _own_data_state(got.data, step), step
     raise CheckpointError(
         f'No checkpoint in {self.manager.directory} could be restored; refusing to start from '
-        'scratch over them. Reasons: ' + ' | '.join(failures))
+        'scratch over them. Reasons: ' + ' | '.join(f'step {s}: {r}' for s, r in failures) +
+        '. If they are of another model, run with the config in config.json; if they are '
+        f'damaged, move the step directories out of {self.manager.directory} (e.g. into '
+        f'{damaged_dir(self.workdir)}) to start over.')
+
+  def _step_dir(self, step: int) -> epath.Path:
+    return epath.Path(self.manager.directory) / str(step)
+
+  def _set_aside(self, failures: list[tuple[int, str]]) -> None:
+    """Moves failed steps out of Orbax's listing (process 0); every process then reloads."""
+    for step, reason in failures:
+      where = ''
+      if jax.process_index() == 0:
+        where = str(_move_aside(self.workdir, self._step_dir(step), step, reason))
+        logging.warning('Checkpoint step %d cannot be restored (%s); moved to %s (kept for '
+                        'inspection) so this run can save step %d again.', step, reason, where,
+                        step)
+      self.set_aside.append((step, reason, where))
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices('encoder_jax_checkpoints_set_aside')
+    self.manager.reload()
 
   def close(self) -> None:
     self.manager.wait_until_finished()

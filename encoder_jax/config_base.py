@@ -1,6 +1,7 @@
 """The one schema every config starts from.
 
-Each section maps onto one constructor (``model`` -> ``models.bert.BertConfig``,
+Each section maps onto one constructor (``model`` -> ``models.config.EncoderConfig`` of the
+kind ``model.kind`` names in ``models.registry``,
 ``objective`` -> the objective registry, ``data``/``tokenizer`` -> ``encoder_jax.data``,
 ``optim`` -> ``optimizer.make``, ``mesh`` -> ``sharding.make_mesh``, ``checkpoint`` ->
 ``checkpointing.Checkpointer``), so no field is copied by hand into another object.
@@ -19,8 +20,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # Seeds parameter init, data order and the per-step masks.
 
-  # ---- model: fields of models.bert.BertConfig (BERT-base defaults). ----
+  # ---- model: fields of models.config.EncoderConfig (BERT-base defaults). ----
   c.model = ml_collections.ConfigDict(dict(
+      kind='bert',  # Name in models.registry.KINDS: 'bert', 'roberta', 'albert'.
       vocab_size=30522,  # Also the size of the tokenizer trained by prepare; checked at start-up.
       hidden_size=768,  # d_model.
       num_layers=12,
@@ -35,6 +37,10 @@ def base_config() -> ml_collections.ConfigDict:
       attention_kind='dot_product',  # Name in models.attention.REGISTRY.
       dtype='float32',  # Activation dtype: 'float32' or 'bfloat16' (params stay float32).
       remat=False,  # Rematerialise each layer in the backward pass (saves activation memory).
+      activation='gelu',  # Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh).
+      embedding_size=0,  # Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).
+      share_layers='none',  # Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'.
+      position_offset=0,  # First position id (RoBERTa: padding id + 1 = 2).
   ))
 
   # ---- objective: names in objectives.REGISTRY, summed; masking recipe. ----
@@ -45,6 +51,7 @@ def base_config() -> ml_collections.ConfigDict:
       random_token_rate=0.1,  # Of the selected: replaced by a random token (rest unchanged).
       random_token_distribution='uniform',  # 'uniform' over the vocabulary or 'unigram' counts.
       whole_word_masking=False,  # Select whole words (all their pieces) instead of pieces.
+      max_ngram=1,  # ALBERT n-gram masking: spans of 1..max_ngram words, p(n) ~ 1/n; 1 = off.
   ))
 
   # ---- data and tokenizer: owned by encoder_jax.data. ----

@@ -1,4 +1,8 @@
-r"""Converts checkpoints between Hugging Face BERT directories and encoder_jax workdirs.
+r"""Converts checkpoints between Hugging Face directories and encoder_jax workdirs.
+
+Every registered model kind converts: BERT (``BertForPreTraining``), RoBERTa
+(``RobertaForMaskedLM``), ALBERT (``AlbertForPreTraining``); import also takes their
+masked-LM and bare base models.
 
   # HF (config.json + model.safetensors | pytorch_model.bin; vocab.txt | tokenizer.json, or
   # the tokenizer.model of an encoder_jax export) -> a workdir with config.json, config.py,
@@ -57,10 +61,10 @@ def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) 
   """Writes ``out`` (weights and the workdir's pinned tokenizer); returns a description."""
   loaded = checkpoint_io.load_workdir(workdir, config, step)
   tok = loaded.tokenizer
-  hf.save_hf(out, loaded.model_config, checkpoint_io.to_host(loaded.params),
+  hf.save_hf(out, loaded.model_config, checkpoint_io.to_host(loaded.encoder_params),
              pad_token_id=tok.pad_id)
   written = tokenizer_io.export_hf_tokenizer(tok, out,
-                                             loaded.model_config.max_position_embeddings)
+                                             loaded.max_length)
   return f'Wrote {out}: config.json + model.safetensors from {loaded.source}; {written}'
 
 

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax.models import bert
+from encoder_jax.models import config as model_config_lib
+from encoder_jax.models import registry as models
 
 POOLINGS = ('mean', 'cls')
 PAD_MULTIPLE = 16  # Padded lengths are rounded up to this, so few shapes get compiled.
@@ -48,12 +49,13 @@ def l2_normalize(x_BxE: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'pooling', 'normalize'))
-def embed_batch(params, input_ids_BxL, input_mask_BxL, *, config: bert.BertConfig,
-                pooling: str = 'mean', normalize: bool = True) -> jax.Array:
+def embed_batch(params, input_ids_BxL, input_mask_BxL, *,
+                config: model_config_lib.EncoderConfig, pooling: str = 'mean',
+                normalize: bool = True) -> jax.Array:
   """Pooled (and normalised) final hidden states of a padded batch, float32 [B, E]."""
   # The encoder alone: the pretraining heads' parameters, if present, are not read.
-  out = bert.BertModel(config).apply({'params': params}, input_ids_BxL,
-                                     jnp.zeros_like(input_ids_BxL), input_mask_BxL)
+  out = models.network(config).encoder.apply({'params': params}, input_ids_BxL,
+                                             jnp.zeros_like(input_ids_BxL), input_mask_BxL)
   emb_BxE = pool(out['sequence_output'], input_mask_BxL, pooling)
   return l2_normalize(emb_BxE) if normalize else emb_BxE
 
@@ -111,7 +113,8 @@ def encode_sentences(tokenizer, sentences: Sequence[str], max_len: int) -> Encod
                  longest=max((len(i) + 2 for i in ids), default=0), max_len=max_len)
 
 
-def embed_rows(params, config: bert.BertConfig, rows: Sequence[Sequence[int]], pad_id: int, *,
+def embed_rows(params, config: model_config_lib.EncoderConfig, rows: Sequence[Sequence[int]],
+               pad_id: int, *,
                pooling: str = 'mean', normalize: bool = True, batch_size: int = 32
                ) -> np.ndarray:
   """float32 [len(rows), hidden] embeddings of [CLS] ... [SEP] id rows, in input order."""
@@ -129,14 +132,15 @@ def embed_rows(params, config: bert.BertConfig, rows: Sequence[Sequence[int]], p
   return out
 
 
-def embed_sentences(params, config: bert.BertConfig, tokenizer, sentences: Sequence[str], *,
+def embed_sentences(params, config: model_config_lib.EncoderConfig, tokenizer,
+                    sentences: Sequence[str], *,
                     pooling: str = 'mean', normalize: bool = True, batch_size: int = 32,
                     max_len: int = 128) -> np.ndarray:
   """float32 [len(sentences), hidden] embeddings, in input order; one row per sentence.
 
   Blank sentences and truncation are not reported here: see :func:`encode_sentences`.
   """
-  encoded = encode_sentences(tokenizer, sentences, min(max_len, config.max_position_embeddings))
+  encoded = encode_sentences(tokenizer, sentences, min(max_len, config.max_length))
   return embed_rows(params, config, encoded.rows, tokenizer.pad_id, pooling=pooling,
                     normalize=normalize, batch_size=batch_size)
 
@@ -152,14 +156,15 @@ def main(argv):
   loaded = checkpoint_io.load_from_flags(f)
   with open(f.input, encoding='utf-8') as fh:
     sentences = [line.rstrip('\r\n') for line in fh]
-  max_len = min(f.max_len, loaded.model_config.max_position_embeddings)
+  max_len = min(f.max_len, loaded.max_length)
   if max_len < f.max_len:
     print(f'Note: --max_len={f.max_len} is more than the model takes; using {max_len}.',
           file=sys.stderr)
   encoded = encode_sentences(loaded.tokenizer, sentences, max_len)
   for warning in encoded.warnings():
     print(f'Warning: {f.input}: {warning}', file=sys.stderr)
-  emb = embed_rows(loaded.params, loaded.model_config, encoded.rows, loaded.tokenizer.pad_id,
+  emb = embed_rows(loaded.encoder_params, loaded.model_config, encoded.rows,
+                   loaded.tokenizer.pad_id,
                    pooling=f.pooling, normalize=f.normalize, batch_size=f.batch_size)
   np.save(f.output, emb)
   notes = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']

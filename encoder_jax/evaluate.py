@@ -36,9 +36,6 @@ from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import checkpoint_io
 from encoder_jax.interop import tokenizer as tokenizer_io
 
-PAIR_OBJECTIVES = ('nsp', 'sop')
-
-
 def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) -> schedule.Phase:
   phases = schedule.phases(config.train)
   if seq_len is None:
@@ -90,8 +87,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   prepared = data.load_or_prepare(config)
   check_prepared_tokenizer(workdir, pinned, prepared)
   params, step, mesh = checkpoint_io.restore_params(config, workdir, step, mesh)
-  objective = objectives.build(config, train.build_model(config).apply,
-                               train.vocab_tables(config, prepared))
+  objective = objectives.build(config, train.vocab_tables(config, prepared))
   phase = _phase(config, step, seq_len)
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   eval_step = train.make_eval_step(config, objective, mesh, param_shardings, phase)
@@ -116,9 +112,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   out.update(m)
   if 'mlm_predictions' in out:
     out['mlm_predictions'] = int(round(out['mlm_predictions']))
-  pair = [n for n in config.objective.names if n in PAIR_OBJECTIVES]
-  if pair and 'pair_loss' in out:
-    out['pair_objective'] = pair[0]
+  out['report'] = objective.report_lines(m)  # Each objective's own summary lines.
   out['eval_time_s'] = time.perf_counter() - start
   return out
 
@@ -128,13 +122,7 @@ def summary(metrics: dict, workdir: str) -> str:
            f'{metrics["batches"]} batches of {metrics["batch_size"]}, {metrics["sequences"]} '
            f'sequences of {metrics["seq_len"]} tokens (seed {metrics["seed"]}, mask rate '
            f'{metrics["mask_rate"]:.0%}).']
-  if 'mlm_loss' in metrics:
-    lines.append(f'  MLM   loss {metrics["mlm_loss"]:.4f}  accuracy '
-                 f'{metrics["mlm_accuracy"]:.2%}  perplexity {metrics["mlm_perplexity"]:.2f}  '
-                 f'({metrics["mlm_predictions"]} predicted tokens)')
-  if 'pair_accuracy' in metrics:
-    lines.append(f'  {metrics["pair_objective"].upper():5s} loss {metrics["pair_loss"]:.4f}  '
-                 f'accuracy {metrics["pair_accuracy"]:.2%}')
+  lines.extend(metrics.get('report', []))
   note = os.path.join(workdir, checkpoint_io.IMPORT_REPORT)
   if os.path.exists(note):
     with open(note, encoding='utf-8') as f:

@@ -16,18 +16,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax.models import bert
+from encoder_jax.models import config as model_config_lib
+from encoder_jax.models import registry as models
 
 MASK = '[MASK]'
 
 
+def mask_literals(tokenizer) -> tuple[str, ...]:
+  """What marks a mask in the text: '[MASK]', and the tokenizer's own piece (``<mask>``)."""
+  own = tokenizer.id_to_piece(tokenizer.mask_id)
+  return (MASK,) if own == MASK else (MASK, own)
+
+
 def tokenize_with_masks(tokenizer, text: str) -> tuple[list[int], list[int]]:
   """([CLS] ... [SEP] ids, positions of the masks)."""
+  literals = mask_literals(tokenizer)
+  for literal in literals[1:]:
+    text = text.replace(literal, MASK)
   parts = text.split(MASK)
   if len(parts) < 2:
-    raise ValueError(f'The text has no {MASK}: {text!r}')
+    raise ValueError(f'The text has no {" or ".join(literals)}: {text!r}')
+  byte_level = tokenizer.kind == 'bytelevel_bpe'
   ids, positions = [tokenizer.cls_id], []
   for i, part in enumerate(parts):
+    if byte_level and i < len(parts) - 1:
+      part = part.rstrip(' ')  # As RoBERTa's <mask> (lstrip): the space goes with the mask.
     ids.extend(tokenizer.encode(part) if part.strip() else [])
     if i < len(parts) - 1:
       positions.append(len(ids))
@@ -37,21 +50,23 @@ def tokenize_with_masks(tokenizer, text: str) -> tuple[list[int], list[int]]:
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'top_k'))
-def _top_k(params, ids_1xL, positions_1xP, *, config: bert.BertConfig, top_k: int):
-  out = bert.BertForPreTraining(config).apply(
+def _top_k(params, ids_1xL, positions_1xP, *, config: model_config_lib.EncoderConfig,
+           top_k: int):
+  out = models.network(config).pretraining.apply(
       {'params': params}, ids_1xL, jnp.zeros_like(ids_1xL), jnp.ones_like(ids_1xL),
       positions_1xP, deterministic=True)
   probs_1xPxV = jax.nn.softmax(out['mlm_logits'], axis=-1)
   return jax.lax.top_k(probs_1xPxV[0], top_k)
 
 
-def fill_mask(params, config: bert.BertConfig, tokenizer, text: str, top_k: int = 5
+def fill_mask(params, config: model_config_lib.EncoderConfig, tokenizer, text: str,
+              top_k: int = 5
               ) -> list[list[tuple[str, float]]]:
   """For each [MASK] in order: [(piece, probability)] best first."""
   ids, positions = tokenize_with_masks(tokenizer, text)
-  if len(ids) > config.max_position_embeddings:
+  if len(ids) > config.max_length:
     raise ValueError(f'The text is {len(ids)} tokens; the model takes at most '
-                     f'{config.max_position_embeddings}')
+                     f'{config.max_length}')
   top_k = min(top_k, config.vocab_size)
   probs_PxK, ids_PxK = jax.device_get(_top_k(params, np.asarray([ids], np.int32),
                                              np.asarray([positions], np.int32), config=config,
@@ -80,8 +95,7 @@ def main(argv):
     print(f'Warning: {loaded.source} has no MLM head (freshly initialised): predictions are '
           'random.')
   for text in f.text:
-    print(format_predictions(text, fill_mask(loaded.params, loaded.model_config,
-                                             loaded.tokenizer, text, f.top_k)))
+    print(format_predictions(text, loaded.fill_mask(text, f.top_k)))
 
 
 if __name__ == '__main__':

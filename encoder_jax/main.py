@@ -10,14 +10,13 @@ on a workdir that holds checkpoints resumes from the newest restorable one.
 
 from __future__ import annotations
 
-import os
-
 import jax
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from encoder_jax import distributed
 from encoder_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
@@ -25,23 +24,23 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.p
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
-# Environment variables that mean "one of several processes": TPU pod slices, SLURM,
-# or an explicit coordinator (see launch/).
-_MULTIHOST_ENV = ('JAX_COORDINATOR_ADDRESS', 'TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS')
-
-
-def _is_multihost() -> bool:
-  if any(',' in os.environ.get(v, '') or (v != 'TPU_WORKER_HOSTNAMES' and os.environ.get(v))
-         for v in _MULTIHOST_ENV):
-    return True
-  return int(os.environ.get('SLURM_NTASKS', '1')) > 1
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    'coordinator_address', None, 'Multi-process runs on a cluster that is not SLURM or a TPU '
+    'VM: host:port of process 0 (or JAX_COORDINATOR_ADDRESS). See launch/README.md.')
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None, 'With --coordinator_address: the number of processes (or '
+    'JAX_NUM_PROCESSES); 1 forces a single process.')
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None, 'With --coordinator_address: this process, 0 .. num_processes - 1 (or '
+    'JAX_PROCESS_ID).')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if _is_multihost():
-    jax.distributed.initialize()
+  started = distributed.initialize(_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
+                                   _PROCESS_ID.value)
+  logging.info('Distributed: %s', started.description)
   logging.info('JAX process %d/%d, %d local / %d global devices (%s)', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.devices()[0].device_kind)

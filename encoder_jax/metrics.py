@@ -1,8 +1,17 @@
-"""Training metrics: model FLOPs and MFU, and a writer for TensorBoard, JSONL and the console."""
+"""Training metrics: model FLOPs and MFU, and a writer for TensorBoard, JSONL and the console.
+
+``metrics.jsonl`` holds each (step, split) once. A run resumed from step S redoes the steps
+after S that the killed run had already logged; the writer, told S, moves those lines to
+``metrics_superseded.jsonl`` (kept, each tagged with the resume that superseded it) when it
+opens, and TensorBoard is told to purge them too, so plots and ``read_metrics`` see one
+history. ``read_metrics`` also keeps the last line of a duplicated (step, split), for
+files written before this rule.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Mapping
 
@@ -43,18 +52,32 @@ def train_flops_per_sequence(model_config, seq_len: int, max_predictions: int) -
   return float(per_token * seq_len + head)
 
 
-class MetricWriter:
-  """Writes scalars to TensorBoard event files, ``metrics.jsonl`` and a console line."""
+METRICS_FILE = 'metrics.jsonl'
+SUPERSEDED_FILE = 'metrics_superseded.jsonl'
 
-  def __init__(self, workdir: str, enabled: bool = True):
+
+class MetricWriter:
+  """Writes scalars to TensorBoard event files, ``metrics.jsonl`` and a console line.
+
+  ``resume_step``: the step training continues from (0 for a start from scratch): lines
+  of later steps, left by a run that died after them, are superseded (see the module
+  docstring). None appends without looking (a tool adding lines to a finished run).
+  """
+
+  def __init__(self, workdir: str, enabled: bool = True, resume_step: int | None = None):
     self.enabled = enabled
     self._tb = None
     self._jsonl = None
+    self.superseded = 0  # Lines moved to SUPERSEDED_FILE when opening.
     if enabled:
       workdir_lib.path(workdir).mkdir(parents=True, exist_ok=True)
-      self._tb = _summary_writer(str(workdir_lib.path(workdir, 'tensorboard')))
-      path = workdir_lib.path(workdir, 'metrics.jsonl')
+      path = workdir_lib.path(workdir, METRICS_FILE)
       _drop_partial_last_line(path)
+      if resume_step is not None:
+        self.superseded = _supersede_after(path, workdir_lib.path(workdir, SUPERSEDED_FILE),
+                                           int(resume_step))
+      self._tb = _summary_writer(str(workdir_lib.path(workdir, 'tensorboard')),
+                                 None if resume_step is None else int(resume_step) + 1)
       self._jsonl = path.open('a')
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
@@ -76,11 +99,15 @@ class MetricWriter:
       self._jsonl.close()
 
 
-def _summary_writer(logdir: str):
-  """TensorBoard event files: tensorboardX locally; TensorFlow's writer for gs:// and co."""
+def _summary_writer(logdir: str, purge_step: int | None = None):
+  """TensorBoard event files: tensorboardX locally; TensorFlow's writer for gs:// and co.
+
+  ``purge_step``: TensorBoard hides this run's earlier events at steps >= it (redone after
+  a resume). tf.summary has no such flag; TensorBoard drops the out-of-order steps itself.
+  """
   if '://' not in logdir:
     import tensorboardX  # pylint: disable=g-import-not-at-top
-    return tensorboardX.SummaryWriter(logdir)
+    return tensorboardX.SummaryWriter(logdir, purge_step=purge_step)
   return _TfSummaryWriter(logdir)
 
 
@@ -108,6 +135,67 @@ def _drop_partial_last_line(path) -> None:
   if content and not content.endswith(b'\n'):
     logging.warning('%s ends with a partial line (killed run?); removing it.', path)
     path.write_bytes(content[:content.rfind(b'\n') + 1])
+
+
+def _supersede_after(path, superseded_path, resume_step: int) -> int:
+  """Moves the lines of steps > ``resume_step`` from ``path`` to ``superseded_path``.
+
+  The kept lines are rewritten through a temporary file and a rename, after the moved ones
+  were appended to ``superseded_path``: a crash in between duplicates lines there, never
+  loses one. Returns how many lines moved.
+  """
+  if not path.exists():
+    return 0
+  keep, moved = [], []
+  for line in path.read_text().splitlines(keepends=True):
+    try:
+      step = int(json.loads(line)['step'])
+    except (ValueError, KeyError, TypeError):
+      keep.append(line)  # Not ours to judge; a reader skips what it cannot parse.
+      continue
+    (moved if step > resume_step else keep).append(line)
+  if not moved:
+    return 0
+  stamp = time.time()
+  tagged = []
+  for line in moved:
+    row = json.loads(line)
+    row.update(superseded_by_resume_from=resume_step, superseded_time=stamp)
+    tagged.append(json.dumps(row) + '\n')
+  with superseded_path.open('a') as f:
+    f.writelines(tagged)
+  tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
+  tmp.write_text(''.join(keep))
+  if '://' in str(path):
+    tmp.replace(path)
+  else:
+    os.replace(tmp, path)
+  logging.warning('Resuming from step %d: moved %d lines of later steps (logged by the run '
+                  'that stopped after them; they are redone now) from %s to %s.', resume_step,
+                  len(moved), path, superseded_path)
+  return len(moved)
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The rows of ``<workdir>/metrics.jsonl``, one per (step, split), in step order.
+
+  A duplicated (step, split) (a file from before resumes superseded lines) keeps its last
+  line, the one of the run that went on. Unparseable lines are skipped.
+  """
+  path = workdir_lib.path(workdir, METRICS_FILE)
+  if not path.exists():
+    raise FileNotFoundError(f'{path} does not exist: {workdir!r} holds no training metrics '
+                            '(written by encoder_jax.main as it trains)')
+  rows: dict[tuple[int, str], dict] = {}
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+      key = (int(row['step']), str(row.get('split', 'train')))
+    except (ValueError, KeyError, TypeError):
+      continue
+    rows.pop(key, None)  # Re-insert: the last line wins.
+    rows[key] = row
+  return sorted(rows.values(), key=lambda r: int(r['step']))
 
 
 def _fmt(v: float) -> str:

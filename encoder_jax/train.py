@@ -1,7 +1,8 @@
 """The training loop: ``train_and_evaluate(config, workdir)``.
 
 It never names a model variant or an objective: the objective registry turns the config
-into one ``loss_fn(params, batch, rng, phase, train)``, differentiated here. State is
+into a pretraining setup (``objectives.build``) that owns the networks, their init and one
+``loss_fn(params, batch, rng, phase, train)``, differentiated here. State is
 born sharded (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), masks are
 drawn on device from ``fold_in(key, step)``, and every ``checkpoint.every_steps`` the
 params, optimizer state and data-iterator state are saved together.
@@ -13,7 +14,6 @@ import signal
 import time
 from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,57 +30,17 @@ from encoder_jax import objectives
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import schedule
 from encoder_jax import sharding
+from encoder_jax import train_state
+from encoder_jax import validation
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.models import bert
+from encoder_jax.models import registry as models
 from encoder_jax.objectives import masking
 
-# Independent random streams derived from config.seed.
-_INIT, _TRAIN, _EVAL = 0, 1, 2
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-
-
-def build_model(config: ml_collections.ConfigDict) -> bert.BertForPreTraining:
-  return bert.BertForPreTraining(bert.BertConfig.from_config(config.model))
-
-
-def _boxed_init_fn(config, model, tx):
-  def init(rng):
-    params = model.init({'params': rng}, **bert.init_inputs())['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  return init
-
-
-def state_shardings(config, mesh, model=None, tx=None):
-  """(abstract boxed TrainState, NamedSharding tree of the unboxed TrainState)."""
-  model = model or build_model(config)
-  tx = tx or optimizer_lib.make(config)
-  boxed = jax.eval_shape(_boxed_init_fn(config, model, tx), jax.random.key(0))
-  return boxed, sharding.shardings_of(boxed, mesh)
-
-
-def abstract_state(config, mesh) -> TrainState:
-  """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
-  boxed, shards = state_shardings(config, mesh)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      nn.unbox(boxed), shards)
-
-
-def create_train_state(config: ml_collections.ConfigDict, mesh, params=None) -> TrainState:
-  """A new sharded TrainState (step 0); from ``params`` if given (e.g. imported weights)."""
-  model, tx = build_model(config), optimizer_lib.make(config)
-  _, shards = state_shardings(config, mesh, model, tx)
-  if params is None:
-    init = _boxed_init_fn(config, model, tx)
-    rng = jax.random.fold_in(jax.random.key(config.seed), _INIT)
-    return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)
-  new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
-  return jax.jit(new, in_shardings=(shards.params,), out_shardings=shards)(params)
+TrainState = train_state.TrainState
+state_shardings = train_state.state_shardings
+abstract_state = train_state.abstract_state
+create_train_state = train_state.create_train_state
+_INIT, _TRAIN, _EVAL = train_state.INIT, train_state.TRAIN, train_state.EVAL
 
 
 def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: schedule.Phase):
@@ -183,20 +143,18 @@ def validate(config: ml_collections.ConfigDict, mesh) -> tuple[schedule.Phase, .
     raise ValueError(f'config.train.batch_size={t.batch_size} is not divisible by the '
                      f'{jax.process_count()} processes')
   longest = max(p.seq_len for p in phases)
-  if longest > config.model.max_position_embeddings:
-    raise ValueError(f'config.train.seq_lens has {longest} > model.max_position_embeddings='
-                     f'{config.model.max_position_embeddings}')
+  model = models.make_config(config.model)
+  if longest > model.max_length:
+    raise ValueError(f'config.train.seq_lens has {longest} > the {model.max_length} positions of '
+                     f'model.max_position_embeddings={model.max_position_embeddings}'
+                     + (f' - position_offset={model.position_offset}'
+                        if model.position_offset else ''))
   return phases
 
 
 def vocab_tables(config, prepared) -> masking.VocabTables:
-  tok = prepared.tokenizer
-  if tok.vocab_size != config.model.vocab_size:
-    raise ValueError(
-        f'config.model.vocab_size={config.model.vocab_size} but the tokenizer in '
-        f'{prepared.directory} has {tok.vocab_size} pieces; set model.vocab_size to match '
-        '(it is also the size prepare trains)')
-  return masking.VocabTables.from_tokenizer(tok, prepared.unigram_counts)
+  return objectives.vocab_tables(config, prepared.tokenizer, prepared.unigram_counts,
+                                 str(prepared.directory))
 
 
 class _Preempted:
@@ -238,18 +196,31 @@ class _Preempted:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Pretrains (or resumes) in ``workdir``; returns the last logged training metrics."""
+  """Pretrains (or resumes) in ``workdir``; returns the last logged training metrics.
+
+  Every config value and the workdir are checked before any work; the workdir is locked
+  against a second run; a resume whose config changes what a checkpoint depends on is
+  refused before anything in the workdir is written.
+  """
+  validation.validate(config)
+  workdir_lib.check_workdir_writable(workdir)
+  with workdir_lib.run_lock(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   mesh = sharding.make_mesh(config.mesh)
   phases = validate(config, mesh)
+  for change in workdir_lib.check_resume_config(workdir, config):
+    logging.warning('Resuming with a changed config: %s', change)
   prepared = data_lib.load_or_prepare(config)
-  model, tx = build_model(config), optimizer_lib.make(config)
-  objective = objectives.build(config, model.apply, vocab_tables(config, prepared))
+  tx = optimizer_lib.make(config)
+  objective = objectives.build(config, vocab_tables(config, prepared))
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
-  boxed, shards = state_shardings(config, mesh, model, tx)
+  boxed, shards = state_shardings(config, mesh, objective, tx)
   lead = jax.process_index() == 0
   if lead:
-    workdir_lib.write_config(workdir, config)
-    workdir_lib.pin_tokenizer(workdir, prepared.tokenizer, prepared.unigram_counts)
+    workdir_lib.check_pinned_tokenizer(workdir, prepared.tokenizer)  # May refuse: nothing written.
     logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape),
                  sharding.describe(boxed.params, mesh))
   n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
@@ -257,9 +228,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   ckpt = checkpointing.Checkpointer(workdir, config.checkpoint)
   iterator = data_lib.make_train_iterator(config, prepared, jax.process_index(),
                                           jax.process_count())
-  restored = ckpt.restore(abstract_state(config, mesh))
+  restored = ckpt.restore(abstract_state(config, mesh, objective))
+  if lead:  # Every refusal is behind us: now the workdir may be written.
+    workdir_lib.pin_tokenizer(workdir, prepared.tokenizer, prepared.unigram_counts)
+    workdir_lib.write_config(workdir, config)
   if restored is None:
-    state = create_train_state(config, mesh)
+    state = create_train_state(config, mesh, setup=objective, tx=tx)
     logging.info('Starting from scratch: %d parameters.', n_params)
   else:
     params, opt_state, data_state, step = restored
@@ -269,7 +243,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       iterator.set_state(data_state)
     logging.info('Resumed from checkpoint step %d in %s.', step, workdir)
 
-  writer = metrics_lib.MetricWriter(workdir, enabled=lead)
+  writer = metrics_lib.MetricWriter(workdir, enabled=lead,
+                                    resume_step=0 if restored is None else restored[3])
   peak = metrics_lib.peak_tflops_per_device(config.train.peak_tflops_per_device)
   step_fns: dict[int, Any] = {}
   eval_fns: dict[int, Any] = {}
@@ -292,25 +267,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   pending: list[dict] = []
   last: dict[str, float] = {}
   timer_start, timer_steps = None, 0
+  skipped, run_steps = 0, 0  # Non-finite updates dropped (policy 'skip'), steps run here.
 
   def flush_metrics(phase):
     """Pulls pending step metrics to the host, checks them, logs their mean."""
-    nonlocal pending, timer_start, timer_steps, last
+    nonlocal pending, timer_start, timer_steps, last, skipped, run_steps
     if not pending:
       return
     host = jax.device_get(pending)
-    bad = [step - len(host) + i for i, m in enumerate(host) if m['nonfinite']]
+    # host[i] holds the metrics of the update that produced step (step - len(host) + i + 1),
+    # the step number it is logged under.
+    bad = [step - len(host) + i + 1 for i, m in enumerate(host) if m['nonfinite']]
     if bad and t.nonfinite_policy == 'stop':
+      good = ckpt.latest_step()
       raise FloatingPointError(
-          f'Non-finite loss or gradient at step {bad[0]}; stopping. Last good checkpoint: '
-          f'step {ckpt.latest_step()} in {checkpointing.checkpoint_dir(workdir)}')
+          f'Non-finite loss or gradient at step {bad[0]} (its logged metrics; step '
+          f'{bad[0] - 1} was finite); stopping. ' + (
+              f'Last good checkpoint: step {good} in {checkpointing.checkpoint_dir(workdir)}; '
+              'rerun to resume from it (e.g. with a lower config.optim.learning_rate), or set '
+              "config.train.nonfinite_policy='skip'." if good is not None else
+              'No checkpoint was saved yet. Lower config.optim.learning_rate or set '
+              "config.train.nonfinite_policy='skip'."))
+    skipped += len(bad)
+    run_steps += len(host)
     last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
     last['nonfinite'] = float(sum(m['nonfinite'] for m in host))
     if timer_start is not None and timer_steps:  # Steps since the timer (re)started.
       jax.block_until_ready(state.step)
       dt = (time.perf_counter() - timer_start) / timer_steps
-      flops = metrics_lib.train_flops_per_sequence(config.model, phase.seq_len,
-                                                   phase.max_predictions) * t.batch_size
+      flops = objective.flops_per_sequence(phase) * t.batch_size
       last.update(step_time_s=dt, tokens_per_s=t.batch_size * phase.seq_len / dt,
                   model_tflops_per_s_per_device=flops / dt / 1e12 / jax.device_count())
       if peak:
@@ -361,5 +346,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     feed.close()
     ckpt.close()
     writer.close()
+  if skipped:
+    logging.warning(
+        '%d of the %d updates run in this session had a non-finite loss or gradient and were '
+        "dropped (config.train.nonfinite_policy='skip')%s.", skipped, run_steps,
+        ': most of the run did not train; lower config.optim.learning_rate' if
+        skipped * 2 > run_steps else '')
   return last
 

@@ -2,9 +2,11 @@
 
   <workdir>/config.json          the run's config
   <workdir>/tokenizer/           the tokenizer the run trains with, pinned at its start:
-      tokenizer.model | vocab.txt, unigram_counts.npy, tokenizer.json (kind, sha256, ...)
+      tokenizer.model | vocab.txt | bytelevel_bpe.tokenizer.json, unigram_counts.npy,
+      tokenizer.json (kind, sha256, ...)
   <workdir>/checkpoints/<step>/  Orbax checkpoints (see checkpointing.py)
   <workdir>/metrics.jsonl, <workdir>/tensorboard/
+  <workdir>/.lock                the run using the workdir now (see WorkdirLock)
 
 Pinning the tokenizer makes a workdir self-contained: evaluation, fill-mask, embeddings
 and export read the ids the checkpoint was trained on, whatever the prepared-data cache
@@ -13,14 +15,23 @@ holds now, and a resumed run whose prepared tokenizer differs stops with both fi
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import errno
 import hashlib
 import io
 import json
 import os
+import socket
+import sys
 import tempfile
+import threading
+import time
+import uuid
 
 import ml_collections
 import numpy as np
+from absl import logging
 from etils import epath
 
 TOKENIZER_DIR = 'tokenizer'
@@ -35,12 +46,428 @@ def path(workdir: str, *parts: str) -> epath.Path:
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes ``config.json`` atomically: a run killed mid-write leaves the old file whole."""
   path(workdir).mkdir(parents=True, exist_ok=True)
-  path(workdir, 'config.json').write_text(config.to_json_best_effort(indent=2))
+  _write_atomically(path(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+
+
+def _write_atomically(target: epath.Path, text: str) -> None:
+  """A temporary file next to ``target``, renamed over it (atomic on local file systems)."""
+  tmp = target.with_name(f'.{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+  try:
+    tmp.write_text(text)
+    if '://' in str(target):
+      tmp.replace(target)
+    else:
+      os.replace(tmp, target)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
+
+
+class WorkdirError(ValueError):
+  """A user error about the workdir: not writable, in use by another run, refused resume."""
+
+
+# ---------------------------------------------------------------------------------------
+# Writability, checked before any work.
+
+
+def check_workdir_writable(workdir: str) -> None:
+  """Raises WorkdirError unless ``workdir`` is, or can be created as, a writable directory.
+
+  Probes for real (os.access says yes to root on /proc and on some network mounts) with a
+  temporary file or directory that is removed at once; a workdir that does not exist yet
+  is not created here, so a run refused later leaves nothing behind.
+  """
+  if not workdir:
+    raise WorkdirError('--workdir is empty; expected a directory for checkpoints and metrics')
+  if '://' in workdir:
+    probe = path(workdir, f'.write_test-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+    try:
+      probe.write_text('probe')
+      probe.unlink()
+    except Exception as e:  # pylint: disable=broad-except  (each file system raises its own)
+      raise WorkdirError(f'--workdir={workdir}: cannot write there ({type(e).__name__}: {e}); '
+                         'expected a bucket path this machine may write') from e
+    return
+  target = os.path.abspath(workdir)
+  existing = target
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if existing == target and not os.path.isdir(target):
+    raise WorkdirError(f'--workdir={workdir}: {target} exists and is not a directory; expected '
+                       'a directory (or a path to create one at)')
+  if existing != target and not os.path.isdir(existing):
+    raise WorkdirError(f'--workdir={workdir}: cannot create it, {existing} is a file; expected '
+                       'a path under a directory')
+  try:
+    if existing == target:
+      fd, probe = tempfile.mkstemp(prefix='.write_test-', dir=target)
+      os.close(fd)
+      os.unlink(probe)
+    else:  # Creating the first missing component is what makedirs will do.
+      first = os.path.join(existing, os.path.relpath(target, existing).split(os.sep)[0])
+      os.mkdir(first)
+      os.rmdir(first)
+  except OSError as e:
+    where = target if existing == target else existing
+    raise WorkdirError(f'--workdir={workdir}: cannot write in {where} ({e.strerror or e}); '
+                       'expected a writable directory or a path that can be created') from e
+
+
+# ---------------------------------------------------------------------------------------
+# The lock: one run per workdir.
+
+LOCK_FILE = '.lock'
+HEARTBEAT_S = 60.0  # The holder rewrites the lock this often...
+STALE_AFTER_S = 15 * 60.0  # ...so a lock from another host not rewritten for this long is
+# taken over: that run is dead (or hung). On the same host the pid is checked instead.
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+  """Who holds a workdir: written as JSON into ``<workdir>/.lock``."""
+  host: str
+  pid: int
+  start_time: str  # ISO 8601, UTC, for people.
+  started: float  # time.time() at acquisition.
+  heartbeat: float  # time.time() of the last rewrite.
+  token: str  # Random: tells our lock from a successor's.
+  proc_start: int | None = None  # /proc/<pid>/stat start time: detects a reused pid.
+  argv: str = ''
+
+  def describe(self) -> str:
+    return f'host {self.host}, pid {self.pid}, started {self.start_time}'
+
+  @classmethod
+  def from_text(cls, text: str) -> 'LockInfo':
+    raw = json.loads(text)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in raw.items() if k in fields})
+
+
+def _proc_start(pid: int) -> int | None:
+  """The process's start time in clock ticks since boot (Linux); None where unknown."""
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      stat = f.read()
+    return int(stat[stat.rindex(b')') + 2:].split()[19])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _pid_alive(pid: int, proc_start: int | None) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass  # Alive, owned by another user.
+  now = _proc_start(pid)
+  return proc_start is None or now is None or now == proc_start
+
+
+def _lock_is_stale(info: LockInfo, now: float, stale_after_s: float) -> str | None:
+  """Why a lock may be taken over, or None if its holder may still be running."""
+  if info.host == socket.gethostname():
+    if not _pid_alive(info.pid, info.proc_start):
+      return f'process {info.pid} on this host is no longer running'
+    return None
+  age = now - info.heartbeat
+  if age > stale_after_s:
+    return (f'it was last refreshed {age / 60:.0f} min ago (a live run refreshes it every '
+            f'{HEARTBEAT_S:.0f} s; the horizon is {stale_after_s / 60:.0f} min)')
+  return None
+
+
+class WorkdirLock:
+  """``with WorkdirLock(workdir): ...``: only one run uses a workdir at a time.
+
+  Taking it creates ``<workdir>/.lock`` (JSON: host, pid, start time) with O_EXCL, so of
+  two runs started together exactly one wins; the other raises WorkdirError naming the
+  holder. A lock whose holder is gone is taken over with a warning: on the same host when
+  its pid no longer runs (or now belongs to another process); from another host when it
+  was not refreshed for ``stale_after_s`` (the holder rewrites it every ``heartbeat_s`` from
+  a daemon thread; a pid on another machine cannot be checked). Released on exit, also on
+  an exception. ``enabled=False`` (every process but 0 of a multi-host run) does nothing,
+  so a run holds the lock once.
+
+  ``gs://`` workdirs have no O_EXCL: there the lock is written, then read back to check it
+  is ours; two runs started within the same second may both get it.
+  """
+
+  def __init__(self, workdir: str, enabled: bool = True, heartbeat_s: float = HEARTBEAT_S,
+               stale_after_s: float = STALE_AFTER_S):
+    self.workdir = workdir
+    self.enabled = enabled
+    self.path = path(workdir, LOCK_FILE)
+    self.heartbeat_s = heartbeat_s
+    self.stale_after_s = stale_after_s
+    self.info: LockInfo | None = None
+    self.took_over: LockInfo | None = None  # The dead run's lock, if one was taken over.
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  def __enter__(self) -> 'WorkdirLock':
+    if self.enabled:
+      self.acquire()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+  def _new_info(self) -> LockInfo:
+    now = time.time()
+    return LockInfo(
+        host=socket.gethostname(), pid=os.getpid(),
+        start_time=datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(
+            timespec='seconds'),
+        started=now, heartbeat=now, token=uuid.uuid4().hex, proc_start=_proc_start(os.getpid()),
+        argv=' '.join(sys.argv)[:500])
+
+  def _read(self) -> tuple[LockInfo | None, str]:
+    """(holder, raw text); holder None when the file is unreadable (a crash mid-write)."""
+    try:
+      text = self.path.read_text()
+    except FileNotFoundError:
+      return None, ''
+    try:
+      return LockInfo.from_text(text), text
+    except (ValueError, TypeError):
+      return None, text
+
+  def acquire(self) -> None:
+    """Takes the lock or raises WorkdirError naming its holder; a no-op if already held."""
+    if self.info is not None:
+      return
+    path(self.workdir).mkdir(parents=True, exist_ok=True)
+    for _ in range(20):  # Retries only while another run is creating or taking over it.
+      info = self._new_info()
+      if self._create(info):
+        self.info = info
+        self._start_heartbeat()
+        if self.took_over:
+          logging.warning('Took over the lock %s of a run that is gone (%s).', self.path,
+                          self.took_over.describe())
+        return
+      holder, text = self._read()
+      if holder is None:
+        try:
+          age = time.time() - self.path.stat().mtime
+        except FileNotFoundError:
+          continue  # Removed since our create: try again.
+        if age < 60:  # Being written right now (created, not yet filled): look again.
+          time.sleep(0.2)
+          continue
+        logging.warning('The lock %s is unreadable (%r) and %d s old: a run died while '
+                        'writing it; taking it over.', self.path, text[:80], age)
+        self._remove_if(text)
+        continue
+      why = _lock_is_stale(holder, time.time(), self.stale_after_s)
+      if why is None:
+        raise WorkdirError(
+            f'{self.workdir} is in use by another run ({holder.describe()}; lock file '
+            f'{self.path}). Wait for it to finish, stop it, or use another --workdir. If that '
+            'run is gone, delete the lock file.')
+      logging.warning('The lock %s is held by a run that is gone (%s): %s.', self.path,
+                      holder.describe(), why)
+      self._remove_if(text)
+      self.took_over = holder
+    raise WorkdirError(f'Could not take the lock {self.path}: another run keeps replacing it.')
+
+  def _create(self, info: LockInfo) -> bool:
+    text = json.dumps(dataclasses.asdict(info), indent=1)
+    if '://' in self.workdir:
+      if self.path.exists():
+        return False
+      self.path.write_text(text)
+      return self._read()[0] == info
+    try:
+      fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, 'w') as f:
+      f.write(text)
+    return True
+
+  def _remove_if(self, text: str) -> None:
+    """Removes the lock only if it still holds ``text`` (not a successor's new lock)."""
+    if '://' in self.workdir:
+      if self._read()[1] == text:
+        self.path.unlink(missing_ok=True)
+      return
+    # Rename first: of several runs taking over, one gets the file; check it is the old one.
+    aside = self.path.with_name(f'{LOCK_FILE}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+    try:
+      os.rename(self.path, aside)
+    except FileNotFoundError:
+      return
+    if aside.read_text() != text:  # A successor's fresh lock: put it back.
+      try:
+        os.link(aside, self.path)
+      except OSError as e:
+        if e.errno != errno.EEXIST:
+          raise
+    os.unlink(aside)
+
+  def _start_heartbeat(self) -> None:
+    if self.heartbeat_s <= 0:
+      return
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._beat, name='workdir-lock-heartbeat',
+                                    daemon=True)
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(self.heartbeat_s):
+      holder, _ = self._read()
+      if holder is None or holder.token != self.info.token:
+        logging.error('The lock %s is no longer ours (now: %s); another run may be writing to '
+                      '%s.', self.path, holder.describe() if holder else 'missing', self.workdir)
+        return
+      self.info = dataclasses.replace(self.info, heartbeat=time.time())
+      try:
+        _write_atomically(self.path, json.dumps(dataclasses.asdict(self.info), indent=1))
+      except OSError as e:
+        logging.warning('Could not refresh the lock %s: %s', self.path, e)
+
+  def release(self) -> None:
+    """Stops the heartbeat and removes the lock if it is still ours; safe to call twice."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    if self.info is None:
+      return
+    holder, _ = self._read()
+    if holder is not None and holder.token == self.info.token:
+      self.path.unlink(missing_ok=True)
+    self.info = None
+
+
+def run_lock(workdir: str) -> WorkdirLock:
+  """The lock of a training run, held: ``with workdir.run_lock(workdir): train...``.
+
+  Process 0 takes it (a run holds it once however many hosts it has) and every process
+  learns the outcome, so all of them stop when it is refused instead of the others
+  waiting in their first collective. A collective call in multi-host runs.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  lock = WorkdirLock(workdir, enabled=jax.process_index() == 0)
+  error = None
+  if lock.enabled:
+    try:
+      lock.acquire()
+    except WorkdirError as e:
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    held = int(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if not held and error is None:
+      raise WorkdirError(f'{workdir} is in use by another run: process 0 could not take its '
+                         'lock (its log names the run holding it)')
+  if error is not None:
+    raise error
+  return lock
+
+
+# ---------------------------------------------------------------------------------------
+# Resuming: which config changes a workdir accepts.
+
+# Dotted keys (or 'section.*') a resume may change: schedules, periods and performance
+# knobs. Every other key fixes the checkpoint's shapes, the optimizer state's structure,
+# the data stream or the masks, and may not change; a key added to the schema later is
+# refused until it is listed here.
+RESUME_MAY_CHANGE = (
+    'optim.learning_rate', 'optim.warmup_steps', 'optim.weight_decay', 'optim.grad_clip_norm',
+    'optim.b1', 'optim.b2', 'optim.eps',
+    'train.num_steps', 'train.log_every_steps', 'train.eval_every_steps', 'train.eval_batches',
+    'train.grad_accum_steps', 'train.nonfinite_policy', 'train.peak_tflops_per_device',
+    'checkpoint.*', 'mesh.*',
+    'model.dtype', 'model.remat',
+    'data.num_workers', 'data.prepared_dir', 'data.tfds_data_dir',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigChange:
+  key: str
+  old: object
+  new: object
+
+  def __str__(self) -> str:
+    return f'{self.key}: {self.old!r} -> {self.new!r}'
+
+
+def _flatten(tree, prefix: str = '') -> dict:
+  out = {}
+  for k, v in tree.items():
+    key = f'{prefix}{k}'
+    if isinstance(v, dict):
+      out.update(_flatten(v, key + '.'))
+    else:
+      out[key] = v
+  return out
+
+
+def _may_change(key: str) -> bool:
+  return key in RESUME_MAY_CHANGE or f'{key.split(".")[0]}.*' in RESUME_MAY_CHANGE
+
+
+def check_resume_config(workdir: str, config: ml_collections.ConfigDict,
+                        defaults: ml_collections.ConfigDict | None = None) -> list[ConfigChange]:
+  """Compares ``config`` with ``<workdir>/config.json`` before anything is written.
+
+  Returns the accepted changes (to log; [] for a new workdir or an identical config), or
+  raises WorkdirError listing every refused change and what a resume may change. Reads
+  only. A key that ``config.json`` lacks (written before the key existed) is accepted if
+  ``config`` holds its default (``defaults``: ``config_base.base_config()``); a key that
+  only ``config.json`` has is ignored.
+  """
+  saved_path = path(workdir, 'config.json')
+  if not saved_path.exists():
+    return []
+  try:
+    saved = _flatten(json.loads(saved_path.read_text()))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise WorkdirError(f'{saved_path} is not valid JSON ({e}); it should hold the config of the '
+                       f'run in {workdir}. Restore it, or use another --workdir.') from e
+  current = _flatten(json.loads(config.to_json_best_effort()))
+  if defaults is None:
+    from encoder_jax import config_base  # pylint: disable=g-import-not-at-top
+    defaults = config_base.base_config()
+  default = _flatten(json.loads(defaults.to_json_best_effort()))
+  accepted, refused = [], []
+  for key in sorted(current):
+    new = current[key]
+    if key not in saved:
+      if key in default and default[key] == new:
+        continue
+      old = '<absent>'
+    else:
+      old = saved[key]
+      if old == new:
+        continue
+    (accepted if _may_change(key) else refused).append(ConfigChange(key, old, new))
+  if refused:
+    raise WorkdirError(
+        f'Refusing to resume in {workdir}: the config differs from {saved_path} in keys a '
+        'resume may not change (they fix the model and optimizer shapes, the data stream or '
+        'the masks):\n  ' + '\n  '.join(f'config.{c}' for c in refused) +
+        '\nA resume may change: ' + ', '.join(RESUME_MAY_CHANGE) + '. Use another --workdir '
+        'for a different run. Nothing in the workdir was changed.')
+  return accepted
 
 
 def _sha256(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
+
+
+def check_pinned_tokenizer(workdir: str, tokenizer) -> None:
+  """Raises if ``workdir`` has a pinned tokenizer other than ``tokenizer``; writes nothing."""
+  if path(workdir, TOKENIZER_DIR, TOKENIZER_INFO).exists():
+    _pin_or_check(workdir, tokenizer, None, write=False)
 
 
 def pin_tokenizer(workdir: str, tokenizer, unigram_counts: np.ndarray | None) -> None:
@@ -48,6 +475,10 @@ def pin_tokenizer(workdir: str, tokenizer, unigram_counts: np.ndarray | None) ->
 
   ``unigram_counts`` may be None (an imported checkpoint: counts come with prepared data).
   """
+  _pin_or_check(workdir, tokenizer, unigram_counts, write=True)
+
+
+def _pin_or_check(workdir: str, tokenizer, unigram_counts, write: bool) -> None:
   info_path = path(workdir, TOKENIZER_DIR, TOKENIZER_INFO)
   data = epath.Path(tokenizer.path).read_bytes()
   sha = _sha256(data)
@@ -60,9 +491,13 @@ def pin_tokenizer(workdir: str, tokenizer, unigram_counts: np.ndarray | None) ->
           f'sha256 {pinned["sha256"][:12]}): the ids would not match the checkpoint. Point '
           'config.data.prepared_dir at the data prepared for this run, or use a new workdir.')
     return
+  if not write:
+    return
   directory = path(workdir, TOKENIZER_DIR)
   directory.mkdir(parents=True, exist_ok=True)
   name = os.path.basename(tokenizer.path)
+  if name in (TOKENIZER_INFO, UNIGRAM_COUNTS):  # A byte-level BPE tokenizer.json: not the info.
+    name = f'{tokenizer.kind}.{name}'
   (directory / name).write_bytes(data)
   if unigram_counts is not None:
     buffer = io.BytesIO()

@@ -40,12 +40,19 @@ def data_config() -> ml_collections.ConfigDict:
 
 def tokenizer_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      kind='sentencepiece',  # 'sentencepiece' (train or load a .model) or 'wordpiece'.
-      path='',  # Existing .model or vocab.txt; '' = train SentencePiece on the corpus.
+      # 'sentencepiece' (train or load a .model), 'wordpiece' (load a vocab.txt) or
+      # 'bytelevel_bpe' (RoBERTa/GPT-2 byte-level BPE: train or load a tokenizer.json with
+      # <s>=0 <pad>=1 </s>=2 <unk>=3 and <mask> = vocab_size - 1).
+      kind='sentencepiece',
+      # Existing .model, vocab.txt or tokenizer.json; '' = train one (sentencepiece or
+      # bytelevel_bpe) on the corpus, of config.model.vocab_size pieces.
+      path='',
       model_type='unigram',  # SentencePiece training: 'unigram' or 'bpe'.
-      lowercase=True,  # WordPiece: lowercase input; SentencePiece training: case folding.
-      # SentencePiece training budget in sentences, alpha-sampled across sources (a smaller
-      # corpus is used whole).
+      # WordPiece: lowercase input; SentencePiece training: case folding. Ignored by
+      # bytelevel_bpe, which is cased and lossless.
+      lowercase=True,
+      # Tokenizer training budget in sentences (SentencePiece and byte-level BPE),
+      # alpha-sampled across sources (a smaller corpus is used whole).
       train_sentences=2_000_000,
       character_coverage=0.9995,  # SentencePiece: share of characters kept as pieces.
   ))

@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from encoder_jax.data import prepare_once
 from encoder_jax.data import seeding
 from encoder_jax.data import sentences as sentences_lib
 from encoder_jax.data import shards as shards_lib
@@ -314,9 +315,15 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
                        'vocab.txt (WordPiece vocabularies are not trained here).')
     tok_file = 'vocab.txt'
     shutil.copyfile(path, os.path.join(partial, tok_file))
+  elif kind == 'bytelevel_bpe':
+    tok_file = 'tokenizer.json'
+    if path:
+      shutil.copyfile(path, os.path.join(partial, tok_file))
+    else:
+      tokenizer_training.train_bytelevel_bpe(config, srcs, os.path.join(partial, tok_file))
   else:
-    raise ValueError(f"config.tokenizer.kind must be 'sentencepiece' or 'wordpiece'; got "
-                     f'{kind!r}')
+    raise ValueError(f"config.tokenizer.kind must be 'sentencepiece', 'wordpiece' or "
+                     f"'bytelevel_bpe'; got {kind!r}")
   tok_seconds = time.time() - tok_start
   tok = tokenizer_lib.Tokenizer.from_file(kind, os.path.join(partial, tok_file), lowercase)
   tok.check_vocab_size(vocab_size)
@@ -502,12 +509,13 @@ def load(config, directory: str | None = None) -> PreparedData:
 
 
 def load_or_prepare(config) -> PreparedData:
-  """Loads the prepared data for ``config``, preparing it first if it does not exist."""
+  """Loads the prepared data for ``config``, preparing it first if it does not exist.
+
+  Processes asking at once (the hosts of one run) prepare it once: see ``prepare_once``.
+  """
   fields = content_fields(config)
   directory = prepared_directory(config, fields)
-  if os.path.exists(os.path.join(directory, MANIFEST)):
+  manifest = os.path.join(directory, MANIFEST)
+  if not prepare_once.prepare_once(directory, manifest, lambda: prepare(config, directory)):
     logging.info('Using prepared data in %s', directory)
-  else:
-    logging.info('No prepared data for this config in %s: preparing it now.', directory)
-    prepare(config, directory)
   return load(config, directory)

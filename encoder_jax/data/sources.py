@@ -17,6 +17,11 @@ Spec grammar (several specs are separated by commas)::
                                       (``gs://`` works on TPU VMs). SPLIT defaults to ``train``
                                       and may be a slice (``train[:1%]``).
 
+Files may be compressed: gzip (``.gz``), bzip2 and xz are read transparently, recognised by
+their first bytes whatever the file is called; zstd, zip and other archives stop with the
+format named (decompress them first). A compressed file that ends early keeps the lines
+read so far and is counted under ``compressed_files_cut_short``.
+
 Every kind also takes ``max_documents=N`` (stop after N documents; for quick experiments).
 ``@WEIGHT`` gives the mixing weight; if one spec has a weight all must (else alpha mixing).
 
@@ -26,11 +31,15 @@ Nothing is dropped silently: every skipped or altered line/document is counted i
 
 from __future__ import annotations
 
+import bz2
 import collections
 import dataclasses
 import glob as glob_lib
+import gzip
 import json
+import lzma
 import os
+import zlib
 from typing import Iterator
 
 from encoder_jax.data import embedded
@@ -143,11 +152,15 @@ class Source:
   def _lines(self, path: str, report: Report) -> Iterator[tuple[int, str | None]]:
     """(line number, decoded line without newline) with bounded memory; None = skipped."""
     cap = self.max_line_bytes
-    with _open(path) as f:
+    with _open(path, self.spec) as f:
       empty = True
       number = 0
       while True:
-        raw = f.readline(cap + 1)
+        try:
+          raw = f.readline(cap + 1)
+        except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
+          report.add('compressed_files_cut_short', f'{path}: after line {number} ({e})')
+          break
         if not raw:
           break
         empty = False
@@ -276,18 +289,76 @@ class Source:
       yield RawDocument(tuple(doc), f'embedded:{i}')
 
 
-def _open(path: str):
+# Compressed formats by their first bytes: read transparently, or named in the error.
+_DECOMPRESSORS = (
+    (lambda h: h[:2] == b'\x1f\x8b', lambda f: gzip.GzipFile(fileobj=f, mode='rb')),
+    # bzip2: the magic, then the first block's header.
+    (lambda h: h[:3] == b'BZh' and h[4:10] == b'1AY&SY', lambda f: bz2.BZ2File(f, 'rb')),
+    (lambda h: h[:6] == b'\xfd7zXZ\x00', lambda f: lzma.LZMAFile(f, 'rb')),
+)
+_UNSUPPORTED = {b'\x28\xb5\x2f\xfd': 'zstd', b'PK\x03\x04': 'zip', b'7z\xbc\xaf\x27\x1c': '7z',
+                b'\x04\x22\x4d\x18': 'lz4'}
+
+
+class _Decompressed:
+  """A decompressing reader that also closes the file under it (GzipFile(fileobj) does not)."""
+
+  def __init__(self, reader, raw):
+    self._reader, self._raw = reader, raw
+
+  def readline(self, size: int = -1) -> bytes:
+    return self._reader.readline(size)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    try:
+      self._reader.close()
+    finally:
+      self._raw.close()
+
+
+def _open_raw(path: str):
   if path.startswith('gs://'):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf.io.gfile.GFile(path, 'rb')
   return open(path, 'rb')
 
 
+def _open(path: str, spec: str = ''):
+  """A binary reader of ``path``'s text, decompressed if it is gzip, bzip2 or xz."""
+  raw = _open_raw(path)
+  try:
+    head = raw.read(10)
+    raw.seek(0)
+  except Exception:
+    raw.close()
+    raise
+  for matches, opener in _DECOMPRESSORS:
+    if matches(head):
+      return _Decompressed(opener(raw), raw)
+  for magic, name in _UNSUPPORTED.items():
+    if head.startswith(magic):
+      raw.close()
+      raise ValueError(f'config.data.sources: {spec!r}: {path} is a {name} file; expected text '
+                       'or JSONL, plain or gzip/bzip2/xz-compressed. Decompress it first.')
+  return raw
+
+
 def _file_size(path: str) -> int:
+  """Bytes of text: a local gzip file's is in its last 4 bytes (mod 4 GiB); else the size."""
   if path.startswith('gs://'):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf.io.gfile.stat(path).length
-  return os.path.getsize(path)
+  size = os.path.getsize(path)
+  if size >= 18:
+    with open(path, 'rb') as f:
+      if f.read(2) == b'\x1f\x8b':
+        f.seek(-4, os.SEEK_END)
+        text = int.from_bytes(f.read(4), 'little')
+        return text if text >= size else size * 4  # Wrapped past 4 GiB: a rough guess.
+  return size
 
 
 def _utf8_safe_end(raw: bytes) -> int:

@@ -1,22 +1,42 @@
-"""One ``Tokenizer`` interface over SentencePiece models and WordPiece ``vocab.txt`` files.
+"""One ``Tokenizer`` interface over SentencePiece, WordPiece and byte-level BPE tokenizers.
 
 SentencePiece models (trained by ``tokenizer_training`` or loaded) must have the fixed ids
 ``[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4`` (``<pad>``/``<unk>`` are accepted for 0/1, as in
 ALBERT's released models). WordPiece vocabularies (HF BERT checkpoints) keep their own ids,
 e.g. ``[PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102 [MASK]=103``, and are run by the HF
 ``tokenizers`` BertWordPiece implementation (BERT's basic + wordpiece tokenizer).
+Byte-level BPE (GPT-2's scheme, as RoBERTa uses it) is one HF ``tokenizers`` ``tokenizer.json``
+with RoBERTa's special pieces and ids ``<s>=0 <pad>=1 </s>=2 <unk>=3`` and ``<mask>`` = the last
+id (50264 of 50265); its pieces are byte strings spelled in GPT-2's printable byte alphabet
+(``Ġ`` = a space), so every text encodes losslessly and nothing is ever ``<unk>``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
 
 SPECIAL_PIECES = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 SENTENCEPIECE_IDS = {'[PAD]': 0, '[UNK]': 1, '[CLS]': 2, '[SEP]': 3, '[MASK]': 4}
-_ALIASES = {'[PAD]': ('[PAD]', '<pad>'), '[UNK]': ('[UNK]', '<unk>')}
+ROBERTA_PIECES = ('<pad>', '<unk>', '<s>', '</s>', '<mask>')  # In role order, as above.
+# Fixed ids of a byte-level BPE vocabulary (RoBERTa's); <mask> is the last id instead.
+BYTELEVEL_BPE_IDS = {'<s>': 0, '<pad>': 1, '</s>': 2, '<unk>': 3}
+BYTELEVEL_BPE_MASK = '<mask>'
+ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
+# The pieces that can play each role (in ROLES order), per kind; the first present wins.
+# BERT-named vocabularies accept <pad>/<unk> for [PAD]/[UNK], as in ALBERT's released models.
+_BERT_ROLES = (('[PAD]', '<pad>'), ('[UNK]', '<unk>'), ('[CLS]',), ('[SEP]',), ('[MASK]',))
+ROLE_PIECES = {
+    'sentencepiece': _BERT_ROLES,
+    'wordpiece': _BERT_ROLES,
+    'bytelevel_bpe': tuple((p,) for p in ROBERTA_PIECES),
+}
+KINDS = tuple(ROLE_PIECES)
+_ALIASES = {names[0]: names for names in _BERT_ROLES}
+_BYTE_SPACE = '\u0120'  # 'Ġ': the space byte in GPT-2's byte alphabet.
 
 
 def file_sha256(path: str) -> str:
@@ -27,17 +47,93 @@ def file_sha256(path: str) -> str:
   return h.hexdigest()
 
 
+def _byte_alphabet() -> list[str]:
+  """The 256 one-character pieces that spell every byte (GPT-2's printable byte mapping)."""
+  from tokenizers import pre_tokenizers  # pylint: disable=g-import-not-at-top
+  return pre_tokenizers.ByteLevel.alphabet()
+
+
+def bpe_merges(spec: dict) -> list[tuple[str, str]]:
+  """The merges of a BPE ``tokenizer.json`` dict, as pairs (files store "a b" or [a, b])."""
+  return [tuple(m) if isinstance(m, (list, tuple)) else tuple(m.split(' ', 1))
+          for m in spec['model']['merges']]
+
+
+def check_bytelevel_bpe(spec: dict, path: str) -> None:
+  """Raises unless ``spec`` (a parsed tokenizer.json) tokenizes as RoBERTa's byte-level BPE.
+
+  Checked: a plain BPE model (no dropout, no subword prefix/suffix, no byte fallback), no
+  normalizer, the ByteLevel pre-tokenizer with GPT-2's regex and ``add_prefix_space=False``,
+  the ByteLevel decoder, and no added tokens besides the five special pieces (HF would match
+  those in the text). The post-processor is not checked: ``encode`` adds no specials, and the
+  HF export writes RoBERTa's.
+  """
+  def fail(what):
+    raise ValueError(f'{path!r}: {what}; encoder_jax\'s bytelevel_bpe kind needs RoBERTa\'s '
+                     'byte-level BPE tokenizer.json (BPE model, ByteLevel pre-tokenizer with '
+                     'add_prefix_space=false, ByteLevel decoder, no normalizer).')
+
+  model = spec.get('model') or {}
+  if model.get('type') != 'BPE':
+    fail(f'tokenizer model type {model.get("type")!r}, not \'BPE\'')
+  for key in ('dropout', 'continuing_subword_prefix', 'end_of_word_suffix', 'byte_fallback'):
+    if model.get(key):
+      fail(f'BPE {key}={model[key]!r}')
+  if spec.get('normalizer'):
+    fail(f'normalizer {spec["normalizer"].get("type")!r}')
+  pre = spec.get('pre_tokenizer') or {}
+  if (pre.get('type') != 'ByteLevel' or pre.get('add_prefix_space', True)
+      or not pre.get('use_regex', True)):
+    fail(f'pre_tokenizer {pre!r}')
+  if (spec.get('decoder') or {}).get('type') != 'ByteLevel':
+    fail(f'decoder {spec.get("decoder")!r}')
+  extra = [t.get('content') for t in spec.get('added_tokens') or []
+           if t.get('content') not in ROBERTA_PIECES or not t.get('special')]
+  if extra:
+    fail(f'added tokens {extra[:5]} besides the special pieces {list(ROBERTA_PIECES)}')
+
+
+def build_bytelevel_bpe(vocab: dict[str, int], merges: list[tuple[str, str]]):
+  """RoBERTa's byte-level BPE ``tokenizers.Tokenizer`` over ``vocab`` (specials included).
+
+  The one definition of the file layout, shared by training and HF import: ByteLevel
+  pre-tokenizer (``add_prefix_space=False``) and decoder, RoBERTa's post-processor
+  (``<s> A </s>`` and ``<s> A </s></s> B </s>``), and the five special pieces as special
+  added tokens (``<mask>`` with ``lstrip``, as roberta-base, so "a <mask>" works in HF).
+  """
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers, processors  # pylint: disable=g-import-not-at-top,g-multiple-import
+  hf = tokenizers.Tokenizer(models.BPE(dict(vocab), [tuple(m) for m in merges], dropout=None,
+                                       unk_token=None, fuse_unk=False, byte_fallback=False))
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                              use_regex=True)
+  hf.decoder = decoders.ByteLevel()
+  hf.add_special_tokens([
+      tokenizers.AddedToken(p, special=True, normalized=False,
+                            lstrip=p == BYTELEVEL_BPE_MASK)
+      for p in sorted(ROBERTA_PIECES, key=lambda p: vocab.get(p, len(vocab)))])
+  cls_piece, sep_piece = ROBERTA_PIECES[2], ROBERTA_PIECES[3]
+  hf.post_processor = processors.RobertaProcessing(
+      (sep_piece, hf.token_to_id(sep_piece)), (cls_piece, hf.token_to_id(cls_piece)),
+      trim_offsets=True, add_prefix_space=False)
+  return hf
+
+
 class Tokenizer:
   """Text <-> ids, the special ids, and per-piece tables for masking.
 
   Attributes:
-    kind: 'sentencepiece' or 'wordpiece'.
-    path: the model file (.model or vocab.txt).
-    vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id: ints.
-    special_ids: int32 ids never to mask ([PAD], [UNK], [CLS], [SEP], [MASK] and any other
-      control piece such as WordPiece's ``[unused*]``).
+    kind: 'sentencepiece', 'wordpiece' or 'bytelevel_bpe'.
+    path: the model file (.model, vocab.txt or tokenizer.json).
+    vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id: ints. The roles have BERT's names
+      ([CLS] ...) in SentencePiece/WordPiece vocabularies and RoBERTa's in byte-level BPE
+      ones (cls = <s>, sep = </s>, pad = <pad>, unk = <unk>, mask = <mask>); ``ROLE_PIECES``.
+    special_ids: int32 ids never to mask (the five role pieces and any other control piece
+      such as WordPiece's ``[unused*]``).
     is_word_start: bool [vocab_size], True where the piece starts a word (SentencePiece
-      '▁' prefix; WordPiece: no '##'); special pieces are False.
+      '▁' prefix; WordPiece: no '##'; byte-level BPE: 'Ġ', an encoded space, first, so the
+      first word of a text and a word right after a newline are not marked, as in fairseq's
+      RoBERTa whole-word masking); special pieces are False.
   """
 
   def __init__(self, kind: str, path: str, backend, pieces: list[str],
@@ -49,15 +145,16 @@ class Tokenizer:
     self._pieces = pieces
     self._piece_ids = {p: i for i, p in enumerate(pieces)}
     self.vocab_size = len(pieces)
-    ids = {}
-    for name in SPECIAL_PIECES:
-      ids[name] = next((self._piece_ids[a] for a in _ALIASES.get(name, (name,))
-                        if a in self._piece_ids), None)
-      if ids[name] is None:
-        raise ValueError(f'Tokenizer {path!r} has no {name} piece; a {kind} tokenizer for '
-                         f'encoder_jax needs all of {list(SPECIAL_PIECES)}.')
-    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        ids[n] for n in SPECIAL_PIECES)
+    if kind not in ROLE_PIECES:
+      raise ValueError(f'tokenizer kind {kind!r} for {path!r}; expected one of {list(KINDS)}')
+    ids = []
+    for role, names in zip(ROLES, ROLE_PIECES[kind]):
+      ids.append(next((self._piece_ids[a] for a in names if a in self._piece_ids), None))
+      if ids[-1] is None:
+        raise ValueError(f'Tokenizer {path!r} has no {" or ".join(names)} piece ({role}); a '
+                         f'{kind} tokenizer for encoder_jax needs all of '
+                         f'{[n[0] for n in ROLE_PIECES[kind]]}.')
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
     self.special_ids = np.asarray(special_ids, np.int32)
     self.is_word_start = np.asarray(is_word_start, np.bool_)
 
@@ -65,13 +162,15 @@ class Tokenizer:
 
   @classmethod
   def from_file(cls, kind: str, path: str, lowercase: bool = True) -> 'Tokenizer':
-    """A tokenizer file of ``kind``: 'sentencepiece' (.model) or 'wordpiece' (vocab.txt)."""
+    """A tokenizer file of ``kind``: 'sentencepiece' (.model), 'wordpiece' (vocab.txt) or
+    'bytelevel_bpe' (tokenizer.json). ``lowercase`` only matters for WordPiece."""
     if kind == 'wordpiece':
       return cls.from_wordpiece_vocab(path, lowercase=lowercase)
     if kind == 'sentencepiece':
       return cls.from_sentencepiece(path)
-    raise ValueError(f"tokenizer kind {kind!r} for {path!r}; expected 'sentencepiece' or "
-                     "'wordpiece'")
+    if kind == 'bytelevel_bpe':
+      return cls.from_bytelevel_bpe(path)
+    raise ValueError(f'tokenizer kind {kind!r} for {path!r}; expected one of {list(KINDS)}')
 
   @classmethod
   def from_sentencepiece(cls, path: str) -> 'Tokenizer':
@@ -122,6 +221,52 @@ class Tokenizer:
     word_start[special] = False
     return cls('wordpiece', path, backend, pieces, np.array(special), word_start,
                lowercase=lowercase)
+
+  @classmethod
+  def from_bytelevel_bpe(cls, path: str) -> 'Tokenizer':
+    """A byte-level BPE ``tokenizer.json`` (RoBERTa's layout; see ``check_bytelevel_bpe``).
+
+    The backend encodes special-token strings in the text as plain bytes
+    (``encode_special_tokens``), so the text "<mask>" never becomes the mask id and
+    ``decode(encode(text)) == text`` for every text; HF's own tokenizer does match them.
+    """
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'Byte-level BPE tokenizer {path!r} does not exist.')
+    try:
+      with open(path, encoding='utf-8') as f:
+        spec = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+      raise ValueError(f'{path!r} is not a tokenizers tokenizer.json: {e}') from e
+    check_bytelevel_bpe(spec, path)
+    try:
+      backend = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # The Rust loader raises its own exception type.
+      raise ValueError(f'{path!r} is not a tokenizers tokenizer.json: {e}') from e
+    backend.encode_special_tokens = True
+    vocab = backend.get_vocab(with_added_tokens=True)
+    n = len(vocab)
+    if sorted(vocab.values()) != list(range(n)):
+      raise ValueError(f'Byte-level BPE tokenizer {path!r}: the ids are not 0..{n - 1}.')
+    pieces = [''] * n
+    for piece, i in vocab.items():
+      pieces[i] = piece
+    want = dict(BYTELEVEL_BPE_IDS, **{BYTELEVEL_BPE_MASK: n - 1})
+    wrong = {p: vocab.get(p) for p, i in want.items() if vocab.get(p) != i}
+    if wrong:
+      raise ValueError(
+          f'Byte-level BPE tokenizer {path!r}: special pieces at ids {wrong}; encoder_jax '
+          f'needs RoBERTa\'s {want} (<mask> = the last id). Train it with prepare (leave '
+          'config.tokenizer.path empty) or use a RoBERTa-style vocabulary.')
+    missing = sorted(set(_byte_alphabet()) - set(vocab))
+    if missing:
+      raise ValueError(f'Byte-level BPE tokenizer {path!r} lacks {len(missing)} of the 256 '
+                       f'byte pieces (e.g. {missing[:5]}); some text could not be encoded.')
+    special = sorted(want.values())
+    word_start = np.array([p.startswith(_BYTE_SPACE) for p in pieces], np.bool_)
+    word_start[special] = False
+    return cls('bytelevel_bpe', path, backend, pieces, np.array(special), word_start,
+               lowercase=False)
 
   # ---- text <-> ids ----
 

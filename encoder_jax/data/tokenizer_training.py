@@ -1,4 +1,5 @@
-"""Training the SentencePiece tokenizer on the configured corpus (run by preparation).
+"""Training the tokenizer on the configured corpus (run by preparation): SentencePiece, or
+byte-level BPE (``config.tokenizer.kind='bytelevel_bpe'``, RoBERTa's GPT-2 scheme).
 
 The vocabulary size is ``config.model.vocab_size`` (single source of truth) and the special
 pieces get the fixed ids ``[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4`` (control symbols, so
@@ -6,10 +7,13 @@ the text "[MASK]" is never turned into the mask id). Training sentences are draw
 sources in proportion to ``mixing.source_probabilities`` (alpha sampling for multilingual
 corpora): source ``i`` gives its first ``q_i * config.tokenizer.train_sentences`` sentences
 in its stream order (see ``training_sentences``), so nothing is read beyond that budget.
+Byte-level BPE trains on the same sentences and gets RoBERTa's ids instead:
+``<s>=0 <pad>=1 </s>=2 <unk>=3``, the 256 byte pieces, the merges, ``<mask>`` last.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -104,4 +108,44 @@ def train_sentencepiece(config, sources: list[sources_lib.Source], model_path: s
         'A small corpus cannot support a large vocabulary: lower config.model.vocab_size '
         'or add data.') from e
   tok = tokenizer_lib.Tokenizer.from_sentencepiece(model_path)
+  tok.check_vocab_size(vocab_size)
+
+
+def train_bytelevel_bpe(config, sources: list[sources_lib.Source], path: str) -> None:
+  """Trains RoBERTa's byte-level BPE into ``path`` (a tokenizer.json) for ``config``.
+
+  ``BpeTrainer`` learns ``vocab_size - 1`` pieces (the four leading specials, all 256 bytes
+  via ``initial_alphabet``, then merges of pairs seen at least twice); ``<mask>`` is then
+  appended as the last id, as in RoBERTa (50264 of 50265), and the file is written by
+  ``tokenizer.build_bytelevel_bpe``. The trainer is deterministic for the same sentences
+  (checked by the tests), so the tokenizer depends only on the config and the corpus.
+  """
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top,g-multiple-import
+  vocab_size = int(config.model.vocab_size)
+  leading = sorted(tokenizer_lib.BYTELEVEL_BPE_IDS, key=tokenizer_lib.BYTELEVEL_BPE_IDS.get)
+  smallest = len(leading) + 256 + 1
+  if vocab_size < smallest:
+    raise ValueError(f'config.model.vocab_size={vocab_size} is too small for byte-level BPE: '
+                     f'it needs at least {smallest} (4 specials, 256 bytes, <mask>).')
+  sentences = training_sentences(config, sources)
+  logging.info('Training a byte-level BPE tokenizer, vocab_size=%d, on %d sentences',
+               vocab_size, len(sentences))
+  hf = tokenizers.Tokenizer(models.BPE())
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, min_frequency=2,
+                                special_tokens=leading, show_progress=False,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  hf.train_from_iterator(sentences, trainer, length=len(sentences))
+  spec = json.loads(hf.to_str())
+  vocab = dict(spec['model']['vocab'])
+  if len(vocab) != vocab_size - 1:
+    raise ValueError(
+        f'Byte-level BPE training reached {len(vocab) + 1} pieces, not '
+        f'config.model.vocab_size={vocab_size}, on {len(sentences)} sentences from '
+        f'config.data.sources={config.data.sources!r}: the corpus has too few pairs seen twice '
+        'to merge. Lower config.model.vocab_size or add data.')
+  vocab[tokenizer_lib.BYTELEVEL_BPE_MASK] = vocab_size - 1
+  tokenizer_lib.build_bytelevel_bpe(vocab, tokenizer_lib.bpe_merges(spec)).save(path)
+  tok = tokenizer_lib.Tokenizer.from_bytelevel_bpe(path)
   tok.check_vocab_size(vocab_size)

@@ -45,7 +45,9 @@ def init_params(model: nn.Module, pretrained, max_len: int, seed: int):
   params = dict(fresh['params'])
   pretrained = checkpoint_io.to_host(pretrained)
   for part in heads.PRETRAINED_PARTS:
-    if part in params:
+    if part in params and part not in pretrained:
+      logging.info('The pretrained model has no %r: it starts freshly initialised.', part)
+    elif part in params:
       want = jax.tree.map(np.shape, params[part])
       got = jax.tree.map(np.shape, pretrained[part])
       if want != got:
@@ -89,7 +91,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
   d, o = config.data, config.optim
   pretrained = load_pretrained(config)
   tok = pretrained.tokenizer
-  max_len = min(int(d.max_len), pretrained.model_config.max_position_embeddings)
+  max_len = min(int(d.max_len), pretrained.max_length)
   train_ex, names = data_lib.read(d.train, config.task, d)
   eval_ex, _ = data_lib.read(d.eval, config.task, d, names) if d.eval else (None, names)
   train, train_cut = data_lib.encode_with_report(train_ex, tok, config.task, max_len)
@@ -104,7 +106,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
         print(f'Warning: {cut.summary(split)}', flush=True)
 
   model = heads.make(config.task, pretrained.model_config, len(names), config.dropout_rate)
-  params = init_params(model, pretrained.params, max_len, config.seed)
+  params = init_params(model, pretrained.encoder_params, max_len, config.seed)
   steps_per_epoch = math.ceil(len(train_ex) / o.batch_size)
   total = steps_per_epoch * int(o.epochs)
   tx = make_optimizer(o, total)

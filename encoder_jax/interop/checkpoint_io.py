@@ -2,13 +2,17 @@
 
 A model comes either from a pretraining workdir (``config.json`` + Orbax checkpoints,
 restored onto *this* machine's devices, whatever wrote them) or straight from a Hugging
-Face BERT directory. :func:`import_hf_to_workdir` turns the latter into the former: a
-step-0 checkpoint that ``encoder_jax.main`` continues pretraining from.
+Face directory of any registered kind. Either way it is a :class:`Loaded`: the config,
+tokenizer and params, with functions for hidden states, MLM logits and pooled sentence
+embeddings (``encoder_jax.load`` is the documented entry point). Nothing here imports the
+training loop. :func:`import_hf_to_workdir` turns an HF directory into a workdir: a step-0
+checkpoint that ``encoder_jax.main`` continues pretraining from.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging as std_logging
 import os
@@ -21,27 +25,130 @@ from absl import logging
 
 from encoder_jax import checkpointing
 from encoder_jax import config_base
+from encoder_jax import objectives
 from encoder_jax import sharding
+from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import hf
-from encoder_jax.interop import hf_table
 from encoder_jax.interop import tokenizer as tokenizer_io
-from encoder_jax.models import bert
+from encoder_jax.models import config as model_config_lib
 
 CONFIG_JSON = 'config.json'
 IMPORT_REPORT = 'import_report.txt'
 
 
+def _as_batch(ids, mask=None, segments=None):
+  """int32 [B, L] arrays from a row or rows of ids; mask defaults to all ones."""
+  ids = np.asarray(ids, np.int32)
+  if ids.ndim == 1:
+    ids = ids[None]
+  mask = np.ones_like(ids) if mask is None else np.asarray(mask, np.int32).reshape(ids.shape)
+  segments = (np.zeros_like(ids) if segments is None
+              else np.asarray(segments, np.int32).reshape(ids.shape))
+  return ids, mask, segments
+
+
 @dataclasses.dataclass
 class Loaded:
-  model_config: bert.BertConfig
-  params: Any  # Unboxed 'params' collection of bert.BertForPreTraining.
+  """A checkpoint ready for use: config, tokenizer, params and what to compute with them.
+
+  ``params`` is the whole pretraining params tree (every network of the objective);
+  ``network`` / ``encoder_params`` are the network downstream uses take (the encoder for
+  BERT, RoBERTa, ALBERT; ELECTRA's discriminator) and its params.
+  """
+  model_config: model_config_lib.EncoderConfig  # The downstream network's config.
+  params: Any  # Unboxed 'params' of the pretraining setup (objectives.build(config).init).
   tokenizer: Any  # encoder_jax.data.tokenizer.Tokenizer
   source: str  # Human-readable: where the weights came from.
   step: int | None = None  # Checkpoint step (None for an HF directory).
-  run_config: ml_collections.ConfigDict | None = None  # The workdir's config, if any.
+  run_config: ml_collections.ConfigDict | None = None  # The workdir's config (or one made).
   mesh: jax.sharding.Mesh | None = None  # Where ``params`` live.
   report: hf.ImportReport | None = None  # For an HF directory: heads initialised, etc.
+  setup: Any = None  # objectives.base.Pretraining of run_config.
+
+  @property
+  def config(self) -> ml_collections.ConfigDict | None:
+    return self.run_config
+
+  @property
+  def kind(self) -> str:
+    return self.model_config.kind
+
+  @property
+  def network(self):
+    return self.setup.downstream(self.params)[0]
+
+  @property
+  def encoder_params(self):
+    return self.setup.downstream(self.params)[1]
+
+  def hidden_states(self, input_ids, input_mask=None, segment_ids=None, *,
+                    all_layers: bool = False) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Final hidden states float32 [B, L, H] (or the embedding output and every layer's)."""
+    ids, mask, seg = _as_batch(input_ids, input_mask, segment_ids)
+    out = _encoder_apply(self.encoder_params, ids, seg, mask, network=self.network,
+                         collect_hidden=all_layers)
+    if all_layers:
+      return tuple(np.asarray(x, np.float32) for x in out['all_hidden_states'])
+    return np.asarray(out['sequence_output'], np.float32)
+
+  def pooled(self, input_ids, input_mask=None, segment_ids=None) -> np.ndarray:
+    """The tanh pooler's output on the first token [B, H] (kinds with a pooler)."""
+    if not self.network.kind.pooler:
+      raise ValueError(f'model kind {self.kind!r} has no pooler; use embed(..., pooling=...) '
+                       'or hidden_states')
+    ids, mask, seg = _as_batch(input_ids, input_mask, segment_ids)
+    out = _encoder_apply(self.encoder_params, ids, seg, mask, network=self.network,
+                         collect_hidden=False)
+    return np.asarray(out['pooled_output'], np.float32)
+
+  def mlm_logits(self, input_ids, input_mask=None, segment_ids=None, positions=None
+                 ) -> np.ndarray:
+    """float32 [B, P, vocab] MLM logits at ``positions`` [B, P] (default: every position)."""
+    ids, mask, seg = _as_batch(input_ids, input_mask, segment_ids)
+    if positions is None:
+      positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
+    positions = np.asarray(positions, np.int32).reshape(ids.shape[0], -1)
+    network, params = self.setup.masked_lm(self.params)
+    return np.asarray(_mlm_apply(params, ids, seg, mask, positions, network=network))
+
+  def encode(self, texts: list[str], max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) int32 [N, L] of ``[CLS] text [SEP]`` rows, padded, cut at ``max_len``."""
+    from encoder_jax import embed  # pylint: disable=g-import-not-at-top
+    encoded = embed.encode_sentences(self.tokenizer, list(texts),
+                                     min(max_len or self.max_length, self.max_length))
+    return embed.pad_batch(encoded.rows, self.tokenizer.pad_id, self.max_length)
+
+  def embed(self, texts: list[str], *, pooling: str = 'mean', normalize: bool = True,
+            max_len: int | None = None, batch_size: int = 32) -> np.ndarray:
+    """float32 [N, H] sentence embeddings, one row per text (see ``encoder_jax.embed``)."""
+    from encoder_jax import embed  # pylint: disable=g-import-not-at-top
+    return embed.embed_sentences(self.encoder_params, self.model_config, self.tokenizer,
+                                 list(texts), pooling=pooling, normalize=normalize,
+                                 batch_size=batch_size, max_len=max_len or self.max_length)
+
+  def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+    """For each mask in ``text`` in order: [(piece, probability)] best first."""
+    from encoder_jax import fill_mask  # pylint: disable=g-import-not-at-top
+    network, params = self.setup.masked_lm(self.params)
+    return fill_mask.fill_mask(params, network.config, self.tokenizer, text, top_k)
+
+  @property
+  def max_length(self) -> int:
+    """The longest input the model takes (tokens, specials included)."""
+    return self.model_config.max_length
+
+
+@functools.partial(jax.jit, static_argnames=('network', 'collect_hidden'))
+def _encoder_apply(params, ids, segments, mask, *, network, collect_hidden):
+  return network.encoder.apply({'params': params}, ids, segments, mask,
+                               collect_hidden=collect_hidden)
+
+
+@functools.partial(jax.jit, static_argnames=('network',))
+def _mlm_apply(params, ids, segments, mask, positions, *, network):
+  return network.pretraining.apply({'params': params}, ids, segments, mask,
+                                   positions)['mlm_logits']
 
 
 # --------------------------------------------------------------------------- configs
@@ -98,8 +205,7 @@ def local_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 
 def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
   """ShapeDtypeStructs (with shardings on ``mesh``) of the params the config describes."""
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
-  return train.abstract_state(config, mesh).params
+  return train_state.abstract_params(config, mesh)
 
 
 def _checkpoint_shapes(workdir: str, step: int) -> dict[str, tuple[int, ...]] | None:
@@ -140,9 +246,10 @@ def check_shapes(config: ml_collections.ConfigDict, workdir: str, step: int, abs
     raise checkpointing.CheckpointError(
         f'The config does not match checkpoint step {step} in {workdir}: '
         + '; '.join(problems[:6]) + (' ...' if len(problems) > 6 else '')
-        + f'. The config says vocab_size={m.vocab_size}, hidden_size={m.hidden_size}, '
-        f'num_layers={m.num_layers}, num_heads={m.num_heads}, intermediate_size='
-        f'{m.intermediate_size}, max_position_embeddings={m.max_position_embeddings}.')
+        + f'. The config says kind={m.kind}, vocab_size={m.vocab_size}, hidden_size='
+        f'{m.hidden_size}, num_layers={m.num_layers}, num_heads={m.num_heads}, '
+        f'intermediate_size={m.intermediate_size}, max_position_embeddings='
+        f'{m.max_position_embeddings}, objective.names={tuple(config.objective.names)}.')
 
 
 def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | None = None,
@@ -163,8 +270,9 @@ def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
   step = checkpointing.resolve_step(workdir, step)  # Cheap checks first: the checkpoint, then the tokenizer.
   tok = tokenizer_io.for_workdir(workdir, config) if with_tokenizer else None
   params, step, mesh = restore_params(config, workdir, step, mesh)
-  return Loaded(bert.BertConfig.from_config(config.model), params, tok,
-                f'{workdir} step {step}', step, config, mesh)
+  setup = objectives.build(config)
+  return Loaded(setup.downstream(params)[0].config, params, tok, f'{workdir} step {step}', step,
+                config, mesh, setup=setup)
 
 
 def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
@@ -174,29 +282,38 @@ def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
   if tok.vocab_size != model_config.vocab_size:
     raise ValueError(f'{hf_dir}: the tokenizer ({tok.path}) has {tok.vocab_size} pieces but '
                      f'config.json says vocab_size={model_config.vocab_size}')
-  return Loaded(model_config, params, tok, hf_dir, report=report)
+  config = run_config_for(model_config, tok)
+  return Loaded(model_config, params, tok, hf_dir, run_config=config, report=report,
+                setup=objectives.build(config))
 
 
 # ---------------------------------------------------------------------------- import
 
 
-def run_config_for(model_config: bert.BertConfig, tok,
+# The objectives an imported checkpoint of each kind continues pretraining with, by default.
+DEFAULT_OBJECTIVES = {'bert': (('mlm', 'nsp'), 'nsp'), 'albert': (('mlm', 'sop'), 'sop'),
+                      'roberta': (('mlm',), 'full_sentences')}
+
+
+def run_config_for(model_config: model_config_lib.EncoderConfig, tok,
                    base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
   """``base`` (default: the schema defaults) with the imported model and tokenizer file."""
   config = ml_collections.ConfigDict(base.to_dict()) if base is not None else (
       config_base.base_config())
-  config.model.update({ours: getattr(model_config, ours)
-                       for ours, _ in hf_table.CONFIG_FIELDS})
+  config.model.update(dataclasses.asdict(model_config))
+  if base is None and model_config.kind in DEFAULT_OBJECTIVES:
+    names, pair_kind = DEFAULT_OBJECTIVES[model_config.kind]
+    config.objective.names, config.data.pair_kind = names, pair_kind
   config.tokenizer.update(kind=tok.kind, path=os.path.abspath(tok.path),
                           lowercase=bool(tok.lowercase))
-  longest, limit = max(config.train.seq_lens), model_config.max_position_embeddings
+  longest, limit = max(config.train.seq_lens), model_config.max_length
   if base is None and longest > limit:  # Default recipe, short model: shorten the phases.
     config.train.seq_lens = tuple(min(s, limit) for s in config.train.seq_lens)
     config.train.max_predictions = tuple(
         min(p, s) for p, s in zip(config.train.max_predictions, config.train.seq_lens))
   elif longest > limit:
-    raise ValueError(f'config.train.seq_lens has {longest} > the imported model\'s '
-                     f'max_position_embeddings={model_config.max_position_embeddings}')
+    raise ValueError(f'config.train.seq_lens has {longest} > the {limit} positions of the '
+                     'imported model')
   return config
 
 
@@ -208,7 +325,6 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   SentencePiece export) is copied into the workdir, named by ``config.tokenizer.path``
   for continued pretraining, and pinned in ``<workdir>/tokenizer/``.
   """
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
   ckpt_dir = checkpointing.checkpoint_dir(workdir)
   if os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir)):
     raise FileExistsError(f'{ckpt_dir} already holds checkpoints; import into an empty workdir')
@@ -222,7 +338,7 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   config = run_config_for(model_config, tok, base)
   workdir_lib.pin_tokenizer(workdir, tok, None)
   mesh = local_mesh(config)
-  state = train.create_train_state(config, mesh, params=params)
+  state = train_state.create_train_state(config, mesh, params=params)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
   try:
     checkpointer.save(0, state, {})  # Empty data state: the stream starts at the beginning.
@@ -246,7 +362,8 @@ def define_source_flags() -> None:
       'config', None, 'Run config (default: <workdir>/config.json).', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Pretraining workdir holding checkpoints/.')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
-  flags.DEFINE_string('hf_dir', None, 'A Hugging Face BERT directory instead of a workdir.')
+  flags.DEFINE_string('hf_dir', None, 'A Hugging Face directory (BERT, RoBERTa, ALBERT) '
+                      'instead of a workdir.')
 
 
 def load_from_flags(f, with_tokenizer: bool = True) -> Loaded:

@@ -1,13 +1,16 @@
-"""Hugging Face BERT checkpoints <-> our parameters (import and export).
+"""Hugging Face checkpoints <-> our parameters (import and export), for every model kind.
 
 Import reads ``config.json`` plus ``model.safetensors`` (or a sharded
-``model.safetensors.index.json``, or ``pytorch_model.bin``) of a ``BertForPreTraining``,
-``BertForMaskedLM`` or ``BertModel``; heads the checkpoint lacks keep a fresh
-initialisation and are listed in the :class:`ImportReport`. Export writes what
-``BertForPreTraining.save_pretrained`` writes, so ``from_pretrained`` reports no missing
-or unexpected keys. Every name and layout comes from :mod:`hf_table`.
+``model.safetensors.index.json``, or ``pytorch_model.bin``); ``model_type`` picks the
+kind's table (``encoder_jax.registry.hf_spec_for_model_type``): BERT
+(``BertForPreTraining``/``BertForMaskedLM``/``BertModel``), RoBERTa
+(``RobertaForMaskedLM``/``RobertaModel``), ALBERT (``AlbertForPreTraining``/
+``AlbertForMaskedLM``/``AlbertModel``). Heads the checkpoint lacks keep a fresh
+initialisation and are listed in the :class:`ImportReport`. Export writes what the
+kind's first architecture's ``save_pretrained`` writes, so ``from_pretrained`` reports no
+missing or unexpected keys. Every name and layout comes from the kind's ``HfSpec``.
 
-Params here are the *unboxed* ``'params'`` collection of ``bert.BertForPreTraining``
+Params here are the *unboxed* ``'params'`` collection of the kind's pretraining network
 (a nested dict of arrays, no ``{'params': ...}`` wrapper).
 """
 
@@ -22,15 +25,15 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from encoder_jax import registry
 from encoder_jax.interop import hf_table
-from encoder_jax.models import bert
+from encoder_jax.models import config as config_lib
 
 Params = dict[str, Any]
 
 SAFETENSORS = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 PYTORCH_BIN = 'pytorch_model.bin'
-BERT_ARCHITECTURES = ('BertForPreTraining', 'BertForMaskedLM', 'BertModel')
 
 
 @dataclasses.dataclass
@@ -63,44 +66,43 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
   if not os.path.isdir(hf_dir):
     raise FileNotFoundError(f'Hugging Face checkpoint directory {hf_dir!r} does not exist')
   if not os.path.exists(path):
-    raise FileNotFoundError(f'{path} not found; expected a Hugging Face BERT checkpoint '
-                            f'directory with config.json and {SAFETENSORS} or {PYTORCH_BIN}')
+    raise FileNotFoundError(f'{path} not found; expected a Hugging Face checkpoint directory '
+                            f'with config.json and {SAFETENSORS} or {PYTORCH_BIN}')
   with open(path) as f:
     return json.load(f)
 
 
-def bert_config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
-                        **overrides) -> bert.BertConfig:
-  """Our BertConfig for an HF BERT config; anything we would compute differently is an error."""
-  model_type = hf_config.get('model_type')
-  architectures = tuple(hf_config.get('architectures') or ())
-  if model_type != 'bert':
-    raise ValueError(
-        f'{source}: model_type={model_type!r}, architectures={list(architectures)}; expected '
-        f"model_type='bert' (one of {list(BERT_ARCHITECTURES)}). Only BERT checkpoints can be "
-        'imported.')
-  for key, expected in hf_table.REQUIRED_HF_VALUES.items():
+def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
+                   **overrides) -> config_lib.EncoderConfig:
+  """Our EncoderConfig for an HF config; anything we would compute differently is an error."""
+  spec = registry.hf_spec_for_model_type(hf_config.get('model_type'), source)
+  for key, expected in spec.required_hf_values.items():
     value = hf_config.get(key, expected)
     if value != expected:
       raise ValueError(f'{source}: {key}={value!r} is not supported; expected {expected!r} '
-                       f'(our BERT computes exactly {key}={expected!r}).')
-  missing = [hf for _, hf in hf_table.CONFIG_FIELDS if hf not in hf_config]
+                       f'(our {spec.kind} computes exactly {key}={expected!r}).')
+  missing = [hf for _, hf in spec.config_fields if hf not in hf_config]
   if missing:
-    raise ValueError(f'{source}: missing fields {missing}; expected a BERT config.json')
-  fields = {ours: hf_config[hf] for ours, hf in hf_table.CONFIG_FIELDS}
+    raise ValueError(f'{source}: missing fields {missing}; expected a {spec.model_type} '
+                     'config.json')
+  fields = {ours: hf_config[hf] for ours, hf in spec.config_fields}
+  fields.update(spec.config_from_hf(hf_config))
   fields.update(overrides)
-  return bert.BertConfig(**fields)
+  try:
+    return registry.make_config(dict(fields, kind=spec.kind))
+  except ValueError as e:
+    raise ValueError(f'{source}: {e}') from e
 
 
-def hf_config_from_bert(config: bert.BertConfig, pad_token_id: int = 0) -> dict[str, Any]:
-  """An HF ``BertConfig`` dict for a ``BertForPreTraining`` with our config."""
-  if config.attention_kind != 'dot_product':
-    raise ValueError(f"config.model.attention_kind={config.attention_kind!r} has no Hugging "
-                     "Face BERT equivalent; expected 'dot_product'")
-  out = {hf: getattr(config, ours) for ours, hf in hf_table.CONFIG_FIELDS}
-  out.update(hf_table.REQUIRED_HF_VALUES)
-  out.update(architectures=['BertForPreTraining'], model_type='bert', pad_token_id=pad_token_id,
-             tie_word_embeddings=True, dtype='float32')
+def hf_config_from(config: config_lib.EncoderConfig, pad_token_id: int = 0) -> dict[str, Any]:
+  """An HF config dict for the kind's export architecture with our config."""
+  spec = registry.hf_spec(config.kind)
+  spec.check_exportable(config)
+  out = {hf: getattr(config, ours) for ours, hf in spec.config_fields}
+  out.update(spec.required_hf_values)
+  out.update(spec.config_to_hf(config, pad_token_id))
+  out.update(architectures=[spec.export_architecture], model_type=spec.model_type,
+             dtype='float32')
   return out
 
 
@@ -151,23 +153,24 @@ def read_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
                           'expected the weights of a Hugging Face BERT checkpoint')
 
 
-def normalise_keys(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """HF key spellings -> the ones in :data:`hf_table.PARAMS`.
+def normalise_keys(state: Mapping[str, np.ndarray], spec: hf_table.HfSpec
+                   ) -> dict[str, np.ndarray]:
+  """HF key spellings -> the ones in the kind's table.
 
-  A bare ``BertModel`` saves without the ``bert.`` prefix; old (TF-converted) checkpoints
-  name LayerNorm parameters ``gamma``/``beta``.
+  A bare base model (``BertModel``) saves without the ``bert.`` prefix; old (TF-converted)
+  checkpoints name LayerNorm parameters ``gamma``/``beta``; a tied alias present in the
+  file stands in for its source when the source is missing.
   """
   out = {}
   for key, value in state.items():
-    if not key.startswith(('bert.', 'cls.')) and key.split('.')[0] in ('embeddings', 'encoder',
-                                                                          'pooler'):
-      key = 'bert.' + key
-    if 'LayerNorm.' in key:
-      key = key.replace('LayerNorm.gamma', 'LayerNorm.weight').replace('LayerNorm.beta',
-                                                                       'LayerNorm.bias')
+    if not key.startswith(spec.base_prefix) and key.split('.')[0] in spec.base_parts:
+      key = spec.base_prefix + key
+    for old, new in spec.key_renames:
+      key = key.replace(old, new)
     out[key] = value
-  if 'cls.predictions.bias' not in out and 'cls.predictions.decoder.bias' in out:
-    out['cls.predictions.bias'] = out['cls.predictions.decoder.bias']
+  for alias, source in spec.tied.items():
+    if source not in out and alias in out and not source.startswith(spec.base_prefix):
+      out[source] = out[alias]
   return out
 
 
@@ -187,28 +190,26 @@ def _set(tree: Params, path: str, value) -> None:
   tree[leaf] = value
 
 
-def _hf_keys(entry: hf_table.Entry, num_layers: int) -> list[str]:
-  if entry.per_layer:
-    return [entry.hf.format(i=i) for i in range(num_layers)]
-  return [entry.hf]
+_hf_keys = hf_table.hf_keys
 
 
-def _init_fn(config: bert.BertConfig):
-  model = bert.BertForPreTraining(config)
-  return lambda rng: nn.unbox(model.init(rng, **bert.init_inputs()))['params']
+def _init_fn(config: config_lib.EncoderConfig):
+  net = registry.network(config)
+  return lambda rng: nn.unbox(net.init(rng))
 
 
-def init_params(config: bert.BertConfig, seed: int = 0) -> Params:
-  """Freshly initialised (unboxed) params of ``BertForPreTraining``, as numpy arrays."""
+def init_params(config: config_lib.EncoderConfig, seed: int = 0) -> Params:
+  """Freshly initialised (unboxed) params of the kind's pretraining network, as numpy."""
   return jax.tree.map(np.asarray, jax.jit(_init_fn(config))(jax.random.PRNGKey(seed)))
 
 
-def abstract_params(config: bert.BertConfig) -> Params:
+def abstract_params(config: config_lib.EncoderConfig) -> Params:
   """The shapes of :func:`init_params` (nothing is computed)."""
   return jax.eval_shape(_init_fn(config), jax.random.PRNGKey(0))
 
 
-def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig, seed: int = 0,
+def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderConfig,
+                   seed: int = 0,
                    source: str = 'checkpoint',
                    architectures: tuple[str, ...] = ()) -> tuple[Params, ImportReport]:
   """Our params from an (already normalised) HF state dict.
@@ -216,15 +217,17 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig, see
   Heads the checkpoint does not have get a fresh initialisation from ``seed``.
   """
   state = dict(state)
+  spec = registry.hf_spec(config.kind)
+  spec.check_exportable(config)  # A layout the table cannot represent cannot be imported.
   report = ImportReport(source, architectures)
-  used = set(hf_table.BUFFERS) & set(state)
-  by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in hf_table.GROUPS}
-  for entry in hf_table.PARAMS:
+  used = set(spec.buffers) & set(state)
+  by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in spec.groups}
+  for entry in spec.params:
     by_group[entry.group].append(entry)
   fresh = abstract_params(config)
   for group, entries in by_group.items():
     keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
-    if group != hf_table.ENCODER and not any(k in state for k in keys):
+    if group != spec.groups[0] and not any(k in state for k in keys):
       report.initialised_groups.append(group)
   # Only a checkpoint without some head pays for running the initialisers.
   params = init_params(config, seed) if report.initialised_groups else jax.tree.map(
@@ -237,7 +240,7 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig, see
     if absent:
       raise ValueError(f'{source}: the {group!r} parameters are incomplete; missing '
                        f'{absent[:5]}{" ..." if len(absent) > 5 else ""}; '
-                       f'expected a BERT checkpoint with num_hidden_layers={config.num_layers}')
+                       f'expected a {spec.model_type} checkpoint with num_hidden_layers={config.num_layers}')
     for entry in entries:
       expected_shape = _get(fresh, entry.ours).shape
       per_key = []
@@ -253,7 +256,7 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig, see
         raise ValueError(f'{source}: {entry.hf} gives {entry.ours} shape {value.shape}; '
                          f'expected {expected_shape} from config.json')
       _set(params, entry.ours, value.astype(np.float32))
-  for tied, target in hf_table.TIED.items():
+  for tied, target in spec.tied.items():
     if tied in state:
       used.add(tied)
       if not np.array_equal(state[tied], state.get(target, state[tied])):
@@ -262,17 +265,20 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: bert.BertConfig, see
   report.ignored_keys = sorted(set(state) - used)
   # Layer tensors of layers beyond num_hidden_layers would be silently ignored: refuse.
   extra_layers = [k for k in report.ignored_keys
-                  if k.startswith(f'bert.encoder.layer.{config.num_layers}.')]
+                  if k.startswith(f'{spec.layer_prefix}{config.num_layers}.')]
   if extra_layers:
     raise ValueError(f'{source}: has tensors for layer {config.num_layers} ({extra_layers[0]}) '
                      f'but config.json says num_hidden_layers={config.num_layers}')
   return params, report
 
 
-def params_to_hf(params: Params, config: bert.BertConfig) -> dict[str, np.ndarray]:
-  """The HF ``BertForPreTraining`` state dict (tied keys left out, as save_pretrained does)."""
+def params_to_hf(params: Params, config: config_lib.EncoderConfig) -> dict[str, np.ndarray]:
+  """The HF state dict of the kind's export architecture (tied keys left out, as
+  ``save_pretrained`` does)."""
+  spec = registry.hf_spec(config.kind)
+  spec.check_exportable(config)
   out = {}
-  for entry in hf_table.PARAMS:
+  for entry in spec.params:
     value = np.asarray(_get(params, entry.ours), dtype=np.float32)
     if entry.per_layer:
       if value.shape[0] != config.num_layers:
@@ -289,23 +295,26 @@ def params_to_hf(params: Params, config: bert.BertConfig) -> dict[str, np.ndarra
 
 
 def load_hf(hf_dir: str, seed: int = 0, **config_overrides
-            ) -> tuple[bert.BertConfig, Params, ImportReport]:
-  """Reads an HF BERT checkpoint directory: (our config, our params, what was done)."""
+            ) -> tuple[config_lib.EncoderConfig, Params, ImportReport]:
+  """Reads an HF checkpoint directory of any known kind: (our config, params, what was done)."""
   hf_config = read_hf_config(hf_dir)
   source = os.path.join(hf_dir, 'config.json')
-  config = bert_config_from_hf(hf_config, source, **config_overrides)
-  state = normalise_keys(read_state_dict(hf_dir))
+  config = config_from_hf(hf_config, source, **config_overrides)
+  state = normalise_keys(read_state_dict(hf_dir), registry.hf_spec(config.kind))
   return (config, *params_from_hf(state, config, seed, source=hf_dir,
                                   architectures=tuple(hf_config.get('architectures') or ())))
 
 
-def save_hf(out_dir: str, config: bert.BertConfig, params: Params,
+def save_hf(out_dir: str, config: config_lib.EncoderConfig, params: Params,
             pad_token_id: int = 0) -> None:
-  """Writes ``config.json`` + ``model.safetensors`` for ``BertForPreTraining.from_pretrained``."""
+  """Writes ``config.json`` + ``model.safetensors`` for the kind's export architecture
+  (``BertForPreTraining``, ``RobertaForMaskedLM``, ``AlbertForPreTraining``)."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  # Both are built (and checked, e.g. RoBERTa's pad id) before anything is written, so a
+  # refused export leaves no weights without a config.json behind.
+  hf_config = hf_config_from(config, pad_token_id)
+  state = params_to_hf(jax.tree.map(np.asarray, jax.device_get(params)), config)
   os.makedirs(out_dir, exist_ok=True)
-  params = jax.tree.map(np.asarray, jax.device_get(params))
-  save_file(params_to_hf(params, config), os.path.join(out_dir, SAFETENSORS),
-            metadata={'format': 'pt'})
+  save_file(state, os.path.join(out_dir, SAFETENSORS), metadata={'format': 'pt'})
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-    json.dump(hf_config_from_bert(config, pad_token_id), f, indent=2, sort_keys=True)
+    json.dump(hf_config, f, indent=2, sort_keys=True)

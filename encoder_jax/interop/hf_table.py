@@ -1,37 +1,36 @@
-"""The one table between our BERT parameters and Hugging Face ``BertForPreTraining``'s.
+"""How a model kind's parameters map onto a Hugging Face checkpoint: one :class:`HfSpec`
+per kind (``hf_bert.py``, ``hf_roberta.py``, ``hf_albert.py``), read by both import and
+export (``interop.hf``), so a name or a layout can only be wrong in one place.
 
-Import and export both read :data:`PARAMS` (and :data:`CONFIG_FIELDS`), so a name or
-a layout can only be wrong in one place. Layout differences handled by the transforms:
+Layout differences handled by the transforms:
 
 * HF ``nn.Linear`` stores ``weight`` as [out, in]; our ``Dense`` kernels are [in, out].
 * HF splits q/k/v as ``out = heads * head_dim``; ours keep a head axis
   (q/k/v kernels [embed, heads, head_dim], the attention output kernel
   [heads, head_dim, embed]) so tensor parallelism can shard heads.
 * HF has one tensor per layer (``bert.encoder.layer.{i}.``); ours are stacked by
-  ``nn.scan`` with a leading 'layers' axis.
-* The MLM decoder is tied: HF's ``cls.predictions.decoder.weight`` *is* the word
-  embedding and ``cls.predictions.decoder.bias`` *is* ``cls.predictions.bias``
-  (``save_pretrained`` writes neither; neither do we).
+  ``nn.scan`` with a leading 'layers' axis (an entry whose HF key has ``{i}``).
+* Tied tensors (the MLM decoder *is* the word embedding) are written by neither side.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from encoder_jax.models import bert
+from encoder_jax.models import config as config_lib
 
 Array = np.ndarray
+Config = config_lib.EncoderConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class Transform:
   """Maps one HF tensor to ours and back (``to_hf(to_ours(x)) == x``)."""
-  to_ours: Callable[[Array, bert.BertConfig], Array]
-  to_hf: Callable[[Array, bert.BertConfig], Array]
-
+  to_ours: Callable[[Array, Config], Array]
+  to_hf: Callable[[Array, Config], Array]
 
 IDENTITY = Transform(lambda x, c: x, lambda x, c: x)
 # nn.Linear weight [out, in] <-> Dense kernel [in, out].
@@ -48,13 +47,6 @@ ATTENTION_OUT_KERNEL = Transform(
     lambda x, c: x.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
     lambda x, c: x.reshape(c.num_heads * c.head_dim, c.hidden_size).T)
 
-# Parameter groups. 'encoder' must be present in every checkpoint we import; the
-# others are heads that a BertModel / BertForMaskedLM checkpoint may lack (then they
-# keep their fresh initialisation, and the import report says so).
-ENCODER, POOLER, MLM_HEAD, PAIR_HEAD = 'encoder', 'pooler', 'mlm_head', 'pair_head'
-GROUPS = (ENCODER, POOLER, MLM_HEAD, PAIR_HEAD)
-
-
 @dataclasses.dataclass(frozen=True)
 class Entry:
   ours: str  # '/'-separated path in our 'params' collection.
@@ -67,71 +59,44 @@ class Entry:
     return '{i}' in self.hf
 
 
-def _layer(ours: str, hf: str, transform: Transform) -> Entry:
-  return Entry('encoder/layers/' + ours, 'bert.encoder.layer.{i}.' + hf, transform, ENCODER)
 
 
-PARAMS: tuple[Entry, ...] = (
-    Entry('embeddings/word_embeddings/embedding', 'bert.embeddings.word_embeddings.weight',
-          IDENTITY, ENCODER),
-    Entry('embeddings/position_embeddings/embedding',
-          'bert.embeddings.position_embeddings.weight', IDENTITY, ENCODER),
-    Entry('embeddings/token_type_embeddings/embedding',
-          'bert.embeddings.token_type_embeddings.weight', IDENTITY, ENCODER),
-    Entry('embeddings/layer_norm/scale', 'bert.embeddings.LayerNorm.weight', IDENTITY, ENCODER),
-    Entry('embeddings/layer_norm/bias', 'bert.embeddings.LayerNorm.bias', IDENTITY, ENCODER),
-    _layer('query/kernel', 'attention.self.query.weight', QKV_KERNEL),
-    _layer('query/bias', 'attention.self.query.bias', QKV_BIAS),
-    _layer('key/kernel', 'attention.self.key.weight', QKV_KERNEL),
-    _layer('key/bias', 'attention.self.key.bias', QKV_BIAS),
-    _layer('value/kernel', 'attention.self.value.weight', QKV_KERNEL),
-    _layer('value/bias', 'attention.self.value.bias', QKV_BIAS),
-    _layer('attention_output/kernel', 'attention.output.dense.weight', ATTENTION_OUT_KERNEL),
-    _layer('attention_output/bias', 'attention.output.dense.bias', IDENTITY),
-    _layer('attention_layer_norm/scale', 'attention.output.LayerNorm.weight', IDENTITY),
-    _layer('attention_layer_norm/bias', 'attention.output.LayerNorm.bias', IDENTITY),
-    _layer('intermediate/kernel', 'intermediate.dense.weight', LINEAR),
-    _layer('intermediate/bias', 'intermediate.dense.bias', IDENTITY),
-    _layer('output/kernel', 'output.dense.weight', LINEAR),
-    _layer('output/bias', 'output.dense.bias', IDENTITY),
-    _layer('output_layer_norm/scale', 'output.LayerNorm.weight', IDENTITY),
-    _layer('output_layer_norm/bias', 'output.LayerNorm.bias', IDENTITY),
-    Entry('pooler/kernel', 'bert.pooler.dense.weight', LINEAR, POOLER),
-    Entry('pooler/bias', 'bert.pooler.dense.bias', IDENTITY, POOLER),
-    Entry('mlm_head/transform/kernel', 'cls.predictions.transform.dense.weight', LINEAR,
-          MLM_HEAD),
-    Entry('mlm_head/transform/bias', 'cls.predictions.transform.dense.bias', IDENTITY, MLM_HEAD),
-    Entry('mlm_head/layer_norm/scale', 'cls.predictions.transform.LayerNorm.weight', IDENTITY,
-          MLM_HEAD),
-    Entry('mlm_head/layer_norm/bias', 'cls.predictions.transform.LayerNorm.bias', IDENTITY,
-          MLM_HEAD),
-    Entry('mlm_head/output_bias', 'cls.predictions.bias', IDENTITY, MLM_HEAD),
-    Entry('pair_head/kernel', 'cls.seq_relationship.weight', LINEAR, PAIR_HEAD),
-    Entry('pair_head/bias', 'cls.seq_relationship.bias', IDENTITY, PAIR_HEAD),
-)
+@dataclasses.dataclass(frozen=True)
+class HfSpec:
+  """Everything about one kind's Hugging Face checkpoints.
 
-# HF keys that are aliases of a tensor in PARAMS (tied, or buffers): never imported.
-TIED = {
-    'cls.predictions.decoder.weight': 'bert.embeddings.word_embeddings.weight',
-    'cls.predictions.decoder.bias': 'cls.predictions.bias',
-}
-BUFFERS = ('bert.embeddings.position_ids',)
+  ``groups[0]`` is the trunk every checkpoint must have; the other groups are heads a
+  checkpoint may lack (then freshly initialised, and reported). ``base_prefix`` is the
+  prefix a task model puts before the trunk's keys (``bert.``) and a bare base model
+  leaves out; ``layer_prefix`` the per-layer key prefix (to refuse extra layers).
+  """
+  kind: str
+  model_type: str
+  architectures: tuple[str, ...]  # Importable; the first is what export writes.
+  params: tuple[Entry, ...]
+  groups: tuple[str, ...]
+  config_fields: tuple[tuple[str, str], ...]  # (our EncoderConfig field, HF field).
+  required_hf_values: Mapping[str, Any]  # HF fields our network computes exactly this for.
+  base_prefix: str
+  base_parts: tuple[str, ...]  # First key parts of the trunk in a bare base model.
+  layer_prefix: str
+  tied: Mapping[str, str] = dataclasses.field(default_factory=dict)  # Alias -> source key.
+  buffers: tuple[str, ...] = ()  # HF buffers (never imported).
+  # Our config fields that are not a plain copy of an HF field: (hf_config) -> {field: v}.
+  config_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda hf: {}
+  # Extra HF config.json fields on export: (our config, pad id) -> {field: value}.
+  config_to_hf: Callable[[Config, int], dict[str, Any]] = lambda c, pad: {}
+  # Raised for configs the HF architecture cannot represent (e.g. partial sharing).
+  check_exportable: Callable[[Config], None] = lambda c: None
+  # Key spellings of older checkpoints -> ours, applied after the prefix is added.
+  key_renames: tuple[tuple[str, str], ...] = ()
 
-# (our BertConfig field, HF BertConfig field). Other fields of ours (attention_kind,
-# dtype, remat) have no HF counterpart and keep their defaults on import.
-CONFIG_FIELDS: tuple[tuple[str, str], ...] = (
-    ('vocab_size', 'vocab_size'),
-    ('hidden_size', 'hidden_size'),
-    ('num_layers', 'num_hidden_layers'),
-    ('num_heads', 'num_attention_heads'),
-    ('intermediate_size', 'intermediate_size'),
-    ('max_position_embeddings', 'max_position_embeddings'),
-    ('type_vocab_size', 'type_vocab_size'),
-    ('hidden_dropout_rate', 'hidden_dropout_prob'),
-    ('attention_dropout_rate', 'attention_probs_dropout_prob'),
-    ('layer_norm_eps', 'layer_norm_eps'),
-    ('initializer_range', 'initializer_range'),
-)
-# HF fields whose value must be exactly this for our architecture to compute the same thing
-# (a missing field takes HF's default, which is this value).
-REQUIRED_HF_VALUES = {'hidden_act': 'gelu', 'position_embedding_type': 'absolute'}
+  @property
+  def export_architecture(self) -> str:
+    return self.architectures[0]
+
+
+def hf_keys(entry: Entry, num_layers: int) -> list[str]:
+  if entry.per_layer:
+    return [entry.hf.format(i=i) for i in range(num_layers)]
+  return [entry.hf]

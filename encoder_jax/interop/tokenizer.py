@@ -14,9 +14,14 @@ Hugging Face directories, in and out:
   template) and a ``tokenizer_config.json``, so ``AutoTokenizer.from_pretrained`` works.
   One difference: the HF tokenizer turns a literal ``[MASK]`` (or ``[CLS]``...) in the text
   into that special id, as HF tokenizers do; SentencePiece reads it as plain characters.
+* Byte-level BPE (RoBERTa): ``tokenizer.json`` (RoBERTa's post-processor, ``<s> A </s>``) +
+  ``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json`` (``RobertaTokenizer``) +
+  ``special_tokens_map.json``, so ``AutoTokenizer`` gives RoBERTa's fast tokenizer with our
+  ids. The same difference as above for a literal ``<mask>`` etc. in the text.
 
-Import reads ``vocab.txt`` first, else our ``tokenizer.model``, else a WordPiece
-``tokenizer.json``.
+Import reads ``vocab.txt`` first, else our ``tokenizer.model``, else a ``tokenizer.json`` (a
+BPE one is byte-level BPE, copied; a WordPiece one becomes a ``vocab.txt``), else
+``vocab.json`` + ``merges.txt`` (a RoBERTa/GPT-2 directory; written out as a tokenizer.json).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ VOCAB_TXT = 'vocab.txt'
 SENTENCEPIECE_MODEL = 'tokenizer.model'
 TOKENIZER_JSON = 'tokenizer.json'
 TOKENIZER_CONFIG = 'tokenizer_config.json'
+VOCAB_JSON = 'vocab.json'
+MERGES_TXT = 'merges.txt'
+SPECIAL_TOKENS_MAP = 'special_tokens_map.json'
 _SPECIAL_TOKENS = {'unk_token': '[UNK]', 'sep_token': '[SEP]', 'pad_token': '[PAD]',
                    'cls_token': '[CLS]', 'mask_token': '[MASK]'}
 
@@ -54,15 +62,24 @@ def sentencepiece(model_path: str):
   return tokenizer_lib.Tokenizer.from_sentencepiece(model_path)
 
 
+def bytelevel_bpe(json_path: str):
+  """The input pipeline's tokenizer for a byte-level BPE ``tokenizer.json``."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  return tokenizer_lib.Tokenizer.from_bytelevel_bpe(json_path)
+
+
 def from_path(kind: str, path: str, lowercase: bool = True):
-  """A tokenizer file of ``kind`` ('sentencepiece' or 'wordpiece')."""
+  """A tokenizer file of ``kind`` ('sentencepiece', 'wordpiece' or 'bytelevel_bpe')."""
   from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   return tokenizer_lib.Tokenizer.from_file(kind, path, lowercase)
 
 
 def kind_of_file(path: str) -> str:
-  """'sentencepiece' for a ``*.model`` file, else 'wordpiece' (a ``vocab.txt``)."""
-  return 'sentencepiece' if path.endswith('.model') else 'wordpiece'
+  """'sentencepiece' for a ``*.model`` file, 'bytelevel_bpe' for a ``*.json``
+  (a tokenizer.json), else 'wordpiece' (a ``vocab.txt``)."""
+  if path.endswith('.model'):
+    return 'sentencepiece'
+  return 'bytelevel_bpe' if path.endswith('.json') else 'wordpiece'
 
 
 # ----------------------------------------------------------------------------- workdir
@@ -73,7 +90,8 @@ def no_pinned_tokenizer_message(workdir: str) -> str:
   return (f'{workdir} has no pinned tokenizer ({info} does not exist: runs started before '
           'tokenizers were pinned have none) and its config has no tokenizer.path, so the '
           'ids its checkpoints were trained on are unknown. Pin the tokenizer the run trained '
-          'with (the tokenizer.model or vocab.txt in the prepared-data directory it used): '
+          'with (the tokenizer.model, vocab.txt or tokenizer.json in the prepared-data '
+          'directory it used): '
           f'python -m encoder_jax.convert pin_tokenizer --workdir={workdir} '
           '--tokenizer=PREPARED_DIR/tokenizer.model')
 
@@ -136,9 +154,10 @@ def write_hf_vocab(hf_dir: str, out_dir: str) -> str:
     return out
   src = os.path.join(hf_dir, TOKENIZER_JSON)
   if not os.path.exists(src):
-    raise FileNotFoundError(f'{hf_dir}: none of {VOCAB_TXT}, {SENTENCEPIECE_MODEL} or '
-                            f'{TOKENIZER_JSON}; expected the WordPiece tokenizer of a BERT '
-                            'checkpoint or an encoder_jax SentencePiece export')
+    raise FileNotFoundError(f'{hf_dir}: none of {VOCAB_TXT}, {SENTENCEPIECE_MODEL}, '
+                            f'{TOKENIZER_JSON} or {VOCAB_JSON} + {MERGES_TXT}; expected the '
+                            'WordPiece tokenizer of a BERT checkpoint, the byte-level BPE of a '
+                            'RoBERTa one, or an encoder_jax SentencePiece export')
   with open(src) as f:
     model = json.load(f).get('model') or {}
   if model.get('type') != 'WordPiece':
@@ -162,8 +181,66 @@ def _hf_sentencepiece(path: str):
                      f'{SENTENCEPIECE_MODEL} of an encoder_jax export') from e
 
 
+def _bpe_source(hf_dir: str) -> str | None:
+  """Which file holds the HF directory's byte-level BPE, if it has one (and no vocab.txt or
+  tokenizer.model): a BPE ``tokenizer.json``, else ``vocab.json`` (with ``merges.txt``)."""
+  if any(os.path.exists(os.path.join(hf_dir, f)) for f in (VOCAB_TXT, SENTENCEPIECE_MODEL)):
+    return None
+  path = os.path.join(hf_dir, TOKENIZER_JSON)
+  if os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      model_type = (json.load(f).get('model') or {}).get('type')
+    return TOKENIZER_JSON if model_type == 'BPE' else None
+  if os.path.exists(os.path.join(hf_dir, VOCAB_JSON)):
+    return VOCAB_JSON
+  return None
+
+
+def _hf_bytelevel_bpe(path: str):
+  try:
+    return bytelevel_bpe(path)
+  except ValueError as e:
+    raise ValueError(f'{path}: not a RoBERTa-style byte-level BPE tokenizer ({e})') from e
+
+
+def write_hf_bytelevel_bpe(hf_dir: str, out_dir: str) -> str:
+  """Writes ``<out_dir>/tokenizer.json`` from the HF directory's byte-level BPE.
+
+  A ``tokenizer.json`` is copied as it is (after checking it); ``vocab.json`` + ``merges.txt``
+  (GPT-2/RoBERTa's slow-tokenizer files) are built into one with RoBERTa's layout.
+  """
+  from tokenizers import models  # pylint: disable=g-import-not-at-top
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  out = os.path.join(os.path.abspath(out_dir), TOKENIZER_JSON)
+  if _bpe_source(hf_dir) == TOKENIZER_JSON:
+    src = os.path.join(hf_dir, TOKENIZER_JSON)
+    _hf_bytelevel_bpe(src)  # Check before copying.
+    if os.path.abspath(src) != out:
+      shutil.copyfile(src, out)
+    return out
+  vocab_path, merges_path = (os.path.join(hf_dir, f) for f in (VOCAB_JSON, MERGES_TXT))
+  if not os.path.exists(merges_path):
+    raise FileNotFoundError(f'{hf_dir}: {VOCAB_JSON} without {MERGES_TXT}; a byte-level BPE '
+                            'tokenizer needs both (or a tokenizer.json)')
+  try:
+    vocab, merges = models.BPE.read_file(vocab_path, merges_path)
+  except Exception as e:  # The Rust reader raises its own exception type.
+    raise ValueError(f'{hf_dir}: cannot read {VOCAB_JSON} + {MERGES_TXT} as BPE: {e}') from e
+  partial = out + '.partial'  # Checked before it takes the name: no bad file left behind.
+  try:
+    tokenizer_lib.build_bytelevel_bpe(vocab, merges).save(partial)
+    _hf_bytelevel_bpe(partial)
+    os.replace(partial, out)
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+  return out
+
+
 def import_hf_tokenizer(hf_dir: str, out_dir: str):
-  """The HF directory's tokenizer, its file copied into ``out_dir`` (vocab.txt or .model)."""
+  """The HF directory's tokenizer, its file written into ``out_dir`` (vocab.txt, .model or
+  tokenizer.json)."""
   os.makedirs(out_dir, exist_ok=True)
   spm = os.path.join(hf_dir, SENTENCEPIECE_MODEL)
   if not os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and os.path.exists(spm):
@@ -171,6 +248,8 @@ def import_hf_tokenizer(hf_dir: str, out_dir: str):
     if os.path.abspath(spm) != out:
       shutil.copyfile(spm, out)
     return _hf_sentencepiece(out)
+  if _bpe_source(hf_dir):
+    return _hf_bytelevel_bpe(write_hf_bytelevel_bpe(hf_dir, out_dir))
   vocab = write_hf_vocab(hf_dir, out_dir)
   return wordpiece(os.path.abspath(vocab), hf_lowercase(hf_dir))
 
@@ -181,6 +260,8 @@ def load_hf_tokenizer(hf_dir: str):
     return wordpiece(os.path.join(hf_dir, VOCAB_TXT), hf_lowercase(hf_dir))
   if os.path.exists(os.path.join(hf_dir, SENTENCEPIECE_MODEL)):
     return _hf_sentencepiece(os.path.join(hf_dir, SENTENCEPIECE_MODEL))
+  if _bpe_source(hf_dir) == TOKENIZER_JSON:
+    return _hf_bytelevel_bpe(os.path.join(hf_dir, TOKENIZER_JSON))
   return import_hf_tokenizer(hf_dir, tempfile.mkdtemp(prefix='vocab_'))
 
 
@@ -239,12 +320,46 @@ def sentencepiece_to_hf(tok):
   return hf
 
 
+def bytelevel_bpe_to_hf(tok):
+  """RoBERTa's ``tokenizers.Tokenizer`` for the byte-level BPE ``tok``: its ids, its merges,
+  RoBERTa's post-processor (whatever post-processor the pinned file has)."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  with open(tok.path, encoding='utf-8') as f:
+    merges = tokenizer_lib.bpe_merges(json.load(f))
+  vocab = {tok.id_to_piece(i): i for i in range(tok.vocab_size)}
+  return tokenizer_lib.build_bytelevel_bpe(vocab, merges)
+
+
+def _write_bytelevel_bpe(tok, out_dir: str) -> None:
+  """tokenizer.json (fast) and vocab.json + merges.txt (GPT-2's slow files) of ``tok``."""
+  hf = bytelevel_bpe_to_hf(tok)
+  hf.save(os.path.join(out_dir, TOKENIZER_JSON))
+  vocab = {tok.id_to_piece(i): i for i in range(tok.vocab_size)}
+  with open(os.path.join(out_dir, VOCAB_JSON), 'w', encoding='utf-8') as f:
+    json.dump(vocab, f, ensure_ascii=False)
+  merges = json.loads(hf.to_str())['model']['merges']
+  with open(os.path.join(out_dir, MERGES_TXT), 'w', encoding='utf-8') as f:
+    f.write('#version: 0.2\n')
+    f.writelines((m if isinstance(m, str) else ' '.join(m)) + '\n' for m in merges)
+
+
 def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
   """Writes ``tok`` so that ``AutoTokenizer.from_pretrained(out_dir)`` works; what it wrote."""
   os.makedirs(out_dir, exist_ok=True)
   specials = {k: tok.id_to_piece(getattr(tok, k.replace('_token', '_id')))
               for k in _SPECIAL_TOKENS}
-  if tok.kind == 'wordpiece':
+  input_names = ['input_ids', 'token_type_ids', 'attention_mask']
+  if tok.kind == 'bytelevel_bpe':
+    _write_bytelevel_bpe(tok, out_dir)
+    specials.update(bos_token=specials['cls_token'], eos_token=specials['sep_token'])
+    with open(os.path.join(out_dir, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
+      json.dump(specials, f, indent=2)
+    cfg = {'tokenizer_class': 'RobertaTokenizer', 'add_prefix_space': False,
+           'trim_offsets': True, 'errors': 'replace'}
+    input_names = ['input_ids', 'attention_mask']  # RoBERTa: one segment, no type ids.
+    written = (f'{TOKENIZER_JSON} + {VOCAB_JSON} + {MERGES_TXT} + {TOKENIZER_CONFIG} + '
+               f'{SPECIAL_TOKENS_MAP} (byte-level BPE, RoBERTa)')
+  elif tok.kind == 'wordpiece':
     shutil.copyfile(tok.path, os.path.join(out_dir, VOCAB_TXT))
     cfg = {'tokenizer_class': 'BertTokenizer', 'do_lower_case': bool(tok.lowercase)}
     written = f'{VOCAB_TXT} + {TOKENIZER_CONFIG} (WordPiece)'
@@ -255,9 +370,9 @@ def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
     written = (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (fast tokenizer) + '
                f'{SENTENCEPIECE_MODEL} (SentencePiece)')
   else:
-    raise ValueError(f'tokenizer kind {tok.kind!r}; expected sentencepiece or wordpiece')
-  cfg.update(specials, model_max_length=int(max_length),
-             model_input_names=['input_ids', 'token_type_ids', 'attention_mask'])
+    raise ValueError(f'tokenizer kind {tok.kind!r}; expected sentencepiece, wordpiece or '
+                     'bytelevel_bpe')
+  cfg.update(specials, model_max_length=int(max_length), model_input_names=input_names)
   with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
     json.dump(cfg, f, indent=2)
   return written

@@ -1,48 +1,34 @@
-"""What an objective is, and how several are combined into one ``loss_fn``.
+"""What a pretraining objective is, and how simple ones combine on one encoder pass.
 
-An objective may corrupt the batch before the network runs (MLM masks tokens) and reads
-the network's outputs afterwards (a loss and metrics). ``Composite`` runs every
-objective's corruption, the network once, and sums the losses, so MLM + NSP is
-composition, not a branch in the training loop.
+The training loop sees a :class:`Pretraining`: it owns the networks (one, or several in
+one params tree, e.g. ELECTRA's generator and discriminator), their initialisation, the
+whole ``loss_fn(params, batch, rng, phase, train)`` (forward passes included), the
+metrics and how to aggregate and report them, and the FLOPs of a training step (MFU).
+It also says which network and params serve downstream use (features, fine-tuning,
+fill-mask), so loading a checkpoint never needs to know the objective's internals.
+
+Simple objectives (:class:`Objective`: MLM, NSP, SOP) only corrupt the batch and read the
+network's outputs; :class:`Composite` runs every one's corruption, the network **once**,
+and sums the losses, so MLM + NSP is composition, not a branch in the training loop.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
 from encoder_jax import schedule
+from encoder_jax.models import registry as models
 
 Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
 
 # Generators for dropout masks. Threefry gives the same bits on any mesh but is slow
 # inside the scanned layer body on XLA:CPU; 'rbg' (XLA's RngBitGenerator) is fast.
 DROPOUT_RNG_IMPLS = {'threefry': 'threefry2x32', 'rbg': 'rbg'}
-Metrics = dict[str, jax.Array]
-
-
-class Objective:
-  """Base class of the registry entries (``objectives.REGISTRY``)."""
-  name: str = ''
-  # data.pair_kind values whose batches this objective can learn from (None = any).
-  pair_kinds: tuple[str, ...] | None = None
-  # Metrics that are means over a per-batch count, e.g. {'mlm_loss': 'mlm_predictions'}:
-  # averaging over batches weights each batch by that count (a per-token mean).
-  metric_weights: dict[str, str] = {}
-
-  def corrupt(self, batch: Batch, rng: jax.Array, phase: schedule.Phase) -> Batch:
-    del rng, phase
-    return batch
-
-  def loss(self, outputs: dict[str, Any], batch: Batch) -> tuple[jax.Array, Metrics]:
-    raise NotImplementedError
-
-  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
-    """Metrics derived from the aggregated held-out metrics (e.g. perplexity)."""
-    return {}
 
 
 def cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array, weights_N: jax.Array):
@@ -54,36 +40,108 @@ def cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array, weights_N: jax.Arr
   return (nll_N * weights_N).sum() / denom, (correct_N * weights_N).sum() / denom
 
 
-class Composite:
-  """``loss_fn(params, batch, rng, phase, train)`` for a list of objectives and a model."""
+class Pretraining:
+  """The contract between an objective and the training loop, evaluation and loading."""
+  name: str = ''
+  # Metrics that are means over a per-batch count, e.g. {'mlm_loss': 'mlm_predictions'}:
+  # averaging over batches weights each batch by that count (a per-token mean).
+  metric_weights: dict[str, str] = {}
 
-  def __init__(self, objectives: list[Objective], apply_fn: Callable[..., dict],
-               dropout_rng_impl: str = 'threefry'):
+  def __init__(self, dropout_rng_impl: str = 'threefry'):
     if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
       raise ValueError(f'config.train.dropout_rng_impl={dropout_rng_impl!r}; expected one of '
                        f'{list(DROPOUT_RNG_IMPLS)}')
-    self.objectives = objectives
-    self.apply_fn = apply_fn
     self.dropout_rng_impl = DROPOUT_RNG_IMPLS[dropout_rng_impl]
 
-  def _dropout_key(self, rng: jax.Array) -> jax.Array:
+  def init(self, rng: jax.Array) -> Any:
+    """Boxed (logically partitioned) params of every network, one tree."""
+    raise NotImplementedError
+
+  def loss_fn(self, params, batch: Batch, rng: jax.Array, phase: schedule.Phase,
+              train: bool) -> tuple[jax.Array, Metrics]:
+    raise NotImplementedError
+
+  def flops_per_sequence(self, phase: schedule.Phase) -> float:
+    """Training FLOPs (forward + backward) of one sequence at this phase, every network."""
+    raise NotImplementedError
+
+  def downstream(self, params) -> tuple[models.Network, Any]:
+    """The network (and its params subtree) for features, fine-tuning and fill-mask."""
+    raise NotImplementedError
+
+  def masked_lm(self, params) -> tuple[models.Network, Any]:
+    """The network (and params) whose MLM head fill-mask uses (ELECTRA: the generator)."""
+    return self.downstream(params)
+
+  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics derived from the aggregated held-out metrics (e.g. perplexity)."""
+    return {}
+
+  def report_lines(self, metrics: dict[str, float]) -> list[str]:
+    """Human-readable lines for evaluation results."""
+    return []
+
+  def dropout_key(self, rng: jax.Array) -> jax.Array:
     """A dropout key of the configured generator, seeded from ``rng`` (so still per step)."""
     if self.dropout_rng_impl == 'threefry2x32':
       return rng
     return jax.random.key(jax.random.bits(rng, dtype=jnp.uint32), impl=self.dropout_rng_impl)
 
-  def loss_fn(self, params, batch: Batch, rng: jax.Array, phase: schedule.Phase,
-              train: bool) -> tuple[jax.Array, Metrics]:
+
+class Objective:
+  """A composable head objective (``objectives.REGISTRY``): corrupts, then reads outputs."""
+  name: str = ''
+  # data.pair_kind values whose batches this objective can learn from (None = any).
+  pair_kinds: tuple[str, ...] | None = None
+  metric_weights: dict[str, str] = {}
+
+  def check(self, network: models.Network) -> None:
+    """Raises if the network lacks an output this objective reads."""
+
+  def corrupt(self, batch: Batch, rng: jax.Array, phase: schedule.Phase) -> Batch:
+    del rng, phase
+    return batch
+
+  def loss(self, outputs: dict[str, Any], batch: Batch) -> tuple[jax.Array, Metrics]:
+    raise NotImplementedError
+
+  def head_flops_per_sequence(self, network: models.Network, phase: schedule.Phase) -> float:
+    """Training FLOPs of this objective's head for one sequence (0 if it has none)."""
+    return 0.0
+
+  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
+    return {}
+
+  def report_lines(self, metrics: dict[str, float]) -> list[str]:
+    return []
+
+
+class Composite(Pretraining):
+  """One network, a list of simple objectives, one forward pass per step."""
+
+  def __init__(self, objectives: list[Objective], network: models.Network,
+               dropout_rng_impl: str = 'threefry'):
+    super().__init__(dropout_rng_impl)
+    self.objectives = objectives
+    self.network = network
+    self.name = '+'.join(o.name for o in objectives)
+    for o in objectives:
+      o.check(network)
+
+  def init(self, rng):
+    return self.network.init(rng)
+
+  def loss_fn(self, params, batch, rng, phase, train):
     rngs = jax.random.split(rng, len(self.objectives) + 1)
     for objective, key in zip(self.objectives, rngs[1:]):
       batch = objective.corrupt(batch, key, phase)
     positions = batch.get('masked_positions')
     if positions is None:  # No token-level objective: run the MLM head on one position only.
       positions = jnp.zeros((batch['input_ids'].shape[0], 1), jnp.int32)
-    outputs = self.apply_fn(
+    outputs = self.network.pretraining.apply(
         {'params': params}, batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
-        rngs={'dropout': self._dropout_key(rngs[0])} if train else None)
+        rngs={'dropout': self.dropout_key(rngs[0])} if train else None)
     total, metrics = jnp.float32(0.0), {}
     for objective in self.objectives:
       loss, m = objective.loss(outputs, batch)
@@ -92,12 +150,23 @@ class Composite:
     metrics['loss'] = total
     return total, metrics
 
+  def flops_per_sequence(self, phase):
+    encoder = self.network.flops_per_token(phase.seq_len) * phase.seq_len
+    return float(encoder + sum(o.head_flops_per_sequence(self.network, phase)
+                               for o in self.objectives))
+
+  def downstream(self, params):
+    return self.network, params
+
   @property
-  def metric_weights(self) -> dict[str, str]:
+  def metric_weights(self) -> dict[str, str]:  # pylint: disable=invalid-overridden-method
     return {k: v for o in self.objectives for k, v in o.metric_weights.items()}
 
-  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
+  def summarize(self, metrics):
     return {k: v for o in self.objectives for k, v in o.summarize(metrics).items()}
+
+  def report_lines(self, metrics):
+    return [line for o in self.objectives for line in o.report_lines(metrics)]
 
 
 def check_pair_kind(objectives: list[Objective], data_config: ml_collections.ConfigDict):

@@ -2,7 +2,14 @@
 
 All shapes are static: ``max_predictions`` positions per sequence, of which the first
 ``n_i = min(max_predictions, max(1, round(mask_rate * maskable_i)))`` are real (weight 1)
-and the rest padding (weight 0, position 0, label 0).
+and the rest padding (weight 0, position 0, label 0). Whole-word and n-gram selection take
+whole units, so they may fall a little short of ``n_i`` but never exceed it.
+
+Selection is per piece (BERT), per whole word (``whole_word_masking``, as google-research/bert)
+or per span of 1..``max_ngram`` units (ALBERT's n-gram masking, ``_ngram_selection``).
+Everything costs O(batch x length) memory, never O(batch x predictions x vocab): random
+replacement ids come from an integer draw into a table of the allowed ids (uniform) or an
+inverse-CDF lookup (unigram), not from a categorical over the vocabulary.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ class MaskingRecipe:
   random_token_rate: float = 0.1
   random_token_distribution: str = 'uniform'  # or 'unigram'
   whole_word_masking: bool = False
+  # ALBERT n-gram masking: spans of 1..max_ngram units with p(n) ∝ 1/n; 1 = off. Units are
+  # whole words under whole_word_masking (ALBERT's default), single pieces otherwise.
+  max_ngram: int = 1
 
   def __post_init__(self):
     if not 0.0 < self.mask_rate < 1.0:
@@ -53,18 +63,43 @@ class MaskingRecipe:
     if self.random_token_distribution not in ('uniform', 'unigram'):
       raise ValueError('config.objective.random_token_distribution='
                        f'{self.random_token_distribution!r}; expected "uniform" or "unigram"')
+    if not isinstance(self.max_ngram, (int, np.integer)) or self.max_ngram < 1:
+      raise ValueError(f'config.objective.max_ngram={self.max_ngram!r}; expected an integer >= 1 '
+                       '(1 = no n-gram masking, ALBERT uses 3)')
 
 
-def _replacement_logits(tables: VocabTables, distribution: str) -> jax.Array:
-  allowed = ~tables.is_special_V
+def _replacement_sampler(tables: VocabTables, distribution: str):
+  """Returns ``draw(key, shape) -> ids`` for the random 10%, in O(prod(shape)) memory.
+
+  A categorical over the vocabulary would materialise [batch, predictions, vocab] noise
+  (~10 GB at BERT-base pretraining sizes); instead the allowed ids go in a table. Uniform:
+  an integer draw indexes the table. Unigram: inverse CDF, a uniform draw located in the
+  cumulative counts (built in float64, then cast) by binary search. Special ids and ids with
+  zero count are left out of the table, so they are never drawn.
+  """
+  allowed_V = ~np.asarray(tables.is_special_V, bool)
   if distribution == 'uniform':
-    weights = allowed.astype(np.float64)
-  else:
-    weights = np.where(allowed, tables.unigram_counts_V, 0.0)
-    if weights.sum() <= 0:
-      raise ValueError('random_token_distribution="unigram" but the unigram counts are all zero')
-  with np.errstate(divide='ignore'):
-    return jnp.asarray(np.log(weights), jnp.float32)
+    ids_A = np.flatnonzero(allowed_V).astype(np.int32)
+    if ids_A.size == 0:
+      raise ValueError('config.objective.random_token_distribution="uniform" but every '
+                       'vocabulary id is special: there is no id to draw a replacement from')
+    table_A = jnp.asarray(ids_A)
+    return lambda key, shape: table_A[jax.random.randint(key, shape, 0, ids_A.size)]
+  counts_V = np.asarray(tables.unigram_counts_V, np.float64)
+  ids_A = np.flatnonzero(allowed_V & (counts_V > 0)).astype(np.int32)
+  if ids_A.size == 0:
+    raise ValueError('config.objective.random_token_distribution="unigram" but the unigram '
+                     'counts are all zero (outside the special ids): nothing to draw from')
+  cdf_A = np.cumsum(counts_V[ids_A])
+  cdf_A /= cdf_A[-1]
+  cdf_A[-1] = 1.0  # Exactly: a draw in [0, 1) then always lands inside the table.
+  table_A, cdf_A = jnp.asarray(ids_A), jnp.asarray(cdf_A, jnp.float32)
+
+  def draw(key, shape):
+    # side='right': id i is drawn for cdf[i-1] <= u < cdf[i], with probability count_i / total.
+    index = jnp.searchsorted(cdf_A, jax.random.uniform(key, shape), side='right')
+    return table_A[jnp.minimum(index, ids_A.size - 1)]
+  return draw
 
 
 def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Array, *,
@@ -82,23 +117,31 @@ def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Ar
   n_B = jnp.clip(jnp.round(n_maskable_B * recipe.mask_rate).astype(jnp.int32), 1, p)
   n_B = jnp.minimum(n_B, n_maskable_B)
 
-  u_BxL = jax.random.uniform(k_select, (b, l))
-  if recipe.whole_word_masking:
-    selected_BxL = _whole_word_selection(u_BxL, maskable_BxL, n_B,
-                                         jnp.asarray(tables.is_word_start_V)[input_ids_BxL])
+  if recipe.max_ngram > 1 or recipe.whole_word_masking:
+    if recipe.whole_word_masking:
+      word_start_BxL = jnp.asarray(tables.is_word_start_V)[input_ids_BxL]
+    else:  # ALBERT without whole-word masking: every piece is its own unit.
+      word_start_BxL = jnp.ones((b, l), bool)
+    if recipe.max_ngram > 1:
+      selected_BxL, _ = _ngram_selection(k_select, maskable_BxL, n_B, word_start_BxL,
+                                         recipe.max_ngram)
+    else:
+      selected_BxL = _whole_word_selection(jax.random.uniform(k_select, (b, l)), maskable_BxL,
+                                           n_B, word_start_BxL)
     # Selected tokens first, in sequence order; the cap keeps at most P of them.
     score_BxL = jnp.where(selected_BxL, 2.0 - jnp.arange(l) / l, -1.0)
     _, positions_BxP = jax.lax.top_k(score_BxL, p)
     n_B = jnp.minimum(selected_BxL.sum(-1), p)
   else:
+    u_BxL = jax.random.uniform(k_select, (b, l))
     _, positions_BxP = jax.lax.top_k(jnp.where(maskable_BxL, u_BxL, -1.0), p)
   weights_BxP = jnp.arange(p)[None, :] < n_B[:, None]
   positions_BxP = jnp.where(weights_BxP, positions_BxP, 0).astype(jnp.int32)
   labels_BxP = jnp.where(weights_BxP, jnp.take_along_axis(input_ids_BxL, positions_BxP, 1), 0)
 
   kind_BxP = jax.random.uniform(k_kind, (b, p))
-  random_ids_BxP = jax.random.categorical(
-      k_random, _replacement_logits(tables, recipe.random_token_distribution), shape=(b, p))
+  random_ids_BxP = _replacement_sampler(tables, recipe.random_token_distribution)(k_random,
+                                                                                (b, p))
   new_BxP = jnp.where(kind_BxP < recipe.mask_token_rate, tables.mask_id,
                       jnp.where(kind_BxP < recipe.mask_token_rate + recipe.random_token_rate,
                                 random_ids_BxP, labels_BxP)).astype(input_ids_BxL.dtype)
@@ -119,10 +162,7 @@ def _whole_word_selection(u_BxL, maskable_BxL, n_B, word_start_BxL):
   is skipped (a smaller one later may still fit), so the count is met whenever possible.
   """
   b, l = u_BxL.shape
-  starts_BxL = maskable_BxL & (word_start_BxL | ~jnp.concatenate(
-      [jnp.zeros((b, 1), bool), maskable_BxL[:, :-1]], axis=1))
-  word_id_BxL = jnp.cumsum(starts_BxL, axis=1) - 1  # Index of the word each piece is in.
-  word_id_BxL = jnp.where(maskable_BxL, word_id_BxL, l)  # Non-maskable -> a dummy word.
+  starts_BxL, word_id_BxL = _words(maskable_BxL, word_start_BxL)
   # Each word's random score is its start piece's draw; sizes count its pieces.
   rows = jnp.arange(b)[:, None]
   word_score_BxW = jnp.full((b, l + 1), 2.0).at[rows, jnp.where(starts_BxL, word_id_BxL, l)].set(
@@ -142,3 +182,97 @@ def _whole_word_selection(u_BxL, maskable_BxL, n_B, word_start_BxL):
                                     jnp.take_along_axis(word_score_BxW, order_BxW, 1) < 2.0, n_B)
   chosen_BxW = jnp.zeros((b, l + 1), bool).at[rows, order_BxW].set(taken_in_order)
   return jnp.take_along_axis(chosen_BxW, word_id_BxL, 1) & maskable_BxL
+
+
+def _words(maskable_BxL, word_start_BxL):
+  """Word starts and the word index of each piece (non-maskable pieces -> dummy word ``L``).
+
+  A word is a maskable word-start piece and the maskable non-start pieces after it; a
+  maskable piece after a non-maskable one (e.g. after [SEP]) starts a word whatever it is.
+  Real words are numbered 0, 1, ... in sequence order.
+  """
+  b, l = maskable_BxL.shape
+  starts_BxL = maskable_BxL & (word_start_BxL | ~jnp.concatenate(
+      [jnp.zeros((b, 1), bool), maskable_BxL[:, :-1]], axis=1))
+  word_id_BxL = jnp.cumsum(starts_BxL, axis=1) - 1  # Index of the word each piece is in.
+  return starts_BxL, jnp.where(maskable_BxL, word_id_BxL, l)
+
+
+def ngram_probabilities(max_ngram: int) -> np.ndarray:
+  """p(n) for n = 1..max_ngram: ∝ 1/n (ALBERT's ``favor_shorter_ngram``)."""
+  p_N = 1.0 / np.arange(1, max_ngram + 1)
+  return p_N / p_N.sum()
+
+
+def _ngram_selection(rng, maskable_BxL, n_B, word_start_BxL, max_ngram: int):
+  """ALBERT's n-gram masking on device; returns (selected [B, L], span words [B, W=L+1]).
+
+  Reproduces ``create_masked_lm_predictions`` of google-research/albert
+  (create_pretraining_data.py): every unit (a word, see ``_words``; a piece when every piece
+  starts a word, i.e. ALBERT's do_whole_word_mask=False) is a candidate start, visited once
+  in random order; each draws n in 1..max_ngram with p(n) ∝ 1/n and proposes
+  the next n units in sequence order (fewer at the end of the sequence; specials are not
+  units, so a span may straddle [SEP] as in ALBERT). While the span would take the count past
+  the budget ``n_B`` it shrinks to n-1, ..., 1 units; if one unit is still too many, or the
+  span touches an already covered unit, the candidate is skipped. The count thus never
+  exceeds ``n_B`` (<= max_predictions). The second output holds, at each span's first unit,
+  its length in units (0 elsewhere), for tests and statistics.
+  """
+  b, l = maskable_BxL.shape
+  k_order, k_length = jax.random.split(rng)
+  starts_BxL, word_id_BxL = _words(maskable_BxL, word_start_BxL)
+  n_words_B = starts_BxL.sum(-1).astype(jnp.int32)
+  w_ids_W = jnp.arange(l + 1)
+  # Real words first in a random order, then the (never taken) empty slots.
+  score_BxW = jnp.where(w_ids_W[None] < n_words_B[:, None],
+                        jax.random.uniform(k_order, (b, l + 1)), 2.0)
+  order_BxW = jnp.argsort(score_BxW, axis=1).astype(jnp.int32)
+  # Inverse CDF over the few n-gram lengths: n = 1 + #{cdf_n <= u}.
+  cdf_N1 = jnp.asarray(np.cumsum(ngram_probabilities(max_ngram))[:-1], jnp.float32)
+  ngram_BxW = 1 + (jax.random.uniform(k_length, (b, l + 1))[..., None] >= cdf_N1).sum(
+      -1).astype(jnp.int32)
+  sizes_BxW = jnp.zeros((b, l + 1), jnp.int32).at[jnp.arange(b)[:, None], word_id_BxL].add(
+      maskable_BxL.astype(jnp.int32))
+  covered_BxW, spans_BxW = _ngram_greedy(order_BxW, ngram_BxW, sizes_BxW, n_words_B, n_B,
+                                         max_ngram)
+  selected_BxL = jnp.take_along_axis(covered_BxW, word_id_BxL, 1) & maskable_BxL
+  return selected_BxL, spans_BxW
+
+
+def _ngram_greedy(order_BxW, ngram_BxW, sizes_BxW, n_words_B, budget_B, max_ngram: int):
+  """ALBERT's greedy span pass over candidate units, one ``lax.scan`` per sequence.
+
+  ``order_BxW``: candidate unit indices in visiting order (only those < ``n_words`` count);
+  ``ngram_BxW``: the n drawn for the k-th visited candidate; ``sizes_BxW``: pieces per unit
+  (0 for slots past the last unit). Returns covered units and span lengths, both [B, W].
+  """
+  w = order_BxW.shape[1]
+  k_N = jnp.arange(1, max_ngram + 1, dtype=jnp.int32)
+
+  def one_sequence(order_W, ngram_W, sizes_W, n_words, budget):
+    # Exclusive prefix sums: units [c, e) hold ends[e] - ends[c] pieces.
+    ends_W1 = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(sizes_W)])
+
+    def visit(carry, candidate):
+      count, covered_W, spans_W = carry
+      c, n = candidate
+      stop_N = jnp.minimum(c + k_N, n_words)  # End of the k-unit span (cut at the last unit).
+      fits_N = (k_N <= n) & (count + ends_W1[stop_N] - ends_W1[c] <= budget)
+      # Span sizes grow with k, so the units that fit are a prefix: take the longest, as
+      # ALBERT's shrinking loop does (0 = even one unit is too many: skip).
+      length = jnp.minimum(fits_N.sum(), n_words - c)
+      in_span_N = k_N <= length
+      unit_N = jnp.minimum(c + k_N - 1, w - 1)
+      overlaps = (covered_W[unit_N] & in_span_N).any()
+      take = (c < n_words) & (length > 0) & ~overlaps
+      covered_W = covered_W.at[unit_N].set(covered_W[unit_N] | (in_span_N & take))
+      spans_W = spans_W.at[c].set(jnp.where(take, length, spans_W[c]))
+      count = count + jnp.where(take, ends_W1[c + length] - ends_W1[c], 0)
+      return (count, covered_W, spans_W), None
+
+    init = (jnp.int32(0), jnp.zeros(w, bool), jnp.zeros(w, jnp.int32))
+    (_, covered_W, spans_W), _ = jax.lax.scan(visit, init, (order_W, ngram_W))
+    return covered_W, spans_W
+
+  return jax.vmap(one_sequence)(order_BxW, ngram_BxW, sizes_BxW, n_words_B,
+                                budget_B.astype(jnp.int32))

@@ -143,3 +143,53 @@ def test_huge_line_memory_is_bounded(tmp_path):
   assert len(doc.lines[1]) <= 1001 and report.counts['lines_truncated'] == 1
   assert sources._utf8_safe_end('é'.encode()[:1]) == 0
   assert np.all([sources._utf8_safe_end(b'abc') == 3])
+
+
+def test_compressed_text_and_jsonl_read_like_plain_files(tmp_path, corpus_docs, write_docs,
+                                                         make_config):
+  """gzip (by content, whatever the name), bzip2 and xz; other formats are named."""
+  import bz2
+  import gzip
+  import lzma
+  docs = corpus_docs[:6]
+  plain = write_docs(tmp_path / 'plain.txt', docs)
+  data = open(plain, 'rb').read()
+  (tmp_path / 'a.txt.gz').write_bytes(gzip.compress(data))
+  (tmp_path / 'b.txt').write_bytes(gzip.compress(data))  # No .gz suffix: found by content.
+  (tmp_path / 'c.txt.bz2').write_bytes(bz2.compress(data))
+  (tmp_path / 'd.txt.xz').write_bytes(lzma.compress(data))
+  jsonl = ''.join(json.dumps({'text': ' '.join(d)}) + '\n' for d in docs).encode()
+  (tmp_path / 'e.jsonl.gz').write_bytes(gzip.compress(jsonl))
+  c = make_config()
+  expected = [list(d) for d in docs]
+  for name in ('a.txt.gz', 'b.txt', 'c.txt.bz2', 'd.txt.xz'):
+    c.data.sources = f'text:{tmp_path}/{name}'
+    (src,) = sources.parse_sources(c.data)
+    report = sources.Report()
+    assert [list(d.lines) for d in src.documents(report)] == expected, name
+    assert not report.counts, name
+  c.data.sources = f'jsonl:{tmp_path}/e.jsonl.gz'
+  (src,) = sources.parse_sources(c.data)
+  report = sources.Report()
+  assert [d.lines for d in src.documents(report)] == [(' '.join(d),) for d in docs]
+  assert not report.counts
+  # The gzip trailer gives the text size for tokenizer-sample weighting.
+  assert sources._file_size(str(tmp_path / 'a.txt.gz')) == len(data)
+
+  # Cut short (a copy interrupted): the lines before the cut are kept, and it is counted.
+  (tmp_path / 'cut.txt.gz').write_bytes(gzip.compress(data)[:len(gzip.compress(data)) // 2])
+  c.data.sources = f'text:{tmp_path}/cut.txt.gz'
+  (src,) = sources.parse_sources(c.data)
+  report = sources.Report()
+  got = [line for d in src.documents(report) for line in d.lines]
+  assert 0 < len(got) < sum(len(d) for d in docs) and got[0] == docs[0][0]
+  assert report.counts['compressed_files_cut_short'] == 1
+  assert 'cut.txt.gz: after line' in report.examples['compressed_files_cut_short'][0]
+
+  # Formats that are not read are named, with the spec and the file.
+  (tmp_path / 'f.txt.zst').write_bytes(b'\x28\xb5\x2f\xfd' + b'\x00' * 20)
+  c.data.sources = f'text:{tmp_path}/f.txt.zst'
+  (src,) = sources.parse_sources(c.data)
+  with pytest.raises(ValueError, match=r"config.data.sources: 'text:.*f.txt.zst': .*f.txt.zst "
+                                       r'is a zstd file; expected text'):
+    list(src.documents(sources.Report()))

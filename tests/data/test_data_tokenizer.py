@@ -1,12 +1,17 @@
-"""Tokenizers: trained SentencePiece ids, loaded models, WordPiece vocab.txt, mismatches."""
+"""Tokenizers: trained SentencePiece ids, loaded models, WordPiece vocab.txt, byte-level BPE
+(RoBERTa), mismatches."""
 
+import json
 import os
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 
 from encoder_jax import data as data_lib
+from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
+from encoder_jax.data import tokenizer_training
 
 
 def test_trained_sentencepiece_has_fixed_special_ids(prepared_small):
@@ -98,4 +103,143 @@ def test_bpe_model_type(tmp_path, make_config):
   c.tokenizer.model_type = 'wordpiece'
   c.data.prepared_dir = str(tmp_path / 'q')
   with pytest.raises(ValueError, match="model_type must be 'unigram' or 'bpe'"):
+    data_lib.load_or_prepare(c)
+
+
+# ---------------------------------------------------------------- byte-level BPE (RoBERTa)
+
+BPE_VOCAB = 600
+# Real text of several scripts and shapes; byte-level BPE must give each back unchanged.
+VARIED_TEXTS = [
+    "Don't panic:  it's only 3.14% of the data, naïve café résumé — Ångström, Øre, ß!",
+    '東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다.',
+    'Emoji: 🎉👍🏽 family 👨\u200d👩\u200d👧 flags 🇫🇷🇯🇵, math ∑ x² ≤ ∞, Ελληνικά, русский.',
+    'Line one.\nLine two,\ttabbed.\n\n   indented after a blank line\r\nCRLF end \n',
+    ' leading space and trailing spaces   ',
+    'Literal specials stay text: <s> </s> <pad> <unk> <mask> [MASK] [CLS]',
+    '',
+]
+
+
+def _bpe_config(make_config, prepared_dir, **data_overrides):
+  data_overrides.setdefault('sources', 'embedded;max_documents=150')
+  c = make_config(prepared_dir, pair_kind='full_sentences', **data_overrides)
+  c.tokenizer.kind = 'bytelevel_bpe'
+  c.model.vocab_size = BPE_VOCAB
+  return c
+
+
+@pytest.fixture(scope='module')
+def bpe_prepared(tmp_path_factory, make_config):
+  """(config, PreparedData): byte-level BPE trained on 150 embedded documents, packed."""
+  c = _bpe_config(make_config, str(tmp_path_factory.mktemp('bpe') / 'p'))
+  return c, data_lib.load_or_prepare(c)
+
+
+def test_trained_bytelevel_bpe_has_roberta_ids(bpe_prepared, tmp_path):
+  c, prepared = bpe_prepared
+  tok = prepared.tokenizer
+  assert tok.kind == 'bytelevel_bpe' and tok.vocab_size == BPE_VOCAB and not tok.lowercase
+  assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 599)
+  assert [tok.id_to_piece(i) for i in (0, 1, 2, 3, 599)] == ['<s>', '<pad>', '</s>', '<unk>',
+                                                            '<mask>']
+  assert sorted(tok.special_ids.tolist()) == [0, 1, 2, 3, 599]
+  assert tok.special_ids.dtype.name == 'int32'
+  assert not tok.is_word_start[tok.special_ids].any()
+  ids = tok.encode('Return the number of items in the sequence.')
+  pieces = [tok.id_to_piece(i) for i in ids]
+  # The first word has no space before it, so no 'Ġ' marker; the others start with one.
+  assert not pieces[0].startswith('Ġ') and not tok.is_word_start[ids[0]]
+  assert [bool(tok.is_word_start[i]) for i in ids] == [p.startswith('Ġ') for p in pieces]
+  assert sum(tok.is_word_start[i] for i in ids) == 7
+  assert tok.decode(ids) == 'Return the number of items in the sequence.'  # Cased.
+  assert tok.unk_id not in tok.encode(''.join(map(chr, range(32, 0x2000, 7))))
+  assert prepared.manifest['tokenizer']['file'] == 'tokenizer.json'
+  assert prepared.manifest['token_dtype'] == 'uint16'
+  # Deterministic: training again on the same config writes the same file.
+  again = str(tmp_path / 'again.json')
+  tokenizer_training.train_bytelevel_bpe(c, sources_lib.parse_sources(c.data), again)
+  assert tokenizer_lib.file_sha256(again) == tok.sha256()
+
+
+def test_bytelevel_bpe_round_trip_is_lossless(bpe_prepared, corpus_docs):
+  tok = bpe_prepared[1].tokenizer
+  for text in VARIED_TEXTS + ['\n'.join(doc) for doc in corpus_docs[1000:1040]]:
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text, text
+    assert not set(ids) & set(tok.special_ids.tolist()), text  # Specials never from text.
+  assert tok.encode_batch(VARIED_TEXTS[:2]) == [tok.encode(t) for t in VARIED_TEXTS[:2]]
+
+
+def test_bytelevel_bpe_packed_sequences_are_roberta_inputs(bpe_prepared):
+  c, prepared = bpe_prepared
+  assert prepared.manifest['tokenizer']['cls_id'] == 0
+  batch = next(data_lib.make_train_iterator(c, prepared))
+  ids, mask = batch['input_ids'], batch['input_mask']
+  lengths = mask.sum(1)
+  assert (ids[:, 0] == 0).all()  # <s>
+  assert (ids[np.arange(len(ids)), lengths - 1] == 2).all()  # </s>
+  assert (ids[mask == 0] == 1).all()  # <pad>
+  inner = ids[:, 1:][mask[:, 1:] == 1]
+  assert not np.isin(inner, [0, 1, 3, 599]).any()
+
+
+def test_bytelevel_bpe_loaded_from_path(bpe_prepared, make_config, tmp_path):
+  _, prepared = bpe_prepared
+  trained = prepared.tokenizer.path
+  c = _bpe_config(make_config, str(tmp_path / 'p'), sources='embedded;max_documents=20',
+                  held_out_fraction=0.0)
+  c.tokenizer.path = trained
+  again = data_lib.load_or_prepare(c)
+  assert again.tokenizer.sha256() == prepared.tokenizer.sha256()
+  assert again.manifest['throughput']['tokenizer_seconds'] < 1.0  # Copied, not trained.
+  c.model.vocab_size = 1234
+  c.data.prepared_dir = str(tmp_path / 'q')
+  with pytest.raises(ValueError, match=r'600 pieces but config.model.vocab_size = 1234'):
+    data_lib.load_or_prepare(c)
+
+
+def _rewrite(src, dst, edit):
+  with open(src, encoding='utf-8') as f:
+    spec = json.load(f)
+  edit(spec)
+  with open(dst, 'w', encoding='utf-8') as f:
+    json.dump(spec, f)
+  return str(dst)
+
+
+def test_bytelevel_bpe_that_is_not_robertas_is_an_error(bpe_prepared, tmp_path):
+  trained = bpe_prepared[1].tokenizer.path
+
+  def prefix_space(spec):
+    spec['pre_tokenizer']['add_prefix_space'] = True
+
+  def swap_ids(spec):
+    vocab = spec['model']['vocab']
+    vocab['<s>'], vocab['<pad>'] = vocab['<pad>'], vocab['<s>']
+    for t in spec['added_tokens']:
+      t['id'] = vocab[t['content']]
+
+  def wordpiece(spec):
+    spec['model']['type'] = 'WordPiece'
+
+  for edit, message in ((prefix_space, r'prefix_space\.json.*pre_tokenizer.*add_prefix_space'),
+                        (swap_ids, r"swap_ids\.json.*special pieces at ids \{'<s>': 1, '<pad>': 0"),
+                        (wordpiece, r"wordpiece\.json.*model type 'WordPiece', not 'BPE'")):
+    path = _rewrite(trained, tmp_path / f'{edit.__name__}.json', edit)
+    with pytest.raises(ValueError, match=message):
+      tokenizer_lib.Tokenizer.from_file('bytelevel_bpe', path)
+  with pytest.raises(FileNotFoundError, match='nope.json.*does not exist'):
+    tokenizer_lib.Tokenizer.from_bytelevel_bpe(str(tmp_path / 'nope.json'))
+  with pytest.raises(ValueError, match=r"kind 'bpe'.*expected one of .*'bytelevel_bpe'"):
+    tokenizer_lib.Tokenizer.from_file('bpe', trained)
+
+
+def test_bytelevel_bpe_vocab_beyond_the_corpus_is_an_error(make_config, tmp_path):
+  c = _bpe_config(make_config, str(tmp_path / 'p'), sources='embedded;max_documents=5')
+  c.model.vocab_size = 20_000
+  with pytest.raises(ValueError, match=r'reached \d+ pieces, not config.model.vocab_size=20000'):
+    data_lib.load_or_prepare(c)
+  c.model.vocab_size = 100
+  with pytest.raises(ValueError, match=r'vocab_size=100 is too small for byte-level BPE'):
     data_lib.load_or_prepare(c)

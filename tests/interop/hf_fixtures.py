@@ -1,4 +1,5 @@
-"""Shared helpers for the interop tests: small randomised Hugging Face BERTs and inputs."""
+"""Shared helpers for the interop tests: small randomised Hugging Face models of each kind
+(BERT, RoBERTa, ALBERT) and padded inputs."""
 
 from __future__ import annotations
 
@@ -7,39 +8,91 @@ import torch
 import transformers
 
 
-def random_hf_model(cls=transformers.BertForPreTraining, *, vocab_size=97, hidden_size=36,
-                    num_layers=2, num_heads=3, intermediate_size=50, max_positions=24, seed=0,
-                    randomize=True):
-  """An HF model in eval mode; every parameter (biases, LayerNorms too) random if ``randomize``.
+# HF model classes by our kind: (pretraining/export architecture, MaskedLM, bare base).
+HF_CLASSES = {
+    'bert': (transformers.BertForPreTraining, transformers.BertForMaskedLM,
+             transformers.BertModel),
+    'roberta': (transformers.RobertaForMaskedLM, transformers.RobertaForMaskedLM,
+                transformers.RobertaModel),
+    'albert': (transformers.AlbertForPreTraining, transformers.AlbertForMaskedLM,
+               transformers.AlbertModel),
+}
+# The id each kind pads with (RoBERTa's position ids start after it).
+PAD_IDS = {'bert': 0, 'roberta': 1, 'albert': 0}
 
-  Without ``randomize`` it keeps HF's own BERT init (std 0.02, zero biases), which trains.
+
+def hf_config(kind: str = 'bert', *, vocab_size=97, hidden_size=36, num_layers=2, num_heads=3,
+              intermediate_size=50, max_positions=24, embedding_size=None):
+  """The HF config of a small ``kind`` model, with each kind's own conventions.
+
+  ``max_positions`` is the longest sequence the model takes: RoBERTa's table gets the two
+  extra rows its position numbering (from pad id + 1) needs, one token type and eps 1e-5;
+  ALBERT gets a factorized embedding (``embedding_size`` != hidden, so the projection is
+  exercised), the tanh GELU of its released models and one shared layer group.
   """
-  config = transformers.BertConfig(
-      vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-      num_attention_heads=num_heads, intermediate_size=intermediate_size,
-      max_position_embeddings=max_positions, type_vocab_size=2, hidden_act='gelu',
-      attn_implementation='eager')
-  torch.manual_seed(seed)
-  model = cls(config).eval()
-  if not randomize:
-    return model
+  common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                num_attention_heads=num_heads, intermediate_size=intermediate_size,
+                attn_implementation='eager')
+  if kind == 'bert':
+    return transformers.BertConfig(**common, max_position_embeddings=max_positions,
+                                   type_vocab_size=2, hidden_act='gelu')
+  if kind == 'roberta':
+    return transformers.RobertaConfig(
+        **common, max_position_embeddings=max_positions + PAD_IDS['roberta'] + 1,
+        type_vocab_size=1, layer_norm_eps=1e-5, hidden_act='gelu',
+        pad_token_id=PAD_IDS['roberta'], bos_token_id=0, eos_token_id=2)
+  if kind == 'albert':
+    return transformers.AlbertConfig(
+        **common, embedding_size=embedding_size or max(2, hidden_size // 2 + 1),
+        max_position_embeddings=max_positions, type_vocab_size=2, hidden_act='gelu_new',
+        num_hidden_groups=1, inner_group_num=1, pad_token_id=PAD_IDS['albert'])
+  raise ValueError(f'kind={kind!r}; expected one of {sorted(HF_CLASSES)}')
+
+
+def randomize_(model, seed: int | None = None):
+  """Every parameter random (biases and LayerNorms too), so no term of the computation
+  hides behind a zero or a one; returns ``model``. ``seed=None`` continues torch's stream."""
+  if seed is not None:
+    torch.manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if 'LayerNorm.weight' in name:
+      if 'LayerNorm.weight' in name or 'layer_norm.weight' in name:
         p.copy_(1.0 + 0.2 * torch.randn_like(p))
       else:
         p.copy_(0.2 * torch.randn_like(p))
   return model
 
 
-def padded_inputs(vocab_size: int, batch: int = 3, length: int = 11, seed: int = 0):
-  """Token ids, segment ids and a mask with a different amount of padding per row."""
+def random_hf_model(cls=transformers.BertForPreTraining, *, vocab_size=97, hidden_size=36,
+                    num_layers=2, num_heads=3, intermediate_size=50, max_positions=24, seed=0,
+                    randomize=True, embedding_size=None):
+  """An HF model of ``cls`` (any class in HF_CLASSES: its kind is the class's model_type)
+  in eval mode; every parameter random if ``randomize``.
+
+  Without ``randomize`` it keeps HF's own init (std 0.02, zero biases), which trains.
+  """
+  config = hf_config(cls.config_class.model_type, vocab_size=vocab_size,
+                     hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                     intermediate_size=intermediate_size, max_positions=max_positions,
+                     embedding_size=embedding_size)
+  torch.manual_seed(seed)
+  model = cls(config).eval()
+  return randomize_(model) if randomize else model
+
+
+def padded_inputs(vocab_size: int, batch: int = 3, length: int = 11, seed: int = 0,
+                  pad_id: int = 0):
+  """Token ids, segment ids and a mask with a different amount of padding per row.
+
+  Padding positions hold ``pad_id`` (RoBERTa numbers positions from the ids, so padding
+  must be its pad id 1 there); real tokens never do (ids above ``pad_id``).
+  """
   rng = np.random.default_rng(seed)
-  ids = rng.integers(1, vocab_size, (batch, length)).astype(np.int32)
+  ids = rng.integers(pad_id + 1, vocab_size, (batch, length)).astype(np.int32)
   mask = np.ones((batch, length), np.int32)
   for b in range(1, batch):
-    mask[b, length - 3 * b:] = 0
-  ids = ids * mask
+    mask[b, max(1, length - 3 * b):] = 0
+  ids = np.where(mask > 0, ids, pad_id).astype(np.int32)
   segments = np.zeros_like(ids)
   segments[:, length // 2:] = 1
   segments *= mask

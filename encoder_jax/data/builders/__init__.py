@@ -5,7 +5,8 @@ where each piece is ``(tokens, start, stop, segment_id)``: a contiguous token ra
 prepared shard. It is rendered as ``[CLS] piece_1 [SEP] piece_2 [SEP] ...``; each piece's
 tokens and its closing ``[SEP]`` get the piece's segment id ([CLS] gets 0). So NSP/SOP pairs
 are two pieces with segment ids 0 and 1, and packed sequences are one piece per document
-with segment id 0 and an extra [SEP] between documents.
+with segment id 0 and an extra [SEP] between documents. [CLS]/[SEP] stand for the
+tokenizer's ``cls_id``/``sep_id`` (``iterators.render``): ``<s>``/``</s>`` with byte-level BPE.
 
 Builders are generators over a ``DocumentStream`` from a cursor ``(epoch, position, sub)``
 and yield ``(instance, cursor after it)``, so a consumer can stop anywhere and later

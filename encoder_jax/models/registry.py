@@ -1,0 +1,71 @@
+"""Model kinds by ``config.model.kind``: one line per kind, one file per kind.
+
+Everything outside ``models/`` builds networks through :func:`network` (or :func:`get`),
+never by importing a concrete model module, so a new kind is a file plus a line here
+(plus its Hugging Face table in ``encoder_jax.registry``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+
+from encoder_jax.models import albert
+from encoder_jax.models import bert
+from encoder_jax.models import config as config_lib
+from encoder_jax.models import roberta
+
+EncoderConfig = config_lib.EncoderConfig
+ModelKind = config_lib.ModelKind
+
+KINDS: dict[str, ModelKind] = {
+    'bert': bert.KIND,
+    'roberta': roberta.KIND,
+    'albert': albert.KIND,
+}
+
+
+def get(kind: str) -> ModelKind:
+  if kind not in KINDS:
+    raise ValueError(f'config.model.kind={kind!r} is not a known model kind; valid: '
+                     f'{sorted(KINDS)}')
+  return KINDS[kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """A model kind bound to its config: the modules, init and FLOPs of one network."""
+  kind: ModelKind
+  config: EncoderConfig
+
+  @property
+  def pretraining(self) -> nn.Module:
+    return self.kind.pretraining(self.config)
+
+  @property
+  def encoder(self) -> nn.Module:
+    return self.kind.encoder(self.config)
+
+  def init(self, rng: jax.Array) -> Any:
+    """Boxed (logically partitioned) params of the pretraining network."""
+    return self.pretraining.init({'params': rng}, **self.kind.init_inputs())['params']
+
+  def flops_per_token(self, seq_len: int) -> float:
+    return self.kind.flops_per_token(self.config, seq_len)
+
+
+def make_config(model_config: ml_collections.ConfigDict | dict | EncoderConfig) -> EncoderConfig:
+  """The validated EncoderConfig of ``config.model`` (kind-specific checks included)."""
+  c = (model_config if isinstance(model_config, EncoderConfig)
+       else EncoderConfig.from_config(model_config))
+  get(c.kind).check(c)
+  return c
+
+
+def network(model_config) -> Network:
+  c = make_config(model_config)
+  return Network(get(c.kind), c)

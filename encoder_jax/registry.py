@@ -1,0 +1,42 @@
+"""What ``config.model.kind`` selects outside the network: its Hugging Face table.
+
+The networks themselves are in ``models.registry`` (one file per kind under ``models/``);
+this maps each kind, and each Hugging Face ``model_type``, to its parameter table
+(``interop/hf_<kind>.py``). A new kind is its model file, its table file and a line in
+each registry.
+"""
+
+from __future__ import annotations
+
+from encoder_jax.interop import hf_albert
+from encoder_jax.interop import hf_bert
+from encoder_jax.interop import hf_roberta
+from encoder_jax.interop import hf_table
+from encoder_jax.models import registry as models_registry
+
+KINDS = models_registry.KINDS
+network = models_registry.network
+make_config = models_registry.make_config
+
+HF_SPECS: dict[str, hf_table.HfSpec] = {
+    'bert': hf_bert.SPEC,
+    'roberta': hf_roberta.SPEC,
+    'albert': hf_albert.SPEC,
+}
+
+
+def hf_spec(kind: str) -> hf_table.HfSpec:
+  models_registry.get(kind)
+  if kind not in HF_SPECS:
+    raise ValueError(f'config.model.kind={kind!r} has no Hugging Face table; kinds with one: '
+                     f'{sorted(HF_SPECS)}')
+  return HF_SPECS[kind]
+
+
+def hf_spec_for_model_type(model_type: str | None, source: str = 'config.json'
+                           ) -> hf_table.HfSpec:
+  for spec in HF_SPECS.values():
+    if spec.model_type == model_type:
+      return spec
+  raise ValueError(f'{source}: model_type={model_type!r} cannot be imported; expected one of '
+                   f'{sorted(s.model_type for s in HF_SPECS.values())}')

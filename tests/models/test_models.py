@@ -1,0 +1,226 @@
+"""Every model kind: parameter counts equal to Hugging Face's at full size, ALBERT's
+cross-layer sharing, logical axes and padding invariance (tiny shapes)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from encoder_jax import sharding
+from encoder_jax.models import bert
+from encoder_jax.models import registry
+
+# ------------------------------------------------------------ full-size parameter counts
+
+# Our config of each kind's base model, and the HF config of the published checkpoint it
+# corresponds to (bert-base-uncased, roberta-base, albert-base-v2).
+FULL_SIZE = {
+    'bert': (dict(kind='bert'),
+             transformers.BertForPreTraining, transformers.BertConfig()),
+    'roberta': (dict(kind='roberta', vocab_size=50265, max_position_embeddings=514,
+                     type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5),
+                transformers.RobertaForMaskedLM,
+                transformers.RobertaConfig(vocab_size=50265, max_position_embeddings=514,
+                                           type_vocab_size=1, layer_norm_eps=1e-5,
+                                           pad_token_id=1)),
+    'albert': (dict(kind='albert', vocab_size=30000, embedding_size=128, share_layers='all',
+                    activation='gelu_new', hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
+               transformers.AlbertForPreTraining,
+               transformers.AlbertConfig(vocab_size=30000, embedding_size=128, hidden_size=768,
+                                         num_hidden_layers=12, num_attention_heads=12,
+                                         intermediate_size=3072, hidden_act='gelu_new',
+                                         num_hidden_groups=1, inner_group_num=1)),
+}
+# Pinned: a change in either library's count (or ours) must be looked at, not followed.
+EXPECTED_COUNTS = {'bert': 110_106_428, 'roberta': 124_697_433, 'albert': 11_813_810}
+
+
+def _count(model_config) -> int:
+  net = registry.network(model_config)
+  shapes = jax.eval_shape(net.init, jax.random.key(0))
+  return sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
+
+
+def _hf_count(cls, config) -> int:
+  """HF's count, built on the meta device (no memory, no init time); tied tensors (the
+  MLM decoder is the word embedding) are one parameter and counted once."""
+  with torch.device('meta'):
+    model = cls(config)
+  return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize('kind', sorted(FULL_SIZE))
+def test_parameter_count_equals_hugging_face(kind):
+  ours, cls, hf_config = FULL_SIZE[kind]
+  assert _count(ours) == _hf_count(cls, hf_config) == EXPECTED_COUNTS[kind]
+
+
+# --------------------------------------------------------------------------- tiny shapes
+
+TINY = dict(vocab_size=97, hidden_size=24, num_layers=3, num_heads=3, intermediate_size=40,
+            max_position_embeddings=32)
+VARIANTS = {
+    'bert': dict(kind='bert'),
+    'roberta': dict(kind='roberta', type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5,
+                    max_position_embeddings=34),
+    'albert': dict(kind='albert', embedding_size=10, share_layers='all', activation='gelu_new'),
+    'albert_share_attention': dict(kind='albert', embedding_size=10, share_layers='attention'),
+    'albert_share_ffn': dict(kind='albert', embedding_size=10, share_layers='ffn'),
+}
+ATTENTION_PARAMS = ('query', 'key', 'value', 'attention_output', 'attention_layer_norm')
+FFN_PARAMS = ('intermediate', 'output', 'output_layer_norm')
+
+
+def _network(variant, **overrides):
+  return registry.network({**TINY, **VARIANTS[variant], **overrides})
+
+
+def _params(net, seed=0):
+  return nn.unbox(jax.jit(net.init)(jax.random.key(seed)))  # Jitted: eager init is slow.
+
+
+def _inputs(rng, b, l, lengths, vocab):
+  ids = rng.randint(5, vocab, (b, l)).astype(np.int32)
+  mask = (np.arange(l)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+  seg = (np.arange(l)[None] >= np.asarray(lengths)[:, None] // 2).astype(np.int32) * mask
+  return ids, seg, mask
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS))
+def test_every_parameter_has_logical_axes_with_rules(variant):
+  net = _network(variant)
+  boxed = jax.eval_shape(net.init, jax.random.key(0))
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  rules = dict(sharding.LOGICAL_RULES)
+  assert leaves
+  for leaf in leaves:
+    assert isinstance(leaf, nn.LogicallyPartitioned), type(leaf)
+    assert len(leaf.names) == len(leaf.value.shape)
+    assert all(n is None or n in rules for n in leaf.names), leaf.names
+  encoder = boxed['encoder']
+  share = net.config.share_layers
+  if share == 'none':  # Stacked by the scan: the 'layers' axis first.
+    assert encoder['layers']['query']['kernel'].names == ('layers', 'embed', 'heads', 'kv')
+  elif share == 'all':  # One layer, broadcast by the scan: no layer axis.
+    assert encoder['layers']['query']['kernel'].names == ('embed', 'heads', 'kv')
+  else:
+    shared, own = ((ATTENTION_PARAMS, FFN_PARAMS) if share == 'attention'
+                   else (FFN_PARAMS, ATTENTION_PARAMS))
+    layer_names = [f'layer_{i}' for i in range(TINY['num_layers'])]
+    assert sorted(encoder) == sorted(['shared', *layer_names])
+    assert sorted(encoder['shared']) == sorted(shared)
+    assert all(sorted(encoder[name]) == sorted(own) for name in layer_names)
+  names = {n for leaf in leaves for n in leaf.names}
+  assert ('layers' in names) == (share == 'none')
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS))
+def test_padding_never_changes_real_positions(variant):
+  net = _network(variant)
+  model = net.pretraining
+  params = _params(net)
+  rng = np.random.RandomState(0)
+  ids, seg, mask = _inputs(rng, 3, 10, [10, 7, 4], TINY['vocab_size'])
+  pos = np.array([[1, 2], [0, 3], [1, 2]], np.int32)
+  short = model.apply({'params': params}, ids, seg, mask, pos)
+  # Append 6 padding positions holding arbitrary ids: nothing real may change.
+  pad = rng.randint(0, TINY['vocab_size'], (3, 6)).astype(np.int32)
+  long_ids = np.concatenate([ids * mask, pad], 1)
+  long_ids[:, :10] = np.where(mask > 0, ids, pad[:, :1])  # Garbage in the old padding too.
+  zeros = np.zeros((3, 6), np.int32)
+  longer = model.apply({'params': params}, long_ids, np.concatenate([seg, zeros], 1),
+                       np.concatenate([mask, zeros], 1), pos)
+  heads = [k for k in ('pooled_output', 'pair_logits', 'mlm_logits') if k in short]
+  assert ('pair_logits' in heads) == net.kind.pair_head
+  for k in heads:
+    np.testing.assert_allclose(short[k], longer[k], atol=1e-5, err_msg=k)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(short['sequence_output'])[real],
+                             np.asarray(longer['sequence_output'])[:, :10][real], atol=1e-5)
+
+
+def test_roberta_has_no_segment_signal_and_numbers_positions_after_the_pad_id():
+  net = _network('roberta')
+  params = _params(net)
+  ids, seg, mask = _inputs(np.random.RandomState(1), 2, 8, [8, 5], TINY['vocab_size'])
+  run = lambda s: net.pretraining.apply({'params': params}, ids, s, mask)['mlm_logits']
+  np.testing.assert_array_equal(run(seg), run(np.zeros_like(seg)))  # Pair ids are ignored.
+  np.testing.assert_array_equal(
+      bert.position_ids(net.config, mask),
+      [[2, 3, 4, 5, 6, 7, 8, 9], [2, 3, 4, 5, 6, 1, 1, 1]])  # Padding: the pad id's row.
+  # The table holds max_position_embeddings - 2 = 32 tokens, not one more.
+  with pytest.raises(ValueError, match='33 exceeds the 32 positions.*position_offset=2'):
+    bert.position_ids(net.config, np.ones((1, 33), np.int32))
+
+
+def test_albert_shares_one_layer_across_all_layers():
+  """share_layers='all': no layer axis, the same parameters at any depth, and the encoder
+  is one layer's function applied num_layers times."""
+  net = _network('albert')
+  params = _params(net)
+  # The parameter tree does not depend on the depth.
+  one = _network('albert', num_layers=1)
+  assert (jax.tree.map(np.shape, _params(one)) == jax.tree.map(np.shape, params))
+  assert _count(net.config) == _count(one.config)
+  assert params['encoder']['layers']['query']['kernel'].shape == (24, 3, 8)
+
+  ids, seg, mask = _inputs(np.random.RandomState(2), 2, 9, [9, 6], TINY['vocab_size'])
+  out = net.pretraining.apply({'params': params}, ids, seg, mask, collect_hidden=True)
+  hidden = out['all_hidden_states']
+  assert len(hidden) == TINY['num_layers'] + 1
+  x = hidden[0]  # The embedding output, already projected E -> hidden.
+  assert x.shape[-1] == TINY['hidden_size']
+  layer = bert.Encoder(one.config)
+  for i in range(TINY['num_layers']):
+    x, _ = layer.apply({'params': params['encoder']}, x, mask, True)
+    np.testing.assert_allclose(x, hidden[i + 1], atol=1e-5, err_msg=f'layer {i}')
+  # And it is BERT's unshared stack with the one layer copied into every slot.
+  unshared = _network('albert', share_layers='none')
+  tiled = dict(params, encoder={'layers': jax.tree.map(
+      lambda p: np.stack([p] * TINY['num_layers']), params['encoder']['layers'])})
+  assert jax.tree.map(np.shape, tiled) == jax.tree.map(np.shape, _params(unshared))
+  ref = unshared.pretraining.apply({'params': tiled}, ids, seg, mask)
+  for k in ('sequence_output', 'pair_logits', 'mlm_logits'):
+    np.testing.assert_allclose(out[k], ref[k], atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize('share', ['attention', 'ffn'])
+def test_albert_partial_sharing_builds_runs_and_trains(share):
+  """'attention' / 'ffn' share that block only; with every layer's own block equal to the
+  fully shared layer's, the network is the fully shared one."""
+  net = _network(f'albert_share_{share}', activation='gelu_new')
+  params = _params(net)
+  shared, own = ((ATTENTION_PARAMS, FFN_PARAMS) if share == 'attention'
+                 else (FFN_PARAMS, ATTENTION_PARAMS))
+  # Count: the unshared stack minus (num_layers - 1) copies of the shared block.
+  full = _network('albert', share_layers='none')
+  block = sum(np.size(x) for k in shared for x in jax.tree.leaves(params['encoder']['shared'][k]))
+  assert _count(net.config) == _count(full.config) - (TINY['num_layers'] - 1) * block
+
+  ids, seg, mask = _inputs(np.random.RandomState(3), 2, 8, [8, 5], TINY['vocab_size'])
+  all_shared = _network('albert')
+  one_layer = _params(all_shared, seed=1)
+  layer = one_layer['encoder']['layers']
+  rebuilt = dict(one_layer, encoder={
+      'shared': {k: layer[k] for k in shared},
+      **{f'layer_{i}': {k: layer[k] for k in own} for i in range(TINY['num_layers'])}})
+  assert jax.tree.map(np.shape, rebuilt) == jax.tree.map(np.shape, params)
+  out = net.pretraining.apply({'params': rebuilt}, ids, seg, mask, collect_hidden=True)
+  ref = all_shared.pretraining.apply({'params': one_layer}, ids, seg, mask, collect_hidden=True)
+  for a, b in zip(out['all_hidden_states'], ref['all_hidden_states']):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+  # Gradients reach the shared block and every layer's own block, in training mode.
+  def loss(p):
+    out = net.pretraining.apply({'params': p}, ids, seg, mask, deterministic=False,
+                                rngs={'dropout': jax.random.key(0)})
+    return out['mlm_logits'].sum() + out['pair_logits'].sum()
+
+  grads = jax.jit(jax.grad(loss))(params)
+  for name in ['shared'] + [f'layer_{i}' for i in range(TINY['num_layers'])]:
+    g = jax.tree.leaves(grads['encoder'][name])
+    assert all(np.isfinite(x).all() for x in g) and any(np.abs(x).sum() > 0 for x in g), name

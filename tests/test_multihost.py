@@ -1,0 +1,371 @@
+"""Multi-process runs on localhost: 2 processes x 4 CPU devices against 1 process x 8.
+
+The end-to-end tests start ``launch/local_multiprocess.py`` (jax.distributed with the gloo CPU
+collectives) on the tiny config. A 2-process run reads two disjoint slices of the corpus
+(process p takes documents p, p + 2, ...), so the 1-process reference run reads the same two
+slices in one process and feeds their concatenation (process 0's rows, then process 1's,
+which is how the 2-process global batch is laid out) to the same 8-device mesh. With the
+same global batches, masks (drawn on device from the step) and mesh, the runs must agree;
+the only difference is whether the collectives cross a process boundary.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from encoder_jax import checkpointing
+from encoder_jax import data as data_lib
+from encoder_jax import distributed
+from encoder_jax import sharding
+from encoder_jax import train
+from encoder_jax.data import iterators
+from encoder_jax.data import prepare_once
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, 'launch', 'local_multiprocess.py')
+sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import tiny_config  # pylint: disable=wrong-import-position
+
+# Losses and params of the 2-process run vs the 1-process reference: the same XLA program on
+# the same mesh, but the cross-process all-reduce (gloo) may add in another order than the
+# in-process one, so float32 rounding may differ: compared to ~1e-6 relative. A resumed
+# 2-process run against the uninterrupted one is the same computation: compared exactly.
+RTOL = 2e-6
+METRIC_KEYS = ('loss', 'mlm_loss', 'pair_loss', 'mlm_accuracy', 'pair_accuracy',
+               'grad_norm', 'mlm_predictions')
+
+
+# ------------------------------------------------------------------ distributed.plan (fast)
+
+
+def test_explicit_coordinator_from_variables_or_flags():
+  env = dict(JAX_COORDINATOR_ADDRESS='10.0.0.1:1234', JAX_NUM_PROCESSES='2',
+             JAX_PROCESS_ID='1', SLURM_JOB_ID='7', SLURM_NTASKS='8')
+  p = distributed.plan(environ=env)
+  assert p.how == 'explicit' and p.kwargs == dict(
+      coordinator_address='10.0.0.1:1234', num_processes=2, process_id=1,
+      cluster_detection_method='deactivate')
+  p = distributed.plan('h:9', 4, 3, environ=env)  # Flags win over the variables.
+  assert p.kwargs['coordinator_address'] == 'h:9' and p.kwargs['num_processes'] == 4
+  assert distributed.plan(environ=dict(JAX_NUM_PROCESSES='1', SLURM_JOB_ID='7',
+                                       SLURM_NTASKS='8')).how == 'single'
+  assert distributed.plan(environ={}).how == 'single' or distributed._on_tpu_vm()
+
+
+@pytest.mark.parametrize('env, flags, message', [
+    (dict(JAX_COORDINATOR_ADDRESS='h:1'), (), 'missing --num_processes or JAX_NUM_PROCESSES, '
+     '--process_id or JAX_PROCESS_ID'),
+    (dict(JAX_NUM_PROCESSES='2', JAX_PROCESS_ID='0'), (), 'missing --coordinator_address or '
+     'JAX_COORDINATOR_ADDRESS'),
+    (dict(JAX_COORDINATOR_ADDRESS='h:1', JAX_NUM_PROCESSES='2', JAX_PROCESS_ID='2'), (),
+     'JAX_PROCESS_ID = 2 is out of range for --num_processes / JAX_NUM_PROCESSES = 2'),
+    (dict(JAX_COORDINATOR_ADDRESS='h:1', JAX_NUM_PROCESSES='two', JAX_PROCESS_ID='0'), (),
+     'JAX_NUM_PROCESSES must be an integer >= 1'),
+    (dict(JAX_NUM_PROCESSES='2', JAX_PROCESS_ID='0'), ('nohost', None, None),
+     'JAX_COORDINATOR_ADDRESS must be host:port'),
+    (dict(SLURM_JOB_ID='7', SLURM_NTASKS='4'), (), 'not an srun step'),
+])
+def test_half_specified_launch_is_an_error_naming_the_variable(env, flags, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    distributed.plan(*flags, environ=env)
+
+
+def test_slurm_one_task_per_node_keeps_every_local_device():
+  env = dict(SLURM_JOB_ID='4242', SLURM_NTASKS='4', SLURM_PROCID='2', SLURM_LOCALID='0',
+             SLURM_STEP_NODELIST='gpu[007-010],gpu12', SLURM_STEP_NUM_NODES='4')
+  p = distributed.plan(environ=env)
+  assert p.how == 'slurm' and 'local_device_ids' not in p.kwargs
+  assert p.kwargs == dict(coordinator_address=f'gpu007:{4242 % 4096 + 61440}',
+                          num_processes=4, process_id=2, cluster_detection_method='deactivate')
+  p = distributed.plan(environ=dict(env, SLURM_STEP_NUM_NODES='1', SLURM_LOCALID='3',
+                                    JAX_COORDINATOR_PORT='1234'))
+  assert p.kwargs['local_device_ids'] == [3] and p.kwargs['coordinator_address'] == 'gpu007:1234'
+
+
+def test_tpu_pod_environment_is_detected():
+  assert distributed.plan(environ=dict(TPU_WORKER_HOSTNAMES='t-0,t-1')).how == 'tpu'
+  assert distributed.plan(environ=dict(MEGASCALE_COORDINATOR_ADDRESS='t-0')).how == 'tpu'
+
+
+# ------------------------------------------------------------------ prepare_once (fast)
+
+
+def _racers(tmp_path, n, work_s, **kw):
+  directory, calls = str(tmp_path / 'prep'), []
+  manifest = os.path.join(directory, 'manifest.json')
+
+  def work():
+    calls.append(1)
+    time.sleep(work_s)
+    os.makedirs(directory)
+    open(manifest, 'w').close()
+
+  results = [None] * n
+  threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+      i, prepare_once.prepare_once(directory, manifest, work, **kw))) for i in range(n)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return results, calls, directory
+
+
+def test_concurrent_callers_prepare_once_and_the_others_wait(tmp_path):
+  results, calls, directory = _racers(tmp_path, 3, 1.0)
+  assert len(calls) == 1 and sorted(results) == [False, False, True]
+  assert not os.path.exists(prepare_once.lock_path(directory))
+
+
+def test_lock_of_a_dead_process_is_taken_over(tmp_path):
+  directory = str(tmp_path / 'prep')
+  dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  with open(prepare_once.lock_path(directory), 'w') as f:
+    json.dump(dict(host=socket.gethostname(), pid=int(dead)), f)
+  manifest = os.path.join(directory, 'manifest.json')
+  assert prepare_once.prepare_once(directory, manifest, lambda: None)
+  # Another host's lock that nobody touches is stale after stale_s.
+  with open(prepare_once.lock_path(directory), 'w') as f:
+    json.dump(dict(host='elsewhere', pid=1), f)
+  assert prepare_once.prepare_once(directory, manifest, lambda: None, stale_s=1.0)
+
+
+def test_waiter_times_out_naming_the_lock_and_its_owner(tmp_path):
+  directory = str(tmp_path / 'prep')
+  with open(prepare_once.lock_path(directory), 'w') as f:
+    json.dump(dict(host=socket.gethostname(), pid=os.getpid()), f)  # Alive: this process.
+  with pytest.raises(TimeoutError, match=rf'Waited 1 s for process {os.getpid()} .*'
+                     r'prep\.lock.*python -m encoder_jax\.prepare'):
+    prepare_once.prepare_once(directory, os.path.join(directory, 'm'), lambda: None,
+                              timeout_s=1.0)
+
+
+def test_failed_preparation_stops_the_waiters(tmp_path):
+  directory = str(tmp_path / 'prep')
+  manifest = os.path.join(directory, 'manifest.json')
+  errors = []
+
+  def failing():
+    time.sleep(1.0)
+    raise ValueError('corpus is empty')
+
+  def call(fn):
+    try:
+      prepare_once.prepare_once(directory, manifest, fn)
+    except (ValueError, RuntimeError) as e:
+      errors.append(e)
+
+  owner = threading.Thread(target=call, args=(failing,))
+  owner.start()
+  time.sleep(0.3)
+  call(lambda: pytest.fail('a waiter must not repeat a failed preparation'))
+  owner.join()
+  assert sorted(type(e).__name__ for e in errors) == ['RuntimeError', 'ValueError']
+  assert 'without writing' in str(next(e for e in errors if isinstance(e, RuntimeError)))
+
+
+# ------------------------------------------------------------------ end to end (slow)
+
+
+def _launch(workdir, prepared_dir, log_path, cache_dir):
+  """The documented local launch: 2 processes x 4 CPU devices, output to ``log_path``."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
+             # The runs of this module compile the same programs: compile them once.
+             JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  for var in ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID'):
+    env.pop(var, None)
+  cmd = [sys.executable, LAUNCHER, '--num_processes=2', '--cpu_devices_per_process=4', '--',
+         sys.executable, '-m', 'encoder_jax.main',
+         f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared_dir}',
+         f'--workdir={workdir}']
+  with open(log_path, 'a') as log:  # Its own session: _stop ends the launcher and its children.
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _stop(proc):
+  if proc.poll() is None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _read(path):
+  with open(path, encoding='utf-8', errors='replace') as f:
+    return f.read()
+
+
+def _finish(proc, log_path, timeout=400):
+  try:
+    proc.wait(timeout=timeout)
+  finally:
+    _stop(proc)
+  assert proc.returncode == 0, _read(log_path)[-6000:]
+  return _read(log_path)
+
+
+def _metric_lines(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def _final_params(workdir, config):
+  mesh = sharding.make_mesh(config.mesh)
+  params, step = checkpointing.restore_params(workdir, train.abstract_state(config, mesh).params)
+  assert step == config.train.num_steps
+  return jax.device_get(params)
+
+
+class _AsProcesses:
+  """One process reading what ``count`` processes read, in process order, concatenated."""
+
+  def __init__(self, make, count):
+    self.iterators = [make(i, count) for i in range(count)]
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    parts = [next(it) for it in self.iterators]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+  def get_state(self):
+    return {'as_processes': [it.get_state() for it in self.iterators]}
+
+  def set_state(self, state):
+    for it, s in zip(self.iterators, state['as_processes']):
+      it.set_state(s)
+
+
+@pytest.fixture(scope='module')
+def two_process_run(tmp_path_factory):
+  """A 2 x 4 run from scratch, preparing its data on the way: (workdir, prepared_dir, log)."""
+  base = tmp_path_factory.mktemp('multihost')
+  workdir, prepared_dir = str(base / 'run'), str(base / 'prepared')
+  log_path, cache = str(base / 'run.log'), str(base / 'jax_cache')
+  start = time.time()
+  log = _finish(_launch(workdir, prepared_dir, log_path, cache), log_path)
+  print(f'2-process run: {time.time() - start:.0f} s')
+  return workdir, prepared_dir, log, cache
+
+
+@pytest.fixture(scope='module')
+def reference_run(two_process_run, tmp_path_factory):
+  """The same config in this process on 8 devices, reading the 2 processes' slices."""
+  _, prepared_dir, _, _ = two_process_run
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
+  patch = pytest.MonkeyPatch()
+  make_train, make_eval = data_lib.make_train_iterator, data_lib.make_eval_iterator
+
+  def train_iterator(c, prepared, process_index, process_count):
+    assert (process_index, process_count) == (0, 1)
+    return _AsProcesses(lambda i, n: make_train(c, prepared, i, n), 2)
+
+  def eval_iterator(c, prepared, seq_len, process_index, process_count):
+    assert (process_index, process_count) == (0, 1)
+    parts = [list(make_eval(c, prepared, seq_len, i, 2)) for i in range(2)]
+    assert len(parts[0]) == len(parts[1])  # Else the 2-process evaluation would hang.
+    return iterators.EvalIterator([{k: np.concatenate([a[k], b[k]]) for k in a}
+                                   for a, b in zip(*parts)])
+
+  patch.setattr(data_lib, 'make_train_iterator', train_iterator)
+  patch.setattr(data_lib, 'make_eval_iterator', eval_iterator)
+  try:
+    train.train_and_evaluate(config, workdir)
+  finally:
+    patch.undo()
+  return workdir, config
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_of_eight_devices(two_process_run, reference_run):
+  workdir, prepared_dir, log, _ = two_process_run
+  ref_workdir, config = reference_run
+  assert 'process 1 of 2, coordinator localhost:' in log
+  assert re.search(r'\[p1\] .*JAX process 1/2, 4 local / 8 global devices', log)
+  got, want = _metric_lines(workdir), _metric_lines(ref_workdir)
+  assert [(r['split'], r['step']) for r in got] == [(r['split'], r['step']) for r in want]
+  for g, w in zip(got, want):
+    for key in METRIC_KEYS:
+      if key in w:
+        np.testing.assert_allclose(g[key], w[key], rtol=RTOL,
+                                   err_msg=f'{g["split"]} step {g["step"]} {key}')
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-7),
+               _final_params(workdir, config), _final_params(ref_workdir, config))
+
+
+@pytest.mark.slow
+def test_written_once_prepared_once_and_disjoint_slices(two_process_run):
+  workdir, prepared_dir, log, _ = two_process_run
+  # One process prepared; the other waited for its manifest.
+  assert len(re.findall(r'^\[p\d\] Prepared ', log, re.M)) == 1, log[-6000:]
+  preparer = re.search(r'^\[p(\d)\] Prepared ', log, re.M).group(1)
+  other = '1' if preparer == '0' else '0'
+  assert re.search(rf'^\[p{other}\] .*Waiting for process \d+ on .* to prepare', log, re.M)
+  assert not os.path.exists(prepare_once.lock_path(prepared_dir))
+  # Checkpoints, metrics, TensorBoard and config: one copy, not one per process.
+  assert sorted(os.listdir(workdir)) == ['checkpoints', 'config.json', 'metrics.jsonl',
+                                         'tensorboard', 'tokenizer']
+  assert sorted(os.listdir(checkpointing.checkpoint_dir(workdir))) == ['12', '4', '8']
+  assert len(os.listdir(os.path.join(workdir, 'tensorboard'))) == 1
+  lines = [(r['split'], r['step']) for r in _metric_lines(workdir)]
+  assert sorted(lines) == sorted(set(lines)) and len(lines) == 12 + 2
+  # Each process saved its own data-iterator state: slice 0 and slice 1 of 2 ...
+  with open(os.path.join(checkpointing.checkpoint_dir(workdir), '12', 'data', 'metadata'),
+            encoding='utf-8') as f:
+    states = json.load(f)['processes']
+  assert [(s['fingerprint']['process_index'], s['fingerprint']['process_count'])
+          for s in states] == [(0, 2), (1, 2)]
+  # ... and those slices are disjoint and cover the corpus.
+  config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
+  prepared = data_lib.load_or_prepare(config)
+  orders = [data_lib.make_train_iterator(config, prepared, i, 2).stream.order(0)
+            for i in range(2)]
+  assert not set(orders[0].tolist()) & set(orders[1].tolist())
+  assert len(orders[0]) + len(orders[1]) == prepared.split('train').num_documents
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_process_then_restart_resumes_exactly(two_process_run, tmp_path):
+  full_workdir, prepared_dir, _, cache = two_process_run
+  workdir, log_path = str(tmp_path / 'killed'), str(tmp_path / 'killed.log')
+  proc = _launch(workdir, prepared_dir, log_path, cache)
+  try:
+    done = os.path.join(checkpointing.checkpoint_dir(workdir), '4', '_CHECKPOINT_METADATA')
+    end = time.time() + 300
+    while not os.path.exists(done):
+      assert proc.poll() is None, _read(log_path)[-6000:]
+      assert time.time() < end, 'no checkpoint 4 after 300 s'
+      time.sleep(0.1)
+    pid = int(re.search(r'process 1 of 2: pid (\d+)', _read(log_path)).group(1))
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == 128 + signal.SIGKILL
+  finally:
+    _stop(proc)
+  log = _read(log_path)
+  assert 'process 1 exited with status 137; killing the others' in log
+  killed_at = max(r['step'] for r in _metric_lines(workdir))
+
+  log = _finish(_launch(workdir, prepared_dir, log_path, cache), log_path)
+  resumed = re.findall(r'\[p(\d)\] .*Resumed from checkpoint step (\d+)', log)
+  assert sorted(p for p, _ in resumed) == ['0', '1'] and len({s for _, s in resumed}) == 1
+  assert 4 <= int(resumed[0][1]) <= killed_at < 12
+  expected = {(r['split'], r['step']): r for r in _metric_lines(full_workdir)}
+  for r in _metric_lines(workdir):  # Steps logged before the kill and again after resume too.
+    for key in METRIC_KEYS:
+      if key in r:
+        assert r[key] == expected[r['split'], r['step']][key], (r['step'], key)
+  config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
+  jax.tree.map(np.testing.assert_array_equal, _final_params(workdir, config),
+               _final_params(full_workdir, config))

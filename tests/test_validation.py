@@ -1,0 +1,160 @@
+"""Config validation: every bad value is refused before any work, naming key and range."""
+
+import glob
+import importlib.util
+import os
+
+import pytest
+
+from encoder_jax import config_base
+from encoder_jax import validation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config():
+  c = config_base.base_config()
+  config_base.shrink_for_local_run(c)
+  return c
+
+
+def _leaves(tree, prefix=''):
+  for k, v in tree.items():
+    if hasattr(v, 'items'):
+      yield from _leaves(v, f'{prefix}{k}.')
+    else:
+      yield f'{prefix}{k}'
+
+
+def test_every_schema_field_has_a_rule():
+  """A field added to config_base without a line in validation.RULES fails here."""
+  ruled = {r.key for r in validation.RULES}
+  assert sorted(set(_leaves(config_base.base_config())) - ruled) == []
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs', 'bert_*.py'))),
+                         ids=os.path.basename)
+def test_shipped_configs_are_valid(path):
+  spec = importlib.util.spec_from_file_location('config_under_test', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  validation.validate(module.get_config())
+  validation.validate(module.get_config('runlocal=True'))
+
+
+BAD = [  # (key, value, what the message must say after 'config.<key>=<value>: expected')
+    ('optim.learning_rate', -1.0, 'a number > 0'),
+    ('optim.learning_rate', 0.0, 'a number > 0'),
+    ('optim.learning_rate', float('nan'), 'a number > 0'),
+    ('model.hidden_dropout_rate', 1.5, r'a number in \[0, 1\)'),
+    ('model.attention_dropout_rate', -0.1, r'a number in \[0, 1\)'),
+    ('train.log_every_steps', 0, 'an integer >= 1'),
+    ('train.batch_size', 0, 'an integer >= 1'),
+    ('train.num_steps', 0, 'an integer >= 1'),
+    ('train.num_steps', -5, 'an integer >= 1'),
+    ('optim.warmup_steps', -1, 'an integer >= 0'),
+    ('optim.eps', 0.0, 'a number > 0'),
+    ('optim.b1', 1.0, r'a number in \[0, 1\)'),
+    ('optim.b2', -0.5, r'a number in \[0, 1\)'),
+    ('optim.weight_decay', -0.01, 'a number >= 0'),
+    ('optim.grad_clip_norm', -1.0, 'a number >= 0'),
+    ('optim.name', 'sgd', "one of 'adamw', 'lamb'"),
+    ('objective.mask_rate', 0.0, r'a number in \(0, 1\)'),
+    ('objective.mask_rate', 1.0, r'a number in \(0, 1\)'),
+    ('objective.mask_token_rate', 1.2, r'a number in \[0, 1\]'),
+    ('objective.random_token_distribution', 'zipf', "one of 'uniform', 'unigram'"),
+    ('objective.names', ('mlm', 'electra'),
+     r"a non-empty tuple, each an objective name, one of \['mlm'"),
+    ('train.seq_lens', (64, 4), 'a non-empty tuple, each an integer >= 8'),
+    ('train.max_predictions', (0, 20), 'a non-empty tuple, each an integer >= 1'),
+    ('train.phase_fractions', (1.5, -0.5), r'a non-empty tuple, each a number in \[0, 1\]'),
+    ('train.eval_every_steps', -1, 'an integer >= 0'),
+    ('train.nonfinite_policy', 'ignore', "one of 'stop', 'skip'"),
+    ('train.dropout_rng_impl', 'philox', "one of 'rbg', 'threefry'"),
+    ('checkpoint.every_steps', 0, 'an integer >= 1'),
+    ('checkpoint.keep', 0, 'an integer >= 1'),
+    ('mesh.data', 0, 'an integer >= 1, or -1'),
+    ('model.num_heads', 0, 'an integer >= 1'),
+    ('model.layer_norm_eps', 0.0, 'a number > 0'),
+    ('model.dtype', 'float16', "one of 'float32', 'bfloat16'"),
+    ('model.attention_kind', 'flash', r"an attention kind, one of \['dot_product'"),
+    ('data.held_out_fraction', 1.0, r'a number in \[0, 1\)'),
+    ('data.mixing_alpha', 0.0, 'a number > 0'),
+    ('data.pair_kind', 'triples', r"an example builder, one of \['doc_sentences'"),
+    ('data.short_seq_prob', 2.0, r'a number in \[0, 1\]'),
+    ('data.shuffle_pool_examples', 0, 'an integer >= 1'),
+    ('data.sources', '', 'a non-empty string'),
+    ('tokenizer.character_coverage', 0.0, r'a number in \(0, 1\]'),
+    ('tokenizer.kind', 'bpe', r"a tokenizer kind, one of \['bytelevel_bpe'"),
+    ('model.kind', 'gpt', r"a model kind, one of \['albert', 'bert'"),
+    ('model.activation', 'swish', "one of 'gelu', 'gelu_new', 'relu'"),
+    ('model.share_layers', 'some', "one of 'none', 'all', 'attention', 'ffn'"),
+    ('model.embedding_size', -1, 'an integer >= 0'),
+    ('objective.max_ngram', 0, 'an integer >= 1'),
+    ('train.seq_lens', (), 'a non-empty tuple'),
+]
+
+
+@pytest.mark.parametrize('key,value,expected', BAD, ids=[f'{k}={v}' for k, v, _ in BAD])
+def test_bad_value_is_named_with_its_range(key, value, expected):
+  c = _config()
+  section, _, name = key.rpartition('.')
+  (c[section] if section else c)[name] = value
+  with pytest.raises(validation.ConfigError,
+                     match=rf'config\.{key}=.*: expected {expected}') as e:
+    validation.validate(c)
+  assert 'invalid value:' in str(e.value)  # Exactly one problem: nothing else blamed.
+
+
+CROSS = [  # Values fine one by one, wrong together.
+    ({'optim.warmup_steps': 400}, r'config.optim.warmup_steps=400: expected <= '
+                                  r'train.num_steps=300'),
+    ({'train.batch_size': 30, 'train.grad_accum_steps': 4},
+     'batch_size=30: expected a multiple of train.grad_accum_steps=4'),
+    ({'model.num_heads': 3}, 'hidden_size=128: expected a multiple of model.num_heads=3'),
+    ({'train.seq_lens': (64, 256)}, r'seq_lens=\(64, 256\): expected each <= '
+                                    r'model.max_position_embeddings - position_offset = 128'),
+    ({'train.max_predictions': (10, 200)}, r"expected each <= its phase's seq_len"),
+    ({'train.phase_fractions': (0.5, 0.2)}, 'expected fractions summing to 1'),
+    ({'train.seq_lens': (64,)}, 'expected one entry per phase'),
+    ({'objective.mask_token_rate': 0.8, 'objective.random_token_rate': 0.3},
+     'mask_token_rate=0.8 \\+ random_token_rate=0.3: expected a sum <= 1'),
+    ({'data.pair_kind': 'full_sentences'}, "has 'nsp', which needs sentence pairs"),
+    ({'model.type_vocab_size': 1}, 'type_vocab_size=1: expected >= 2'),
+    ({'train.eval_batches': 0}, 'eval_batches=0: expected >= 1 while'),
+    ({'mesh.data': -1, 'mesh.fsdp': -1}, 'expected at most one axis of -1'),
+    ({'data.sources': 'csv:/x.csv'}, "config.data.sources: 'csv:/x.csv': unknown source kind"),
+    ({'model.position_offset': 128}, 'position_offset=128: expected < '),
+]
+
+
+@pytest.mark.parametrize('changes,expected', CROSS, ids=[str(c) for c, _ in CROSS])
+def test_values_wrong_together_are_named(changes, expected):
+  c = _config()
+  for key, value in changes.items():
+    section, _, name = key.rpartition('.')
+    if name in c[section]:
+      c[section][name] = value
+  if not all(k.rpartition('.')[2] in c[k.rpartition('.')[0]] for k in changes):
+    pytest.skip(f'{changes} names a field this schema does not have yet')
+  with pytest.raises(validation.ConfigError, match=expected):
+    validation.validate(c)
+
+
+def test_every_problem_is_listed_at_once_and_disabled_eval_needs_no_batches():
+  c = _config()
+  c.optim.learning_rate = -1.0
+  c.train.batch_size = 0
+  c.model.hidden_dropout_rate = 1.5
+  with pytest.raises(validation.ConfigError, match='3 invalid values') as e:
+    validation.validate(c)
+  assert str(e.value).count('\n  config.') == 3
+  c = _config()
+  c.train.update(eval_every_steps=0, eval_batches=0)
+  validation.validate(c)
+
+
+def test_rules_skip_keys_a_config_does_not_have():
+  c = _config()
+  del c.model['remat']  # An older schema.
+  assert validation.problems(c) == []
