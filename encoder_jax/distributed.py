@@ -158,5 +158,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     # Cross-process collectives of the CPU backend (several CPU processes, e.g. the local
     # launcher); gloo is JAX's default today, set explicitly so it cannot silently be none.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(**chosen.kwargs)
+  try:
+    jax.distributed.initialize(**chosen.kwargs)
+  except (ValueError, RuntimeError) as e:
+    raise RuntimeError(
+        f'Starting the multi-process run as {chosen.description} failed: {e}. On a TPU VM, '
+        'install .[tpu]; to run a single process instead, set JAX_NUM_PROCESSES=1.') from e
   return chosen

@@ -5,7 +5,10 @@ r"""Pretrains a BERT-family encoder.
       --config.train.batch_size=512
 
 Configs are locked: overriding a key that does not exist (a typo) is an error. Starting
-on a workdir that holds checkpoints resumes from the newest restorable one.
+on a workdir that holds checkpoints resumes from the newest restorable one. Every process of
+a multi-host run runs the same command; how it joins the others (TPU VM, SLURM, or explicit
+--coordinator_address / --num_processes / --process_id) is ``encoder_jax.distributed``'s
+business, see launch/README.md.
 """
 
 from __future__ import annotations

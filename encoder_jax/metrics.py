@@ -1,4 +1,4 @@
-"""Training metrics: model FLOPs and MFU, and a writer for TensorBoard, JSONL and the console.
+"""Training metrics: peak FLOP/s for MFU (model FLOPs come from the objective), and a writer for TensorBoard, JSONL and the console.
 
 ``metrics.jsonl`` holds each (step, split) once. A run resumed from step S redoes the steps
 after S that the killed run had already logged; the writer, told S, moves those lines to
@@ -37,23 +37,6 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
     if name.lower() in kind.lower():
       return PEAK_TFLOPS[name]
   return 0.0
-
-
-def train_flops_per_sequence(model_config, seq_len: int, max_predictions: int) -> float:
-  """Training FLOPs (forward + backward) for one sequence.
-
-  Encoder: ``6*L*(4*d^2 + 2*d*d_ff) + 12*L*s*d`` per token; MLM head (d x d transform and
-  d x V decoder) only at the ``max_predictions`` predicted positions; pooler and pair head.
-  """
-  L, d, f, v = (model_config.num_layers, model_config.hidden_size,
-                model_config.intermediate_size, model_config.vocab_size)
-  per_token = 6 * L * (4 * d * d + 2 * d * f) + 12 * L * seq_len * d
-  head = 6 * max_predictions * (d * d + d * v) + 6 * (d * d + 2 * d)
-  return float(per_token * seq_len + head)
-
-
-METRICS_FILE = 'metrics.jsonl'
-SUPERSEDED_FILE = 'metrics_superseded.jsonl'
 
 
 class MetricWriter:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run encoder_jax on every worker of an existing TPU VM / pod slice.
 #   launch/tpu_vm.sh TPU_NAME ZONE gs://bucket/workdir configs/bert_base.py [--config.x=y ...]
+# Each worker finds the others through the TPU metadata (encoder_jax.distributed); see
+# launch/README.md.
 set -euo pipefail
 TPU_NAME=$1; ZONE=$2; WORKDIR=$3; CONFIG=$4; shift 4
 REPO_URL=${REPO_URL:?set REPO_URL to this repository\'s git URL}

@@ -16,7 +16,8 @@ from encoder_jax import sharding
 from encoder_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRETRAIN_CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, 'configs', 'bert_*.py')))
+PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert')
+                          for p in glob.glob(os.path.join(ROOT, 'configs', f'{kind}_*.py')))
 
 
 def _load(path, arg=None):
@@ -43,12 +44,16 @@ def test_config_builds_under_eval_shape(path, arg):
   assert schedule.phases(c.train)[-1].end_step == c.train.num_steps
 
 
-@pytest.mark.parametrize('name', ['bert_base.py', 'bert_large.py'])
+@pytest.mark.parametrize('name', ['bert_base.py', 'bert_large.py', 'roberta_base.py',
+                                  'albert_base.py'])
 def test_runlocal_variant_prepares_the_embedded_corpus(name, tmp_path):
   c = _load(os.path.join(ROOT, 'configs', name), 'runlocal=True')
   c.data.prepared_dir = str(tmp_path / 'prepared')
   prepared = data_lib.load_or_prepare(c)
   assert prepared.tokenizer.vocab_size == c.model.vocab_size
+  assert prepared.tokenizer.kind == c.tokenizer.kind
+  if c.model.position_offset:  # RoBERTa: positions are numbered from the pad id + 1.
+    assert prepared.tokenizer.pad_id == c.model.position_offset - 1
   assert c.model.dtype == 'float32'  # bf16 is for accelerators; runlocal is for CPUs.
 
 
@@ -61,6 +66,33 @@ def test_bert_base_is_the_papers_recipe():
       (128, 20, 900_000), (512, 80, 100_000)]
   assert (c.optim.learning_rate, c.optim.warmup_steps, c.optim.eps) == (1e-4, 10_000, 1e-6)
   assert c.model.dtype == 'bfloat16' and c.objective.names == ('mlm', 'nsp')
+
+
+def test_roberta_base_is_the_papers_recipe():
+  c = _load(os.path.join(ROOT, 'configs', 'roberta_base.py'))
+  assert (c.model.kind, c.model.vocab_size, c.model.max_position_embeddings,
+          c.model.position_offset, c.model.type_vocab_size, c.model.layer_norm_eps) == (
+              'roberta', 50265, 514, 2, 1, 1e-5)
+  assert c.tokenizer.kind == 'bytelevel_bpe' and c.objective.names == ('mlm',)
+  assert c.data.pair_kind == 'full_sentences'
+  assert (c.train.batch_size, c.train.num_steps) == (8192, 500_000)
+  assert [(p.seq_len, p.end_step - p.start_step) for p in schedule.phases(c.train)] == [
+      (512, 500_000)]
+  o = c.optim
+  assert (o.name, o.learning_rate, o.warmup_steps, o.b1, o.b2, o.eps, o.weight_decay) == (
+      'adamw', 6e-4, 24_000, 0.9, 0.98, 1e-6, 0.01)
+
+
+def test_albert_base_is_the_papers_recipe():
+  c = _load(os.path.join(ROOT, 'configs', 'albert_base.py'))
+  m = c.model
+  assert (m.kind, m.vocab_size, m.embedding_size, m.hidden_size, m.num_layers,
+          m.share_layers, m.activation, m.hidden_dropout_rate, m.attention_dropout_rate) == (
+              'albert', 30000, 128, 768, 12, 'all', 'gelu_new', 0.0, 0.0)
+  assert c.objective.names == ('mlm', 'sop') and c.data.pair_kind == 'sop'
+  assert c.objective.max_ngram == 3 and c.objective.whole_word_masking
+  assert (c.train.batch_size, c.train.num_steps, c.train.seq_lens) == (4096, 125_000, (512,))
+  assert (c.optim.name, c.optim.learning_rate) == ('lamb', 0.00176)
 
 
 def test_unknown_config_argument_is_rejected():

@@ -258,8 +258,15 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | 
   step = checkpointing.resolve_step(workdir, step)
   mesh = mesh or local_mesh(config)
   abstract = abstract_params(config, mesh)
-  check_shapes(config, workdir, step, abstract)
-  params, step = checkpointing.restore_params(workdir, abstract, step)
+  targets = (logging.get_absl_logger(), std_logging.getLogger())
+  for target in targets:  # Orbax notes that the optimizer state was left out, on purpose.
+    target.addFilter(_not_orbax_chatter)
+  try:
+    check_shapes(config, workdir, step, abstract)
+    params, step = checkpointing.restore_params(workdir, abstract, step)
+  finally:
+    for target in targets:
+      target.removeFilter(_not_orbax_chatter)
   return params, step, mesh
 
 

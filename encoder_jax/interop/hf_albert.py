@@ -88,6 +88,13 @@ REQUIRED_HF_VALUES = {'num_hidden_groups': 1, 'inner_group_num': 1,
 
 
 def _check_exportable(c) -> None:
+  if c.embedding_width == c.hidden_size:
+    # HF's AlbertTransformer applies embedding_hidden_mapping_in whatever the widths; ours
+    # (as the original ALBERT code) projects only when they differ.
+    raise ValueError(f'config.model.embedding_size={c.embedding_size} gives embeddings as wide as '
+                     f'hidden_size={c.hidden_size}: Hugging Face ALBERT would still apply its '
+                     'embedding_hidden_mapping_in projection, which our ALBERT does not have; '
+                     'expected embedding_size != hidden_size (ALBERT: 128)')
   if c.share_layers != 'all':
     raise ValueError(f"config.model.share_layers={c.share_layers!r} has no Hugging Face ALBERT "
                      "equivalent; expected 'all' (one layer group shared by every layer)")

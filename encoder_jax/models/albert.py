@@ -7,7 +7,8 @@ that block, as the paper's ablation); the MLM head maps hidden -> E before the t
 E x vocab decoder; the pair head is SOP (sentence order) on the tanh pooler. The released
 models use the tanh GELU approximation (``activation='gelu_new'``). With those settings
 the base model has the parameter count of Hugging Face's ``AlbertForPreTraining``
-(11,683,584 at vocabulary 30,000).
+(11,813,810 at vocabulary 30,000; the bare ``AlbertModel`` has 11,683,584), pinned by
+``tests/models/test_models.py``.
 """
 
 from __future__ import annotations

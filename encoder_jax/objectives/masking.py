@@ -52,6 +52,10 @@ class MaskingRecipe:
   # ALBERT n-gram masking: spans of 1..max_ngram units with p(n) ∝ 1/n; 1 = off. Units are
   # whole words under whole_word_masking (ALBERT's default), single pieces otherwise.
   max_ngram: int = 1
+  # SpanBERT span masking (``span_masking``): span lengths in units ~ Geometric(span_p)
+  # truncated at max_span_length, 80/10/10 decided per span; 0 = off (SpanBERT: 0.2, 10).
+  span_p: float = 0.0
+  max_span_length: int = 10
 
   def __post_init__(self):
     if not 0.0 < self.mask_rate < 1.0:
@@ -66,6 +70,16 @@ class MaskingRecipe:
     if not isinstance(self.max_ngram, (int, np.integer)) or self.max_ngram < 1:
       raise ValueError(f'config.objective.max_ngram={self.max_ngram!r}; expected an integer >= 1 '
                        '(1 = no n-gram masking, ALBERT uses 3)')
+    if not 0.0 <= self.span_p < 1.0:
+      raise ValueError(f'config.objective.span_p={self.span_p}; expected in [0, 1) (0 = no span '
+                       'masking, SpanBERT uses 0.2)')
+    if not isinstance(self.max_span_length, (int, np.integer)) or self.max_span_length < 1:
+      raise ValueError(f'config.objective.max_span_length={self.max_span_length!r}; expected an '
+                       'integer >= 1 (SpanBERT uses 10)')
+    if self.span_p > 0 and self.max_ngram > 1:
+      raise ValueError(f'config.objective.span_p={self.span_p} (SpanBERT spans) and max_ngram='
+                       f'{self.max_ngram} (ALBERT n-grams) select spans two ways; set one of '
+                       'them off (span_p=0 or max_ngram=1)')
 
 
 def _replacement_sampler(tables: VocabTables, distribution: str):
@@ -109,6 +123,7 @@ def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Ar
   Returns ``masked_input_ids`` [B, L], ``masked_positions``/``masked_labels`` int32 [B, P]
   and ``masked_weights`` float32 [B, P] (1 for a real prediction).
   """
+  input_ids_BxL, input_mask_BxL = jnp.asarray(input_ids_BxL), jnp.asarray(input_mask_BxL)
   b, l = input_ids_BxL.shape
   p = max_predictions
   k_select, k_kind, k_random = jax.random.split(rng, 3)

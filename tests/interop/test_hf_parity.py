@@ -294,6 +294,20 @@ def test_configs_we_cannot_compute_are_refused(tmp_path, kind, fields, expected)
     hf.load_hf(str(tmp_path))
 
 
+def test_albert_without_a_factorized_embedding_is_refused(tmp_path):
+  """HF ALBERT projects E -> hidden even when E == hidden; ours (as the ALBERT code) does
+  not, so such a checkpoint neither imports nor exports."""
+  shape = dict(_model_shape(SHAPES[2]), embedding_size=SHAPES[2]['hidden_size'])
+  hf_fixtures.random_hf_model(transformers.AlbertForPreTraining, **shape).save_pretrained(
+      tmp_path)
+  expected = 'embedding_size=14 gives embeddings as wide as hidden_size=14'
+  with pytest.raises(ValueError, match=expected):
+    hf.load_hf(str(tmp_path))
+  config = _our_config('albert', SHAPES[2]).replace(embedding_size=0)
+  with pytest.raises(ValueError, match='embedding_size=0 gives embeddings as wide'):
+    hf.save_hf(str(tmp_path / 'out'), config, hf.init_params(config))
+
+
 def test_export_refuses_what_the_hf_architecture_cannot_represent(tmp_path):
   out = tmp_path / 'out'
   albert = _our_config('albert', SHAPES[2])

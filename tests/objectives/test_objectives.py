@@ -1,0 +1,109 @@
+"""The objective registry over every model kind: setups build, compose on one pass, count FLOPs."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from encoder_jax import config_base
+from encoder_jax import objectives
+from encoder_jax import schedule
+from encoder_jax.models import bert
+from encoder_jax.models import registry as models
+from encoder_jax.objectives import masking
+
+TINY = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
+            max_position_embeddings=20)
+KIND_FIELDS = {
+    'bert': {},
+    'roberta': dict(kind='roberta', position_offset=2, type_vocab_size=1, layer_norm_eps=1e-5),
+    'albert': dict(kind='albert', embedding_size=8, share_layers='all', activation='gelu_new'),
+}
+PAIR = {'bert': ('nsp', 'nsp'), 'albert': ('sop', 'sop'), 'roberta': (None, 'full_sentences')}
+
+
+def _config(kind):
+  c = config_base.base_config()
+  c.model.update(**TINY, **KIND_FIELDS[kind])
+  head, pair_kind = PAIR[kind]
+  c.objective.names = ('mlm', head) if head else ('mlm',)
+  c.data.pair_kind = pair_kind
+  c.train.update(seq_lens=(12,), max_predictions=(3,), phase_fractions=(1.0,))
+  return c
+
+
+def _tables(v=50):
+  special = np.zeros(v, bool)
+  special[:5] = True
+  return masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
+
+
+def _batch(b=4, l=12, v=50):
+  rng = np.random.RandomState(0)
+  ids = rng.randint(5, v, (b, l)).astype(np.int32)
+  ids[:, 0] = 2
+  mask = np.ones((b, l), np.int32)
+  mask[1, 8:] = 0
+  return dict(input_ids=ids * mask, segment_ids=np.zeros_like(ids), input_mask=mask,
+              pair_labels=np.array([0, 1, 0, 1], np.int32))
+
+
+def test_every_kind_has_a_test_config():
+  assert set(KIND_FIELDS) <= set(models.KINDS)
+
+
+@pytest.mark.parametrize('kind', sorted(KIND_FIELDS))
+def test_setup_initialises_and_runs_the_network_once(kind):
+  c = _config(kind)
+  setup = objectives.build(c, _tables())
+  params = nn.unbox(setup.init(jax.random.key(0)))
+  phase = schedule.phases(c.train)[0]
+  calls = []
+
+  def count(next_fun, args, kwargs, context):
+    if context.method_name == '__call__' and isinstance(context.module, bert.PreTraining):
+      calls.append(type(context.module).__name__)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(count):
+    loss, metrics = setup.loss_fn(params, _batch(), jax.random.key(1), phase, True)
+  assert calls == ['PreTraining'], calls  # MLM + NSP/SOP share one encoder pass.
+  assert np.isfinite(float(loss))
+  assert float(metrics['mlm_predictions']) > 0
+  assert ('pair_loss' in metrics) == (PAIR[kind][0] is not None)
+  network, downstream = setup.downstream(params)
+  assert network.config.kind == kind and downstream is params
+
+
+def test_a_pair_objective_needs_a_kind_with_a_pair_head():
+  c = _config('roberta')
+  c.objective.names, c.data.pair_kind = ('mlm', 'nsp'), 'nsp'
+  with pytest.raises(ValueError, match="kind='roberta' has no pair head"):
+    objectives.build(c)
+
+
+def test_unknown_kind_lists_the_valid_ones():
+  c = _config('bert')
+  c.model.kind = 'bart'
+  with pytest.raises(ValueError, match="model.kind='bart'.*albert.*bert.*roberta"):
+    objectives.build(c)
+
+
+def test_flops_follow_the_documented_formula():
+  """BERT-base at 128 tokens / 20 predictions: encoder at every position, heads as used."""
+  c = config_base.base_config()
+  c.train.update(seq_lens=(128,), max_predictions=(20,), phase_fractions=(1.0,))
+  setup = objectives.build(c)
+  L, d, f, v, s, p = 12, 768, 3072, 30522, 128, 20
+  expected = ((6 * L * (4 * d * d + 2 * d * f) + 12 * L * s * d) * s
+              + 6 * p * (d * d + d * v) + 6 * (d * d + 2 * d))
+  assert setup.flops_per_sequence(schedule.phases(c.train)[0]) == expected
+
+
+def test_mlm_without_tables_describes_but_cannot_corrupt():
+  c = _config('bert')
+  setup = objectives.build(c)  # No tokenizer: loading a checkpoint needs only the shapes.
+  params = nn.unbox(setup.init(jax.random.key(0)))
+  with pytest.raises(ValueError, match='without vocabulary tables'):
+    setup.loss_fn(params, _batch(), jax.random.key(1), schedule.phases(c.train)[0], False)
