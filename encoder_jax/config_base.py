@@ -22,7 +22,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   # ---- model: fields of models.config.EncoderConfig (BERT-base defaults). ----
   c.model = ml_collections.ConfigDict(dict(
-      kind='bert',  # Name in models.registry.KINDS: 'bert', 'roberta', 'albert'.
+      kind='bert',  # Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ...
       vocab_size=30522,  # Also the size of the tokenizer trained by prepare; checked at start-up.
       hidden_size=768,  # d_model.
       num_layers=12,
@@ -41,17 +41,41 @@ def base_config() -> ml_collections.ConfigDict:
       embedding_size=0,  # Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).
       share_layers='none',  # Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'.
       position_offset=0,  # First position id (RoBERTa: padding id + 1 = 2).
+      # XLNet: Transformer-XL memory of mem_len cached states per layer, carried across steps
+      # in the training state (0 = none); relative distances clipped to +-clamp_len (-1 = no).
+      mem_len=0,
+      clamp_len=-1,
+      # DeBERTa only (kinds 'deberta', 'deberta_v2'; attention_kind='disentangled'):
+      position_biased_input=True,  # Absolute positions in the input (DeBERTa: False, EMD).
+      max_relative_positions=-1,  # Relative span k (distances clipped at k); < 1 = max_position_embeddings.
+      position_buckets=0,  # deberta_v2: log buckets of relative positions (v2/v3: 256); 0 = off.
+      share_att_key=False,  # deberta_v2: position keys/queries use the content projections.
+      norm_rel_ebd=False,  # deberta_v2: LayerNorm on the relative-position embeddings.
+      pos_att_type='c2p|p2c',  # Disentangled terms beside c2c: 'c2p|p2c', 'c2p', 'p2c' or ''.
+      emd_layers=0,  # Enhanced mask decoder: layers sharing the last layer's weights (2); 0 = off.
   ))
 
   # ---- objective: names in objectives.REGISTRY, summed; masking recipe. ----
   c.objective = ml_collections.ConfigDict(dict(
-      names=('mlm', 'nsp'),  # Losses to add up; 'nsp'/'sop' need matching data.pair_kind.
+      # Losses to add up; 'nsp'/'sop' need matching data.pair_kind; 'sbo' (SpanBERT's span
+      # boundary objective) needs 'mlm'; 'electra' (generator + discriminator) stands alone.
+      names=('mlm', 'nsp'),
       mask_rate=0.15,  # Fraction of maskable tokens per sequence selected for prediction.
       mask_token_rate=0.8,  # Of the selected: replaced by [MASK].
       random_token_rate=0.1,  # Of the selected: replaced by a random token (rest unchanged).
       random_token_distribution='uniform',  # 'uniform' over the vocabulary or 'unigram' counts.
       whole_word_masking=False,  # Select whole words (all their pieces) instead of pieces.
       max_ngram=1,  # ALBERT n-gram masking: spans of 1..max_ngram words, p(n) ~ 1/n; 1 = off.
+      # SpanBERT span masking: span lengths (words) ~ Geometric(span_p) truncated at
+      # max_span_length, 80/10/10 decided per span; 0 = off (SpanBERT: 0.2 and 10).
+      span_p=0.0,
+      max_span_length=10,
+      # ELECTRA ('electra' objective, model.kind='electra'): the generator's hidden size and
+      # depth as fractions of the discriminator's (small/large: 1/4, base: 1/3; layers 1.0),
+      # and the weight of the replaced-token-detection loss (loss = MLM_gen + rtd_weight * RTD).
+      generator_hidden_fraction=0.25,
+      generator_layers_fraction=1.0,
+      rtd_weight=50.0,
   ))
 
   # ---- data and tokenizer: owned by encoder_jax.data. ----

@@ -112,4 +112,5 @@ if __name__ == '__main__':
   flags.DEFINE_string('out', None, 'workdir_to_hf: the Hugging Face directory to write.')
   flags.DEFINE_string('tokenizer', None, 'pin_tokenizer: the tokenizer.model (SentencePiece) '
                       'or vocab.txt (WordPiece) the run trained with.')
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

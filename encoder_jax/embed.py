@@ -11,6 +11,13 @@ and are reported with their line numbers on stderr (drop them from the input if 
 sentences longer than ``--max_len`` tokens (with [CLS]/[SEP]) are truncated to it and
 reported likewise.
 
+``--max_len`` and ``--pooling`` default to the model's own: a sentence-transformers model
+(an HF directory with ``sentence_bert_config.json``, or a workdir imported from one, which
+keeps those settings in ``sentence_transformers.json``) is embedded as
+sentence-transformers does, cut at its ``max_seq_length`` (256 for all-MiniLM-L6-v2) with
+its pooling (mean or cls); any other model is cut at its position limit
+(``Loaded.max_length``) and mean-pooled.
+
   python -m encoder_jax.embed --workdir=DIR [--config=...] [--step=N] \
       --input=sentences.txt --output=emb.npy [--pooling=mean|cls] [--normalize=true]
   python -m encoder_jax.embed --hf_dir=HF_BERT_DIR --input=... --output=...
@@ -135,14 +142,45 @@ def embed_rows(params, config: model_config_lib.EncoderConfig, rows: Sequence[Se
 def embed_sentences(params, config: model_config_lib.EncoderConfig, tokenizer,
                     sentences: Sequence[str], *,
                     pooling: str = 'mean', normalize: bool = True, batch_size: int = 32,
-                    max_len: int = 128) -> np.ndarray:
+                    max_len: int | None = None) -> np.ndarray:
   """float32 [len(sentences), hidden] embeddings, in input order; one row per sentence.
 
-  Blank sentences and truncation are not reported here: see :func:`encode_sentences`.
+  ``max_len`` (tokens with [CLS]/[SEP]) defaults to the model's position limit; a
+  sentence-transformers model's own limit is ``Loaded.default_max_len`` (``Loaded.embed``
+  and the command line use it). Blank sentences and truncation are not reported here: see
+  :func:`encode_sentences`.
   """
-  encoded = encode_sentences(tokenizer, sentences, min(max_len, config.max_length))
+  encoded = encode_sentences(tokenizer, sentences, min(max_len or config.max_length,
+                                                       config.max_length))
   return embed_rows(params, config, encoded.rows, tokenizer.pad_id, pooling=pooling,
                     normalize=normalize, batch_size=batch_size)
+
+
+def defaults_from_model(loaded) -> tuple[int, str, list[str]]:
+  """(max_len, pooling, notes): the defaults ``loaded`` implies, and what they came from.
+
+  A sentence-transformers model's ``max_seq_length`` and pooling (``loaded.sentence_settings``),
+  else the model's position limit and mean pooling; notes say which, and warn about a
+  pooling this tool does not compute.
+  """
+  settings = loaded.sentence_settings or {}
+  files = ', '.join(settings.get('files', [])) or 'sentence-transformers settings'
+  notes = []
+  if settings.get('max_seq_length'):
+    why = f'max_seq_length of {files}'
+    if settings['max_seq_length'] > loaded.max_length:
+      why += f', capped at the model\'s {loaded.max_length} positions'
+  else:
+    why = 'the model\'s position limit'
+  pooling = loaded.default_pooling
+  theirs = settings.get('pooling')
+  if theirs and theirs != pooling:
+    notes.append(f'Warning: {loaded.source} is pooled with {theirs!r} by sentence-transformers '
+                 f'({files}), which this tool does not compute; using {pooling!r} pooling, '
+                 'so the embeddings differ from sentence-transformers\'.')
+  notes.insert(0, f'max_len {loaded.default_max_len} ({why}), {pooling} pooling'
+               + (f' ({files})' if theirs == pooling else ''))
+  return loaded.default_max_len, pooling, notes
 
 
 def main(argv):
@@ -151,25 +189,34 @@ def main(argv):
   from encoder_jax.interop import checkpoint_io  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   checkpoint_io.quiet_logging()
-  if f.max_len < 3:
+  if f.max_len is not None and f.max_len < 3:
     raise ValueError(f'--max_len={f.max_len}; expected >= 3 ([CLS], a token, [SEP])')
   loaded = checkpoint_io.load_from_flags(f)
   with open(f.input, encoding='utf-8') as fh:
     sentences = [line.rstrip('\r\n') for line in fh]
-  max_len = min(f.max_len, loaded.max_length)
-  if max_len < f.max_len:
-    print(f'Note: --max_len={f.max_len} is more than the model takes; using {max_len}.',
-          file=sys.stderr)
+  default_max_len, default_pooling, notes = defaults_from_model(loaded)
+  pooling = f.pooling or default_pooling
+  if f.max_len is None:
+    max_len = default_max_len
+  else:
+    max_len = min(f.max_len, loaded.max_length)
+    if max_len < f.max_len:
+      print(f'Note: --max_len={f.max_len} is more than the model takes; using {max_len}.',
+            file=sys.stderr)
+  for note in notes[1:] if f.pooling is None else []:
+    print(note, file=sys.stderr)
   encoded = encode_sentences(loaded.tokenizer, sentences, max_len)
   for warning in encoded.warnings():
     print(f'Warning: {f.input}: {warning}', file=sys.stderr)
   emb = embed_rows(loaded.encoder_params, loaded.model_config, encoded.rows,
                    loaded.tokenizer.pad_id,
-                   pooling=f.pooling, normalize=f.normalize, batch_size=f.batch_size)
+                   pooling=pooling, normalize=f.normalize, batch_size=f.batch_size)
   np.save(f.output, emb)
-  notes = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']
-  print(f'Embedded {len(sentences)} lines from {f.input} ({", ".join(notes)}) with {f.pooling} '
-        f'pooling ({"L2-normalised" if f.normalize else "not normalised"}) using '
+  counts = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']
+  used = (notes[0] if f.max_len is None and f.pooling is None else
+          f'max_len {max_len}, {pooling} pooling')
+  print(f'Embedded {len(sentences)} lines from {f.input} ({", ".join(counts)}; {used}; '
+        f'{"L2-normalised" if f.normalize else "not normalised"}) using '
         f'{loaded.source}: {f.output} float32 {emb.shape}')
 
 
@@ -180,13 +227,17 @@ def _define_flags():
   flags.DEFINE_string('input', None, 'Text file, one sentence per line.', required=True)
   flags.DEFINE_string('output', None, 'Where to write the float32 [N, hidden] .npy.',
                       required=True)
-  flags.DEFINE_enum('pooling', 'mean', list(POOLINGS), 'Mean of the token states, or [CLS].')
+  flags.DEFINE_enum('pooling', None, list(POOLINGS), 'Mean of the token states, or [CLS] '
+                    "(default: the model's sentence-transformers pooling, else mean).")
   flags.DEFINE_bool('normalize', True, 'L2-normalise each embedding.')
   flags.DEFINE_integer('batch_size', 32, 'Sentences per forward pass.')
-  flags.DEFINE_integer('max_len', 128, 'Tokens per sentence incl. [CLS]/[SEP] (truncation).')
+  flags.DEFINE_integer('max_len', None, 'Tokens per sentence incl. [CLS]/[SEP] (truncation; '
+                       "default: the model's sentence-transformers max_seq_length, else its "
+                       'position limit).')
 
 
 if __name__ == '__main__':
   from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

@@ -172,4 +172,5 @@ if __name__ == '__main__':
   flags.DEFINE_integer('eval_batches', None, 'Held-out batches to evaluate (default: '
                        'config.train.eval_batches).')
   flags.DEFINE_string('output', None, 'JSON path (default: <workdir>/eval_<step>.json).')
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

@@ -5,12 +5,16 @@ r"""Fill-mask: the top-k predictions, with probabilities, for each [MASK] in a t
   python -m encoder_jax.fill_mask --hf_dir=HF_BERT_DIR --text="..."
 
 The text is split at the literal ``[MASK]``; the pieces between are tokenized as usual
-and one mask token goes where each ``[MASK]`` was.
+and one mask token goes where each ``[MASK]`` was. A model whose MLM head is the random one
+an import initialised (an HF base model such as ``BertModel``, or a workdir imported from
+one and not pretrained since: its ``import_report.json``) is used, with a warning on stderr
+that the predictions are random.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -91,11 +95,10 @@ def main(argv):
   f = flags.FLAGS
   checkpoint_io.quiet_logging()
   loaded = checkpoint_io.load_from_flags(f)
-  if loaded.report is not None and 'mlm_head' in loaded.report.initialised_groups:
-    print(f'Warning: {loaded.source} has no MLM head (freshly initialised): predictions are '
-          'random.')
+  if 'mlm_head' in loaded.untrained_heads:  # HF directory, or a workdir's import report.
+    print(f'Warning: {loaded.untrained_mlm_warning()}', file=sys.stderr)
   for text in f.text:
-    print(format_predictions(text, loaded.fill_mask(text, f.top_k)))
+    print(format_predictions(text, loaded.fill_mask(text, f.top_k, warn=False)))
 
 
 if __name__ == '__main__':
@@ -106,4 +109,5 @@ if __name__ == '__main__':
   flags.DEFINE_multi_string('text', None, 'Text with one or more [MASK] (repeatable).',
                             required=True)
   flags.DEFINE_integer('top_k', 5, 'Predictions per mask.')
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

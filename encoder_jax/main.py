@@ -51,4 +51,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

@@ -39,8 +39,12 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
   return 0.0
 
 
+METRICS_FILE = 'metrics.jsonl'
+SUPERSEDED_FILE = 'metrics_superseded.jsonl'
+
+
 class MetricWriter:
-  """Writes scalars to TensorBoard event files, ``metrics.jsonl`` and a console line.
+  """Writes scalars to TensorBoard event files, ``metrics.jsonl`` and the log.
 
   ``resume_step``: the step training continues from (0 for a start from scratch): lines
   of later steps, left by a run that died after them, are superseded (see the module
@@ -72,9 +76,9 @@ class MetricWriter:
     self._jsonl.write(json.dumps({'step': step, 'split': prefix, 'time': time.time(),
                                   **scalars}) + '\n')
     self._jsonl.flush()
-    shown = ' '.join(f'{k}={_fmt(v)}' for k, v in scalars.items())
-    logging.info('[%s] step %d %s', prefix, step, shown)
-    print(f'[{prefix}] step {step:>7d} {shown}', flush=True)
+    # The full line goes to the log; the console shows a short one (encoder_jax.console).
+    logging.info('[%s] step %d %s', prefix, step,
+                 ' '.join(f'{k}={_fmt(v)}' for k, v in scalars.items()))
 
   def close(self) -> None:
     if self.enabled:

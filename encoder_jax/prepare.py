@@ -34,4 +34,5 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main)

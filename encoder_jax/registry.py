@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from encoder_jax.interop import hf_albert
 from encoder_jax.interop import hf_bert
+from encoder_jax.interop import hf_deberta
 from encoder_jax.interop import hf_roberta
 from encoder_jax.interop import hf_table
+from encoder_jax.interop import hf_xlnet
 from encoder_jax.models import registry as models_registry
 
 KINDS = models_registry.KINDS
@@ -22,6 +24,9 @@ HF_SPECS: dict[str, hf_table.HfSpec] = {
     'bert': hf_bert.SPEC,
     'roberta': hf_roberta.SPEC,
     'albert': hf_albert.SPEC,
+    'deberta': hf_deberta.SPEC_V1,
+    'deberta_v2': hf_deberta.SPEC_V2,
+    'xlnet': hf_xlnet.SPEC,
 }
 
 

@@ -23,6 +23,7 @@ import optax
 from absl import logging
 
 from encoder_jax import checkpointing
+from encoder_jax import console as console_lib
 from encoder_jax import data as data_lib
 from encoder_jax import feeding
 from encoder_jax import metrics as metrics_lib
@@ -36,6 +37,7 @@ from encoder_jax import workdir as workdir_lib
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import masking
 
+PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
 TrainState = train_state.TrainState
 state_shardings = train_state.state_shardings
 abstract_state = train_state.abstract_state
@@ -219,10 +221,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
   boxed, shards = state_shardings(config, mesh, objective, tx)
   lead = jax.process_index() == 0
+  out = console_lib.Console(enabled=lead)
   if lead:
     workdir_lib.check_pinned_tokenizer(workdir, prepared.tokenizer)  # May refuse: nothing written.
-    logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape),
-                 sharding.describe(boxed.params, mesh))
+  table = sharding.describe(boxed.params, mesh)
+  logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape), table)
   n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
 
   ckpt = checkpointing.Checkpointer(workdir, config.checkpoint)
@@ -232,16 +235,29 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   if lead:  # Every refusal is behind us: now the workdir may be written.
     workdir_lib.pin_tokenizer(workdir, prepared.tokenizer, prepared.unigram_counts)
     workdir_lib.write_config(workdir, config)
+    workdir_lib.path(workdir, PARAMETERS_TXT).write_text(table + '\n')
+  m_cfg, train_split = config.model, prepared.manifest['splits']['train']
+  out.say(f'encoder_jax: pretraining {m_cfg.kind} ({m_cfg.num_layers} x {m_cfg.hidden_size}, '
+          f'{n_params:,} parameters; table in {workdir_lib.path(workdir, PARAMETERS_TXT)}) '
+          f'with {" + ".join(config.objective.names)} in {workdir}')
+  out.say(f'  mesh {dict(mesh.shape)} over {jax.device_count()} x {jax.devices()[0].device_kind}'
+          f'; batch {config.train.batch_size}; phases '
+          + ', '.join(f'{p.end_step - p.start_step} steps at {p.seq_len}' for p in phases))
+  out.say(f'  data {prepared.directory}: {train_split["documents"]:,} documents, '
+          f'{train_split["tokens"]:,} tokens; {prepared.tokenizer.kind} tokenizer, '
+          f'{prepared.tokenizer.vocab_size:,} pieces')
+  for step_aside, reason, where in getattr(ckpt, 'set_aside', []):
+    out.say(f'  checkpoint step {step_aside} is damaged ({reason}); set aside in {where}')
   if restored is None:
     state = create_train_state(config, mesh, setup=objective, tx=tx)
-    logging.info('Starting from scratch: %d parameters.', n_params)
+    out.say('  starting from scratch')
   else:
     params, opt_state, data_state, step = restored
     state = TrainState(step=jax.device_put(jnp.int32(step), shards.step), params=params,
                        opt_state=opt_state)
     if data_state:
       iterator.set_state(data_state)
-    logging.info('Resumed from checkpoint step %d in %s.', step, workdir)
+    out.say(f'  resuming from checkpoint step {step}')
 
   writer = metrics_lib.MetricWriter(workdir, enabled=lead,
                                     resume_step=0 if restored is None else restored[3])
@@ -301,6 +317,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if peak:
         last['mfu'] = last['model_tflops_per_s_per_device'] / peak
     writer.write(step, last)
+    eta = (t.num_steps - step) * last['step_time_s'] if 'step_time_s' in last else None
+    out.metrics(step, t.num_steps, last, 'train', eta)
     pending = []
     timer_start, timer_steps = time.perf_counter(), 0
 
@@ -331,21 +349,31 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.num_steps):
           if phase.index not in eval_fns:
             eval_fns[phase.index] = make_eval_step(config, objective, mesh, shards.params, phase)
-          writer.write(step, evaluate(eval_fns[phase.index], state.params, eval_set(phase), mesh,
-                                      objective), prefix='eval')
+          held_out = evaluate(eval_fns[phase.index], state.params, eval_set(phase), mesh,
+                              objective)
+          writer.write(step, held_out, prefix='eval')
+          out.metrics(step, t.num_steps, held_out, 'eval')
           timer_start = None
         stop = preempted.at(step)
         if step % ckpt.every_steps == 0 or step == t.num_steps or stop:
           flush_metrics(phase)  # Never save over a non-finite step.
           ckpt.save(step, state, data_state)
+          out.say(f'saved step {step} in {checkpointing.checkpoint_dir(workdir)}')
           timer_start = None
         if stop:
-          logging.warning('Preempted at step %d: checkpoint saved, exiting.', step)
+          out.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
+                  'command to resume.')
           break
   finally:
     feed.close()
     ckpt.close()
     writer.close()
+  if step >= t.num_steps:
+    out.say(f'done: step {step} in {out.elapsed()}; checkpoints in '
+            f'{checkpointing.checkpoint_dir(workdir)}, metrics in '
+            f'{workdir_lib.path(workdir, "metrics.jsonl")}. Next:')
+    for command in console_lib.next_commands(workdir):
+      out.say(f'  {command}')
   if skipped:
     logging.warning(
         '%d of the %d updates run in this session had a non-finite loss or gradient and were '

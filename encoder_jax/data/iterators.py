@@ -21,6 +21,7 @@ length starts pair builders at the next document boundary (their instances depen
 from __future__ import annotations
 
 import itertools
+import logging
 
 import numpy as np
 
@@ -109,6 +110,42 @@ def _make_builder(config, seed: int):
                        short_seq_prob=float(config.data.short_seq_prob))
 
 
+def check_corpus(config, prepared, split: str) -> list[str]:
+  """The builder's verdict on a prepared split, from the manifest's counts (reads no shard).
+
+  Raises ValueError when no valid example can ever be built (e.g. NSP over one document of
+  one sentence); returns warnings (also logged) when the examples would be ill-posed or
+  their pair labels all of one class.
+  """
+  counts = prepared.manifest['splits'][split]
+  if not counts['documents']:
+    return []  # An empty split is reported where it is used.
+  kind = str(config.data.pair_kind)
+  where = (f"The {split.replace('_', '-')} split of config.data.sources="
+           f'{str(config.data.sources)!r} (prepared in {prepared.directory})')
+  warnings = builders.REGISTRY[kind].check_corpus(
+      int(counts['documents']), int(counts['sentences']), int(counts['tokens']), where)
+  for warning in warnings:
+    logging.warning('%s', warning)
+  return warnings
+
+
+# A first pool of at least this many examples, all with one pair label, is worth a warning
+# (a balanced objective gives that with probability ~2**-63).
+_ONE_CLASS_MIN_EXAMPLES = 64
+
+
+def _one_class_warning(config, labels, seq_len: int) -> str | None:
+  if len(labels) < _ONE_CLASS_MIN_EXAMPLES or (labels != labels[0]).any():
+    return None
+  return (f'All {len(labels)} examples of the first pool of config.data.pair_kind='
+          f'{str(config.data.pair_kind)!r} at length {seq_len} have pair label {int(labels[0])}: '
+          'the pair objective learns a constant and its accuracy means nothing. Likely every '
+          'chunk is one sentence (documents of one sentence, or sentences longer than seq_len '
+          f'- 3 = {seq_len - 3} tokens): use longer sequences or a corpus of multi-sentence '
+          'documents.')
+
+
 class TrainIterator:
   """Infinite iterator of training batches for one process; see the module docstring."""
 
@@ -140,6 +177,9 @@ class TrainIterator:
 
     self.stream = DocumentStream(corpus, order_fn, process_index, process_count)
     self.builder = _make_builder(config, self.seed)
+    # What the corpus means for the pair objective: stops here if nothing can be built.
+    self.corpus_warnings = check_corpus(config, prepared, 'train')
+    self._config = config
     self._fingerprint = dict(
         config_hash=prepared.manifest['config_hash'], pair_kind=str(config.data.pair_kind),
         seed=self.seed, process_index=process_index, process_count=process_count,
@@ -147,6 +187,7 @@ class TrainIterator:
         short_seq_prob=float(config.data.short_seq_prob))
     self.step = 0
     self._pool = None
+    self._labels_checked = False
 
   # ---- pools ----
 
@@ -163,6 +204,13 @@ class TrainIterator:
     self._pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
                       taken=taken, end=end, arrays=arrays,
                       perm=rng.permutation(len(instances)))
+    if (self.builder.pair_labels and not self._labels_checked
+        and not self.corpus_warnings):  # Once: reads the labels, changes nothing.
+      self._labels_checked = True
+      warning = _one_class_warning(self._config, arrays[3], seq_len)
+      if warning:
+        logging.warning('%s', warning)
+        self.corpus_warnings.append(warning)
 
   def _next_pool(self, seq_len: int):
     if self._pool is None:
@@ -267,6 +315,7 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
   n = corpus.num_documents
   stream = DocumentStream(corpus, lambda e: np.arange(n) if e == 0 else None,
                           process_index, process_count)
+  check_corpus(config, prepared, 'held_out')
   builder = _make_builder(config, seeding.mix(int(config.seed), seeding.EVAL))
   max_batches = int(config.train.eval_batches)
   tok = prepared.tokenizer

@@ -16,6 +16,7 @@ import functools
 import json
 import logging as std_logging
 import os
+import re
 from typing import Any
 
 import jax
@@ -34,7 +35,13 @@ from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import config as model_config_lib
 
 CONFIG_JSON = 'config.json'
-IMPORT_REPORT = 'import_report.txt'
+IMPORT_REPORT = 'import_report.txt'  # For people: what the import initialised or ignored.
+IMPORT_REPORT_JSON = 'import_report.json'  # The same for tools (read back by load_workdir).
+# How sentence-transformers uses the model (max_seq_length, pooling, normalize), read from
+# an imported directory's sentence_bert_config.json / modules.json / 1_Pooling/config.json:
+# encoder_jax.embed's defaults.
+SENTENCE_SETTINGS = 'sentence_transformers.json'
+IMPORTED_STEP = 0  # The step of the checkpoint import_hf_to_workdir writes.
 
 
 def _as_batch(ids, mask=None, segments=None):
@@ -63,8 +70,11 @@ class Loaded:
   step: int | None = None  # Checkpoint step (None for an HF directory).
   run_config: ml_collections.ConfigDict | None = None  # The workdir's config (or one made).
   mesh: jax.sharding.Mesh | None = None  # Where ``params`` live.
-  report: hf.ImportReport | None = None  # For an HF directory: heads initialised, etc.
+  report: hf.ImportReport | None = None  # HF directory or imported workdir: heads initialised.
   setup: Any = None  # objectives.base.Pretraining of run_config.
+  # sentence-transformers' settings of the model (see ``read_sentence_settings``), or None.
+  sentence_settings: dict | None = None
+  _warned_untrained_mlm: bool = dataclasses.field(default=False, repr=False, compare=False)
 
   @property
   def config(self) -> ml_collections.ConfigDict | None:
@@ -119,17 +129,29 @@ class Loaded:
                                      min(max_len or self.max_length, self.max_length))
     return embed.pad_batch(encoded.rows, self.tokenizer.pad_id, self.max_length)
 
-  def embed(self, texts: list[str], *, pooling: str = 'mean', normalize: bool = True,
+  def embed(self, texts: list[str], *, pooling: str | None = None, normalize: bool = True,
             max_len: int | None = None, batch_size: int = 32) -> np.ndarray:
-    """float32 [N, H] sentence embeddings, one row per text (see ``encoder_jax.embed``)."""
+    """float32 [N, H] sentence embeddings, one row per text (see ``encoder_jax.embed``).
+
+    ``pooling`` and ``max_len`` default to the model's: ``default_pooling``, ``default_max_len``.
+    """
     from encoder_jax import embed  # pylint: disable=g-import-not-at-top
     return embed.embed_sentences(self.encoder_params, self.model_config, self.tokenizer,
-                                 list(texts), pooling=pooling, normalize=normalize,
-                                 batch_size=batch_size, max_len=max_len or self.max_length)
+                                 list(texts), pooling=pooling or self.default_pooling,
+                                 normalize=normalize, batch_size=batch_size,
+                                 max_len=max_len or self.default_max_len)
 
-  def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
-    """For each mask in ``text`` in order: [(piece, probability)] best first."""
+  def fill_mask(self, text: str, top_k: int = 5, warn: bool = True
+                ) -> list[list[tuple[str, float]]]:
+    """For each mask in ``text`` in order: [(piece, probability)] best first.
+
+    Logs a warning (once, unless ``warn=False``) when the MLM head is the random one an
+    import initialised (``untrained_heads``).
+    """
     from encoder_jax import fill_mask  # pylint: disable=g-import-not-at-top
+    if warn and 'mlm_head' in self.untrained_heads and not self._warned_untrained_mlm:
+      self._warned_untrained_mlm = True
+      logging.warning('%s', self.untrained_mlm_warning())
     network, params = self.setup.masked_lm(self.params)
     return fill_mask.fill_mask(params, network.config, self.tokenizer, text, top_k)
 
@@ -137,6 +159,39 @@ class Loaded:
   def max_length(self) -> int:
     """The longest input the model takes (tokens, specials included)."""
     return self.model_config.max_length
+
+  @property
+  def default_max_len(self) -> int:
+    """Tokens per embedded sentence by default: sentence-transformers' ``max_seq_length``
+    when the model came with one (as sentence-transformers truncates), else ``max_length``."""
+    wanted = (self.sentence_settings or {}).get('max_seq_length')
+    return min(int(wanted), self.max_length) if wanted else self.max_length
+
+  @property
+  def default_pooling(self) -> str:
+    """'mean' or 'cls': sentence-transformers' pooling when it is one of these, else 'mean'."""
+    from encoder_jax import embed  # pylint: disable=g-import-not-at-top
+    pooling = (self.sentence_settings or {}).get('pooling')
+    return pooling if pooling in embed.POOLINGS else 'mean'
+
+  @property
+  def untrained_heads(self) -> list[str]:
+    """Parameter groups still as the import initialised them (random), e.g. ['mlm_head'].
+
+    An HF directory's missing heads; for a workdir, those of its import while the loaded
+    checkpoint is the imported step (continued pretraining trains them).
+    """
+    if self.report is None or self.step not in (None, IMPORTED_STEP):
+      return []
+    return list(self.report.initialised_groups)
+
+  def untrained_mlm_warning(self) -> str:
+    where = (f'{self.source}: imported from {self.report.source}, whose' if self.step is not None
+             else f'{self.source}: its')
+    return (f'{where} checkpoint ({", ".join(self.report.architectures) or "no architectures"}) '
+            'has no MLM head; the head was freshly initialised at import, so these predictions '
+            'are random. Use a checkpoint with an MLM head (e.g. *ForMaskedLM / '
+            '*ForPreTraining) or pretrain the imported workdir first.')
 
 
 @functools.partial(jax.jit, static_argnames=('network', 'collect_hidden'))
@@ -279,7 +334,8 @@ def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
   params, step, mesh = restore_params(config, workdir, step, mesh)
   setup = objectives.build(config)
   return Loaded(setup.downstream(params)[0].config, params, tok, f'{workdir} step {step}', step,
-                config, mesh, setup=setup)
+                config, mesh, setup=setup, report=read_import_report(workdir),
+                sentence_settings=read_workdir_sentence_settings(workdir))
 
 
 def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
@@ -291,7 +347,114 @@ def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
                      f'config.json says vocab_size={model_config.vocab_size}')
   config = run_config_for(model_config, tok)
   return Loaded(model_config, params, tok, hf_dir, run_config=config, report=report,
-                setup=objectives.build(config))
+                setup=objectives.build(config),
+                sentence_settings=read_sentence_settings(hf_dir))
+
+
+# ------------------------------------------------------- import report, sentence settings
+
+
+def read_import_report(workdir: str) -> hf.ImportReport | None:
+  """The ImportReport ``import_hf_to_workdir`` left in ``workdir`` (None: not an import).
+
+  ``import_report.json`` when present; a workdir imported before it existed has only the
+  text, whose 'freshly initialised:' line is read back.
+  """
+  as_json = workdir_lib.path(workdir, IMPORT_REPORT_JSON)
+  if as_json.exists():
+    raw = json.loads(as_json.read_text())
+    return hf.ImportReport(source=raw.get('source', ''),
+                           architectures=tuple(raw.get('architectures', ())),
+                           initialised_groups=list(raw.get('initialised_groups', [])),
+                           ignored_keys=list(raw.get('ignored_keys', [])))
+  as_text = workdir_lib.path(workdir, IMPORT_REPORT)
+  if not as_text.exists():
+    return None
+  text = as_text.read_text()
+  source = re.search(r'^Imported (.*?) \(architectures=\[(.*?)\]\)', text, re.M)
+  fresh = re.search(r'freshly initialised: (.*?)\.?$', text, re.M)
+  return hf.ImportReport(
+      source=source[1] if source else '?',
+      architectures=tuple(a.strip().strip("'") for a in source[2].split(',')
+                          if a.strip()) if source else (),
+      initialised_groups=[g.strip() for g in fresh[1].split(',')] if fresh else [])
+
+
+def _read_json(path: str, what: str):
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    logging.warning('%s: cannot read %s (%s); ignoring it.', path, what, e)
+    return None
+
+
+def _pooling_mode(pooling_config: dict) -> str | None:
+  """sentence-transformers' Pooling config -> its mode: 'mean', 'cls', 'max', ... ('+'-joined
+  when several are concatenated). New files say ``pooling_mode``; older ones one bool each."""
+  mode = pooling_config.get('pooling_mode')
+  if mode:
+    return '+'.join(mode) if isinstance(mode, (list, tuple)) else str(mode)
+  legacy = {'pooling_mode_cls_token': 'cls', 'pooling_mode_max_tokens': 'max',
+            'pooling_mode_mean_tokens': 'mean',
+            'pooling_mode_mean_sqrt_len_tokens': 'mean_sqrt_len_tokens',
+            'pooling_mode_weightedmean_tokens': 'weightedmean',
+            'pooling_mode_lasttoken': 'lasttoken'}
+  modes = [name for key, name in legacy.items() if pooling_config.get(key)]
+  return '+'.join(modes) if modes else None
+
+
+def read_sentence_settings(hf_dir: str) -> dict | None:
+  """How sentence-transformers runs the model in ``hf_dir``; None if it is not one of theirs.
+
+  From ``sentence_bert_config.json`` (``max_seq_length``: inputs are truncated there, e.g.
+  256 for all-MiniLM-L6-v2 whose positions go to 512; ``do_lower_case``), ``modules.json``
+  (a Normalize module) and the Pooling module's ``config.json`` (mean / cls / ...), as
+  sentence_transformers' Transformer and Pooling modules read them. A file that cannot be
+  read is named in a warning and ignored.
+  """
+  st_config = os.path.join(hf_dir, 'sentence_bert_config.json')
+  modules_json = os.path.join(hf_dir, 'modules.json')
+  if not os.path.exists(st_config) and not os.path.exists(modules_json):
+    return None
+  settings = dict(max_seq_length=None, do_lower_case=False, pooling=None, normalize=False,
+                  files=[])
+  if os.path.exists(st_config):
+    raw = _read_json(st_config, 'the sentence-transformers settings')
+    if isinstance(raw, dict):
+      settings['files'].append('sentence_bert_config.json')
+      if raw.get('max_seq_length'):
+        settings['max_seq_length'] = int(raw['max_seq_length'])
+      settings['do_lower_case'] = bool(raw.get('do_lower_case', False))
+  modules = _read_json(modules_json, 'the sentence-transformers modules') if os.path.exists(
+      modules_json) else None
+  if isinstance(modules, list):
+    settings['files'].append('modules.json')
+    for module in modules:
+      kind = str(module.get('type', ''))
+      if kind.endswith('.Normalize'):
+        settings['normalize'] = True
+      elif kind.endswith('.Pooling'):
+        where = os.path.join(module.get('path', ''), 'config.json')
+        pooling = _read_json(os.path.join(hf_dir, where), 'the sentence-transformers pooling')
+        if isinstance(pooling, dict):
+          settings['files'].append(where)
+          settings['pooling'] = _pooling_mode(pooling) or 'mean'
+  return settings if settings['files'] else None
+
+
+def read_workdir_sentence_settings(workdir: str) -> dict | None:
+  """The settings an import kept in ``<workdir>/sentence_transformers.json`` (None: none)."""
+  path = workdir_lib.path(workdir, SENTENCE_SETTINGS)
+  if not path.exists():
+    return None
+  return _read_json(str(path), 'the sentence-transformers settings kept at import')
+
+
+def describe_sentence_settings(settings: dict) -> str:
+  return (f"sentence-transformers settings ({', '.join(settings['files'])}): max_seq_length="
+          f"{settings['max_seq_length']}, pooling={settings['pooling']}, normalize="
+          f"{settings['normalize']}, do_lower_case={settings['do_lower_case']}")
 
 
 # ---------------------------------------------------------------------------- import
@@ -348,13 +511,22 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   state = train_state.create_train_state(config, mesh, params=params)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
   try:
-    checkpointer.save(0, state, {})  # Empty data state: the stream starts at the beginning.
+    checkpointer.save(IMPORTED_STEP, state, {})  # Empty data state: the stream starts anew.
     checkpointer.wait()
   finally:
     checkpointer.close()
   write_run_config(config, workdir)
+  lines = [report.summary()]
+  settings = read_sentence_settings(hf_dir)
+  if settings is not None:
+    with open(os.path.join(workdir, SENTENCE_SETTINGS), 'w', encoding='utf-8') as f:
+      json.dump(dict(settings, source=os.path.abspath(hf_dir)), f, indent=2)
+    lines.append(f'{describe_sentence_settings(settings)}; kept in {SENTENCE_SETTINGS}, the '
+                 'defaults of encoder_jax.embed.')
   with open(os.path.join(workdir, IMPORT_REPORT), 'w', encoding='utf-8') as f:
-    f.write(report.summary() + '\n')
+    f.write('\n'.join(lines) + '\n')
+  with open(os.path.join(workdir, IMPORT_REPORT_JSON), 'w', encoding='utf-8') as f:
+    json.dump(dict(dataclasses.asdict(report), step=IMPORTED_STEP), f, indent=2)
   return report
 
 

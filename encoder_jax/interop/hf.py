@@ -222,8 +222,9 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
   report = ImportReport(source, architectures)
   used = set(spec.buffers) & set(state)
   by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in spec.groups}
-  for entry in spec.params:
+  for entry in spec.entries(config):
     by_group[entry.group].append(entry)
+  by_group = {g: entries for g, entries in by_group.items() if entries}
   fresh = abstract_params(config)
   for group, entries in by_group.items():
     keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
@@ -278,7 +279,9 @@ def params_to_hf(params: Params, config: config_lib.EncoderConfig) -> dict[str, 
   spec = registry.hf_spec(config.kind)
   spec.check_exportable(config)
   out = {}
-  for entry in spec.params:
+  for entry in spec.entries(config):
+    if entry.hf is None:  # No place in the HF architecture (see hf_table.Entry).
+      continue
     value = np.asarray(_get(params, entry.ours), dtype=np.float32)
     if entry.per_layer:
       if value.shape[0] != config.num_layers:

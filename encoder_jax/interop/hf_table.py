@@ -49,14 +49,25 @@ ATTENTION_OUT_KERNEL = Transform(
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
+  """One tensor of ours and its HF key.
+
+  ``hf=None``: a tensor the HF architecture has no place for (e.g. DeBERTa's pooler and
+  pair head beside ``DebertaForMaskedLM``); its group is freshly initialised on import and
+  left out of the export, so a group's entries are either all ``hf=None`` or none are.
+  ``when``: the entry exists only for configs it accepts (e.g. a LayerNorm an option adds).
+  """
   ours: str  # '/'-separated path in our 'params' collection.
-  hf: str  # HF state-dict key; '{i}' marks a per-layer tensor (stacked on our axis 0).
+  hf: str | None  # HF state-dict key; '{i}' marks a per-layer tensor (stacked on our axis 0).
   transform: Transform
   group: str
+  when: Callable[[Config], bool] | None = None
 
   @property
   def per_layer(self) -> bool:
-    return '{i}' in self.hf
+    return self.hf is not None and '{i}' in self.hf
+
+  def applies(self, config: Config) -> bool:
+    return self.when is None or bool(self.when(config))
 
 
 
@@ -95,8 +106,14 @@ class HfSpec:
   def export_architecture(self) -> str:
     return self.architectures[0]
 
+  def entries(self, config: Config) -> tuple[Entry, ...]:
+    """The entries that exist for ``config`` (see ``Entry.when``)."""
+    return tuple(e for e in self.params if e.applies(config))
+
 
 def hf_keys(entry: Entry, num_layers: int) -> list[str]:
+  if entry.hf is None:
+    return []
   if entry.per_layer:
     return [entry.hf.format(i=i) for i in range(num_layers)]
   return [entry.hf]

@@ -95,3 +95,8 @@ class DotProductAttention(nn.Module):
                             dropout_rng=self.make_rng('dropout') if use_dropout else None)
     return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
                         name='attention_output')(a_BxLxHxD)
+
+
+# Kinds defined in their own modules register themselves on import (kept last: they import
+# this module's ``register``).
+from encoder_jax.models import disentangled_attention  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import

@@ -61,8 +61,9 @@ class Embeddings(nn.Module):
     segment = emb('token_type_embeddings', c.type_vocab_size, (None, 'embed'))
     if c.type_vocab_size == 1:  # RoBERTa: one segment row; pair inputs must not index past it.
       segment_ids_BxL = jnp.zeros_like(segment_ids_BxL)
-    x_BxLxW = (word(input_ids_BxL) + position(position_ids(c, input_mask_BxL))
-               + segment(segment_ids_BxL))
+    x_BxLxW = word(input_ids_BxL) + position(position_ids(c, input_mask_BxL))
+    if c.type_vocab_size:  # 0: no segment embeddings at all (no table).
+      x_BxLxW = x_BxLxW + segment(segment_ids_BxL)
     x_BxLxW = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='layer_norm')(x_BxLxW)
     x_BxLxW = nn.Dropout(c.hidden_dropout_rate)(x_BxLxW, deterministic=deterministic)
     if c.embedding_width != c.hidden_size:  # Factorized: vocab -> E -> hidden.

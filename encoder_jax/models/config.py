@@ -50,13 +50,26 @@ class EncoderConfig:
   embedding_size: int = 0  # 0 = hidden_size; else factorized embeddings (ALBERT, ELECTRA).
   share_layers: str = 'none'  # Cross-layer sharing (ALBERT): none, all, attention, ffn.
   position_offset: int = 0  # First position id (RoBERTa: padding id + 1 = 2).
+  mem_len: int = 0  # XLNet: Transformer-XL memory, cached states per layer; 0 = none.
+  clamp_len: int = -1  # XLNet: relative distances clipped to +-clamp_len; -1 = no clipping.
+  # DeBERTa (models/deberta.py; attention_kind='disentangled'), read by no other kind.
+  position_biased_input: bool = True  # Absolute positions added to the input embeddings.
+  max_relative_positions: int = -1  # Relative span k; < 1 = max_position_embeddings.
+  position_buckets: int = 0  # v2: log-bucketed relative positions (256); 0 = off.
+  share_att_key: bool = False  # v2: position projections are the content q/k projections.
+  norm_rel_ebd: bool = False  # v2: LayerNorm on the relative embeddings.
+  pos_att_type: str = 'c2p|p2c'  # Position terms beside content-to-content.
+  emd_layers: int = 0  # Enhanced mask decoder layers (shared with the last layer); 0 = off.
 
   def __post_init__(self):
     from encoder_jax.models import attention as attention_lib  # pylint: disable=g-import-not-at-top
     for name in ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-                 'max_position_embeddings', 'type_vocab_size'):
+                 'max_position_embeddings'):
       if int(getattr(self, name)) < 1:
         raise ValueError(f'config.model.{name}={getattr(self, name)}; expected >= 1')
+    if self.type_vocab_size < 0:
+      raise ValueError(f'config.model.type_vocab_size={self.type_vocab_size}; expected >= 0 '
+                       '(0 = no segment embeddings, as in the released DeBERTa models)')
     if self.hidden_size % self.num_heads:
       raise ValueError(f'config.model.hidden_size={self.hidden_size} is not divisible by '
                        f'num_heads={self.num_heads}')
@@ -74,6 +87,8 @@ class EncoderConfig:
     if not 0 <= self.position_offset < self.max_position_embeddings:
       raise ValueError(f'config.model.position_offset={self.position_offset}; expected in '
                        f'[0, max_position_embeddings={self.max_position_embeddings})')
+    if self.mem_len < 0:
+      raise ValueError(f'config.model.mem_len={self.mem_len}; expected >= 0 (0 = no memory)')
     for name in ('hidden_dropout_rate', 'attention_dropout_rate'):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'config.model.{name}={getattr(self, name)}; expected in [0, 1)')
@@ -144,6 +159,7 @@ class ModelKind:
   encode: Callable[..., dict[str, Any]]
   pooler: bool  # A tanh pooler on the first token ('pooled_output').
   pair_head: bool  # A two-way head on the pooled state (NSP / SOP).
+  mlm_head: bool = True  # 'mlm_logits' at masked_positions (False: ELECTRA's discriminator).
   check: Callable[[EncoderConfig], None] = lambda c: None  # Kind-specific constraints.
   flops_per_token: Callable[[EncoderConfig, int], float] = encoder_flops_per_token
   description: str = ''

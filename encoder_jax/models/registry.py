@@ -17,7 +17,10 @@ import ml_collections
 from encoder_jax.models import albert
 from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
+from encoder_jax.models import deberta
+from encoder_jax.models import electra
 from encoder_jax.models import roberta
+from encoder_jax.models import xlnet
 
 EncoderConfig = config_lib.EncoderConfig
 ModelKind = config_lib.ModelKind
@@ -26,6 +29,11 @@ KINDS: dict[str, ModelKind] = {
     'bert': bert.KIND,
     'roberta': roberta.KIND,
     'albert': albert.KIND,
+    'deberta': deberta.KIND,
+    'deberta_v2': deberta.KIND_V2,
+    'electra': electra.KIND,
+    'electra_generator': electra.GENERATOR_KIND,
+    'xlnet': xlnet.KIND,
 }
 
 

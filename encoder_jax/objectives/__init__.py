@@ -14,9 +14,11 @@ import ml_collections
 
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
+from encoder_jax.objectives import electra
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import mlm
 from encoder_jax.objectives import pair
+from encoder_jax.objectives import sbo
 
 Factory = Callable[[ml_collections.ConfigDict, 'masking.VocabTables | None', models.Network],
                    'base.Objective | base.Pretraining']
@@ -26,13 +28,16 @@ def masking_recipe(c: ml_collections.ConfigDict) -> masking.MaskingRecipe:
   o = c.objective
   return masking.MaskingRecipe(o.mask_rate, o.mask_token_rate, o.random_token_rate,
                                o.random_token_distribution, o.whole_word_masking,
-                               max_ngram=int(o.max_ngram))
+                               max_ngram=int(o.max_ngram), span_p=float(o.span_p),
+                               max_span_length=int(o.max_span_length))
 
 
 REGISTRY: dict[str, Factory] = {
     'mlm': lambda c, tables, net: mlm.MaskedLM(masking_recipe(c), tables),
     'nsp': lambda c, tables, net: pair.PairClassification('nsp'),
     'sop': lambda c, tables, net: pair.PairClassification('sop'),
+    'sbo': lambda c, tables, net: sbo.build(c, net),
+    'electra': lambda c, tables, net: electra.build(c, tables, masking_recipe(c)),
 }
 
 

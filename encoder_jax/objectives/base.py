@@ -7,9 +7,12 @@ metrics and how to aggregate and report them, and the FLOPs of a training step (
 It also says which network and params serve downstream use (features, fine-tuning,
 fill-mask), so loading a checkpoint never needs to know the objective's internals.
 
-Simple objectives (:class:`Objective`: MLM, NSP, SOP) only corrupt the batch and read the
-network's outputs; :class:`Composite` runs every one's corruption, the network **once**,
-and sums the losses, so MLM + NSP is composition, not a branch in the training loop.
+Simple objectives (:class:`Objective`: MLM, NSP, SOP, SpanBERT's SBO) only corrupt the
+batch and read the network's outputs; :class:`Composite` runs every one's corruption, the
+network **once**, and sums the losses, so MLM + NSP is composition, not a branch in the
+training loop. An objective may own a small head of its own (SBO's feed-forward network):
+its parameters sit in the same tree under the objective's ``head_key``, beside the
+network's, which keeps the network's layout (and its checkpoints and exports) unchanged.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ class Pretraining:
     """The network (and params) whose MLM head fill-mask uses (ELECTRA: the generator)."""
     return self.downstream(params)
 
+  def hf_exports(self, params) -> dict[str, tuple[models.Network, Any]]:
+    """What ``convert workdir_to_hf`` writes: subdirectory ('' = the top) -> (network,
+    params). The downstream network alone by default; ELECTRA adds its generator."""
+    return {'': self.downstream(params)}
+
   def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
     """Metrics derived from the aggregated held-out metrics (e.g. perplexity)."""
     return {}
@@ -94,9 +102,18 @@ class Objective:
   # data.pair_kind values whose batches this objective can learn from (None = any).
   pair_kinds: tuple[str, ...] | None = None
   metric_weights: dict[str, str] = {}
+  # Top-level key of this objective's own parameters in the params tree (None: it has
+  # none). Composite initialises them with ``init_head`` and then calls
+  # ``loss(outputs, batch, params)`` with the whole tree (the head under ``head_key``, the
+  # network's parameters beside it, e.g. a tied word embedding).
+  head_key: str | None = None
 
   def check(self, network: models.Network) -> None:
     """Raises if the network lacks an output this objective reads."""
+
+  def init_head(self, rng: jax.Array, network: models.Network) -> Any:
+    """Boxed params of this objective's head (called only when ``head_key`` is set)."""
+    raise NotImplementedError
 
   def corrupt(self, batch: Batch, rng: jax.Array, phase: schedule.Phase) -> Batch:
     del rng, phase
@@ -127,9 +144,29 @@ class Composite(Pretraining):
     self.name = '+'.join(o.name for o in objectives)
     for o in objectives:
       o.check(network)
+    self.head_keys = tuple(o.head_key for o in objectives if o.head_key)
+    if len(set(self.head_keys)) != len(self.head_keys):
+      raise ValueError(f'config.objective.names={[o.name for o in objectives]}: two objectives '
+                       f'own parameters under the same key ({self.head_keys})')
 
   def init(self, rng):
-    return self.network.init(rng)
+    params = self.network.init(rng)
+    if not self.head_keys:
+      return params
+    params = dict(params)
+    heads = [o for o in self.objectives if o.head_key]
+    for i, o in enumerate(heads):  # Own keys: the network's init is the same as without heads.
+      if o.head_key in params:
+        raise ValueError(f'objective {o.name!r} keeps its head under {o.head_key!r}, which the '
+                         f'{self.network.config.kind} network already uses')
+      params[o.head_key] = o.init_head(jax.random.fold_in(rng, i + 1), self.network)
+    return params
+
+  def network_params(self, params):
+    """The network's own subtree (the objectives' heads left out)."""
+    if not self.head_keys:
+      return params
+    return {k: v for k, v in params.items() if k not in self.head_keys}
 
   def loss_fn(self, params, batch, rng, phase, train):
     rngs = jax.random.split(rng, len(self.objectives) + 1)
@@ -139,12 +176,15 @@ class Composite(Pretraining):
     if positions is None:  # No token-level objective: run the MLM head on one position only.
       positions = jnp.zeros((batch['input_ids'].shape[0], 1), jnp.int32)
     outputs = self.network.pretraining.apply(
-        {'params': params}, batch.get('masked_input_ids', batch['input_ids']),
+        {'params': self.network_params(params)}, batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
         rngs={'dropout': self.dropout_key(rngs[0])} if train else None)
     total, metrics = jnp.float32(0.0), {}
     for objective in self.objectives:
-      loss, m = objective.loss(outputs, batch)
+      if objective.head_key:
+        loss, m = objective.loss(outputs, batch, params)
+      else:
+        loss, m = objective.loss(outputs, batch)
       total = total + loss
       metrics.update(m)
     metrics['loss'] = total
@@ -156,7 +196,7 @@ class Composite(Pretraining):
                                for o in self.objectives))
 
   def downstream(self, params):
-    return self.network, params
+    return self.network, self.network_params(params)
 
   @property
   def metric_weights(self) -> dict[str, str]:  # pylint: disable=invalid-overridden-method

@@ -11,6 +11,7 @@ import math
 
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking
+from encoder_jax.objectives import span_masking
 
 
 class MaskedLM(base.Objective):
@@ -21,11 +22,20 @@ class MaskedLM(base.Objective):
     self.recipe = recipe
     self.tables = tables  # None: the objective can describe a model but not corrupt data.
 
+  def check(self, network):
+    if not network.kind.mlm_head:
+      raise ValueError(f"config.objective.names includes 'mlm', but config.model.kind="
+                       f'{network.kind.name!r} has no MLM head'
+                       + ("; ELECTRA trains with objective.names=('electra',)"
+                          if network.kind.name == 'electra' else ''))
+
   def corrupt(self, batch, rng, phase):
     if self.tables is None:
       raise ValueError('The MLM objective was built without vocabulary tables (no tokenizer); '
                        'it cannot mask a batch')
-    return {**batch, **masking.mask_tokens(
+    # SpanBERT's geometric spans (span_p > 0) or BERT's tokens / whole words / n-grams.
+    mask = span_masking.mask_spans if self.recipe.span_p > 0 else masking.mask_tokens
+    return {**batch, **mask(
         rng, batch['input_ids'], batch['input_mask'], max_predictions=phase.max_predictions,
         recipe=self.recipe, tables=self.tables)}
 

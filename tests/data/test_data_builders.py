@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from encoder_jax import data as data_lib
 from encoder_jax.data import builders
 from encoder_jax.data import iterators
 from encoder_jax.data import mixing
@@ -131,3 +132,74 @@ def test_unknown_pair_kind_lists_valid_ones():
   with pytest.raises(ValueError, match=r"unknown; valid: \['doc_sentences', "
                                        r"'full_sentences', 'nsp', 'sop'\]"):
     builders.make('mlm_only', seed=0, short_seq_prob=0.1)
+
+
+def _tiny_corpus(tmp_path, make_config, sp_model_path, kind, sources):
+  c = make_config(str(tmp_path / f'prepared-{kind}'), sources=sources, held_out_fraction=0.0,
+                  pair_kind=kind)
+  c.tokenizer.path = sp_model_path  # The small corpus's SentencePiece: no training here.
+  return c, data_lib.load_or_prepare(c)
+
+
+def test_corpus_too_small_for_nsp_is_named_before_training(tmp_path, corpus_docs, write_docs,
+                                                           make_config, sp_model_path, caplog):
+  """One document, one-sentence documents: warned with the reason; no pair at all: stopped."""
+  # The embedded corpus cut to its first document (18 sentences): negatives from itself.
+  c, prepared = _tiny_corpus(tmp_path / 'one', make_config, sp_model_path, 'nsp',
+                             'embedded;max_documents=1')
+  assert prepared.manifest['splits']['train']['documents'] == 1
+  with caplog.at_level('WARNING'):
+    it = iterators.make_train_iterator(c, prepared)
+  (warning,) = it.corpus_warnings
+  assert 'has a single document' in warning and 'same document' in warning
+  assert "pair_kind='full_sentences'" in warning and warning in caplog.text
+  next(it)  # Warned, not stopped: the positives are real.
+
+  # Real first sentences, one per document: no next sentence, so every label is 1.
+  path = write_docs(tmp_path / 'first_sentences.txt', [d[:1] for d in corpus_docs[:60]])
+  c, prepared = _tiny_corpus(tmp_path / 'first', make_config, sp_model_path, 'nsp',
+                             f'text:{path}')
+  it = iterators.make_train_iterator(c, prepared)
+  assert len(it.corpus_warnings) == 1  # The first-pool check does not say it again.
+  assert 'every one of its 60 documents has one sentence' in it.corpus_warnings[0]
+  assert 'labels are all 1' in it.corpus_warnings[0]
+  assert (np.concatenate([next(it)['pair_labels'] for _ in range(4)]) == 1).all()
+  with pytest.raises(ValueError, match='has no held-out documents'):
+    iterators.make_eval_iterator(c, prepared, 64)  # Held out is checked as well, when used.
+
+  # One document of one sentence: nothing to pair with; stopped before any batch.
+  path = write_docs(tmp_path / 'one_sentence.txt', [corpus_docs[0][:1]])
+  c, prepared = _tiny_corpus(tmp_path / 'single', make_config, sp_model_path, 'nsp',
+                             f'text:{path}')
+  with pytest.raises(ValueError, match=r"1 document of 1 sentence: NSP \(config.data.pair_kind="
+                                       r"'nsp'\) can build no pair"):
+    iterators.make_train_iterator(c, prepared)
+  c.data.pair_kind = 'full_sentences'  # Packing needs no pairs.
+  assert not iterators.make_train_iterator(c, prepared).corpus_warnings
+
+
+def test_corpus_too_small_for_sop_is_named_before_training(tmp_path, corpus_docs, write_docs,
+                                                           make_config, sp_model_path):
+  path = write_docs(tmp_path / 'first_sentences.txt', [d[:1] for d in corpus_docs[:60]])
+  c, prepared = _tiny_corpus(tmp_path / 'first', make_config, sp_model_path, 'sop',
+                             f'text:{path}')
+  (warning,) = iterators.make_train_iterator(c, prepared).corpus_warnings
+  assert 'no sentence order to learn' in warning
+  # Documents of one token each: SOP has nothing to cut (without the check: an endless
+  # search for a first example).
+  path = write_docs(tmp_path / 'words.txt', [['the'], ['a'], ['is']])
+  c, prepared = _tiny_corpus(tmp_path / 'words', make_config, sp_model_path, 'sop',
+                             f'text:{path}')
+  assert prepared.manifest['splits']['train']['tokens'] == 3
+  with pytest.raises(ValueError, match='3 documents of one token each: SOP'):
+    iterators.make_train_iterator(c, prepared)
+
+
+def test_first_pool_of_one_pair_label_is_warned(make_config):
+  c = make_config()
+  ones = np.ones(iterators._ONE_CLASS_MIN_EXAMPLES, np.int32)  # pylint: disable=protected-access
+  warning = iterators._one_class_warning(c, ones, 64)  # pylint: disable=protected-access
+  assert 'have pair label 1' in warning and 'seq_len - 3 = 61 tokens' in warning
+  ones[3] = 0
+  assert iterators._one_class_warning(c, ones, 64) is None  # pylint: disable=protected-access
+  assert iterators._one_class_warning(c, ones[4:], 64) is None  # Too few to tell.

@@ -13,6 +13,11 @@ and yield ``(instance, cursor after it)``, so a consumer can stop anywhere and l
 regenerate the same instances from a saved cursor. All randomness is seeded per document
 (``seeding.mix(seed, DOCUMENT, epoch, document id, seq_len)``), so a document's instances do
 not depend on which process builds them or where a run was resumed.
+
+Each builder class also says whether a corpus can feed it: ``check_corpus(documents,
+sentences, tokens, where) -> [warning]`` raises ValueError when it can build nothing valid
+(one document of one sentence for NSP), and ``pair_labels`` says whether its labels are a
+pair objective's targets (the iterator warns when its first pool has one class only).
 """
 
 from __future__ import annotations

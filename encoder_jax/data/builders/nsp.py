@@ -17,6 +17,11 @@ continuation and the two segments are swapped with probability 0.5 (label 1 = sw
 chunk of one sentence is cut at a random token into two halves (ALBERT would instead draw a
 random-document B, which is an NSP example, not an order example); a one-token chunk is
 skipped.
+
+Some corpora cannot feed a pair objective: ``check_corpus`` says so from the split's counts
+(documents, sentences, tokens; in the manifest) before any example is built, stopping when
+no valid pair can ever be built and warning when the pairs would be ill-posed or all of one
+class (a pair accuracy of 1.0 from the first step teaches nothing).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class _PairBuilder:
   """Per-document instances; ``sub`` in the cursor is the instance index in the document."""
 
   length_dependent_cursor = True  # Instances differ with seq_len: a new length restarts a doc.
+  pair_labels = True  # Labels are a pair objective's targets (see iterators' first-pool check).
 
   def __init__(self, seed: int, short_seq_prob: float):
     if not 0.0 <= short_seq_prob <= 1.0:
@@ -98,6 +104,35 @@ class _PairBuilder:
 class NextSentencePairs(_PairBuilder):
   """BERT NSP: label 1 = B is from a random document (not the next segment)."""
 
+  @staticmethod
+  def check_corpus(documents: int, sentences: int, tokens: int, where: str) -> list[str]:
+    """Warnings for a split NSP cannot use well; ValueError when it has no pair at all.
+
+    A positive (label 0) needs a document of >= 2 sentences (``sentences > documents``,
+    since every document has >= 1); a negative (label 1) needs a second document.
+    """
+    del tokens
+    fix = ('use a corpus of several multi-sentence documents (google-research/bert layout: one '
+           "sentence per line, a blank line between documents), or config.data.pair_kind="
+           "'full_sentences' with config.objective.names=('mlm',)")
+    if documents < 2 and sentences <= documents:
+      raise ValueError(
+          f'{where} has {documents} document of {sentences} sentence: NSP '
+          "(config.data.pair_kind='nsp') can build no pair from it, neither a next sentence "
+          f'(label 0) nor a sentence of another document (label 1); {fix}.')
+    out = []
+    if sentences <= documents:
+      out.append(
+          f'{where}: every one of its {documents} documents has one sentence, so no NSP pair has '
+          "a real next sentence: every example takes B from another document and the pair "
+          'labels are all 1 (pair accuracy 1.0 from the first steps means nothing); ' + fix)
+    elif documents < 2:
+      out.append(
+          f'{where} has a single document ({sentences} sentences): NSP negatives (label 1) '
+          'need B from another document, so they come from the same document and the pair '
+          'task is ill-posed (its accuracy means little); ' + fix)
+    return out
+
   def _pair(self, out, rng, stream, g, tokens, bounds, start, a_end, i, target,
             max_num_tokens):
     a = (bounds[start], bounds[start + a_end])
@@ -128,6 +163,26 @@ class NextSentencePairs(_PairBuilder):
 
 class SentenceOrderPairs(_PairBuilder):
   """ALBERT SOP: label 1 = the two consecutive segments are swapped."""
+
+  @staticmethod
+  def check_corpus(documents: int, sentences: int, tokens: int, where: str) -> list[str]:
+    """Warnings for a split SOP cannot use well; ValueError when it has no pair at all.
+
+    A pair needs a document of >= 2 tokens (two sentences, or one sentence cut in two);
+    every document has >= 1 token, so ``tokens > documents`` says one exists.
+    """
+    fix = ('use a corpus of multi-sentence documents, or config.data.pair_kind='
+           "'full_sentences' with config.objective.names=('mlm',)")
+    if tokens <= documents:
+      raise ValueError(
+          f'{where} has {documents} documents of one token each: SOP '
+          "(config.data.pair_kind='sop') can build no pair from them (two segments to order "
+          f'need >= 2 tokens); {fix}.')
+    if sentences <= documents:
+      return [f'{where}: every one of its {documents} documents has one sentence, so SOP has '
+              'no sentence order to learn: each example is one sentence cut in two at a random '
+              'token (the halves swapped or not); ' + fix]
+    return []
 
   def _pair(self, out, rng, stream, g, tokens, bounds, start, a_end, i, target,
             max_num_tokens):

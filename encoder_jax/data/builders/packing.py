@@ -16,9 +16,16 @@ from __future__ import annotations
 class _Packer:
   length_dependent_cursor = False  # A sentence index means the same at any length.
   cross_documents = True
+  pair_labels = False  # Every label is 0: there is no pair objective to feed.
 
   def __init__(self, seed: int, short_seq_prob: float):
     del seed, short_seq_prob  # Deterministic: no random choices besides the epoch order.
+
+  @staticmethod
+  def check_corpus(documents: int, sentences: int, tokens: int, where: str) -> list[str]:
+    """Any non-empty corpus packs (see ``NextSentencePairs.check_corpus``)."""
+    del documents, sentences, tokens, where
+    return []
 
   def generate(self, stream, cursor, seq_len: int):
     """Yields ``(instance, cursor after it)`` from ``cursor`` on, until the stream ends."""

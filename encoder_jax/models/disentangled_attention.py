@@ -1,0 +1,193 @@
+"""DeBERTa's disentangled self-attention (He et al. 2020, section 3.1; v2/v3 options).
+
+Each token is a content vector H and each relative distance delta(i, j) a position
+vector P (a learned table of 2k rows, ``rel_embeddings``). The attention score is
+
+  A_ij = Q^c_i . K^c_j  +  Q^c_i . K^r_delta(i,j)  +  K^c_j . Q^r_delta(i,j)
+         (content->content)  (content->position, c2p)  (position->content, p2c)
+
+scaled by 1/sqrt(d * (1 + number of position terms)) (1/sqrt(3d) with both), where
+``K^r = P W_k,r`` and ``Q^r = P W_q,r`` project the relative embeddings and
+``delta(i, j) = clip(i - j + k, 0, 2k - 1)``: distances are clipped at k
+(``max_relative_positions``, default ``max_position_embeddings``). The v2 options:
+``position_buckets`` maps i - j to log-spaced buckets beyond +-b/2 (then the table has
+2b rows), ``share_att_key`` projects the relative embeddings with the content query/key
+projections, ``norm_rel_ebd`` LayerNorms the table (done once per pass by the encoder).
+
+Memory: the relative terms are never an [L, L, d] tensor. ``Q^c (K^r)^T`` is
+[B, heads, L, R] (R <= 2k rows of the table actually reachable at length L) and the
+score each (i, j) needs is gathered from it (``take_along_axis`` with the static
+[L, L] index); p2c likewise from ``K^c (Q^r)^T``. ``tests/models/test_deberta.py``
+checks the gathers against the direct O(L^2 d) sum; ``benchmarks/bench_attention.py``
+prints the compiled memory at length 512.
+
+Parameter layouts follow the two Hugging Face models so their tables are one-to-one:
+kind ``deberta`` (v1, ``DebertaForMaskedLM``): a fused ``in_proj`` [embed, heads, 3, d]
+without bias plus ``q_bias``/``v_bias`` (no key bias), ``pos_key`` without bias,
+``pos_query`` with bias; kind ``deberta_v2`` (``DebertaV2ForMaskedLM``): ``query``/
+``key``/``value`` and ``pos_key``/``pos_query`` all with biases. Both end in
+``attention_output``. Reference code: microsoft/DeBERTa ``DeBERTa/deberta/
+disentangled_attention.py`` and Hugging Face ``modeling_deberta.py`` /
+``modeling_deberta_v2.py`` (whose numbers ``tests/interop/test_hf_parity_deberta.py`` matches).
+
+``context`` (built once per pass by ``models.deberta.Encoder``): ``rel_embeddings`` [R, E]
+(the reachable rows, normalised if ``norm_rel_ebd``), ``rel_index`` [1 or B, L, S] int32
+(row of ``rel_embeddings`` for each query/key pair) and, for the enhanced mask decoder,
+``kv_states`` [B, S, E] (keys and values come from there, queries from the input).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from encoder_jax.models import attention as attention_lib
+from encoder_jax.models import layers
+
+V1_KINDS = ('deberta',)  # Kinds with DeBERTa v1's parameter layout (fused in_proj).
+POSITION_TERMS = ('c2p', 'p2c')
+
+
+def position_terms(c) -> tuple[str, ...]:
+  """The disentangled terms of ``config.model.pos_att_type`` ('c2p|p2c'), in a fixed order."""
+  names = [t.strip() for t in c.pos_att_type.lower().split('|') if t.strip()]
+  unknown = sorted(set(names) - set(POSITION_TERMS))
+  if unknown or len(set(names)) != len(names):
+    raise ValueError(f'config.model.pos_att_type={c.pos_att_type!r}; expected terms from '
+                     f"{list(POSITION_TERMS)} joined by '|' (e.g. 'c2p|p2c'), each once")
+  return tuple(t for t in POSITION_TERMS if t in names)
+
+
+def relative_span(c) -> int:
+  """Half the rows of the relative table: the buckets b (v2) or the span k."""
+  if c.position_buckets > 0:
+    return c.position_buckets
+  return c.max_relative_positions if c.max_relative_positions >= 1 else c.max_position_embeddings
+
+
+def max_relative_distance(c) -> int:
+  """The k of the bucketing (``max_relative_positions``, default max_position_embeddings)."""
+  return c.max_relative_positions if c.max_relative_positions >= 1 else c.max_position_embeddings
+
+
+def log_bucket_position(rel: np.ndarray, bucket_size: int, max_position: int) -> np.ndarray:
+  """DeBERTa v2's log buckets: exact within +-bucket_size/2, log-spaced out to max_position.
+
+  Computed in float32 like Hugging Face's ``make_log_bucket_position`` (torch's default
+  dtype), so the bucket of every distance agrees with it (a test compares them).
+  """
+  rel = np.asarray(rel, np.int64)
+  sign = np.sign(rel)
+  mid = bucket_size // 2
+  abs_pos = np.where((rel < mid) & (rel > -mid), mid - 1, np.abs(rel))
+  ratio = (abs_pos.astype(np.float32) / np.float32(mid)).astype(np.float32)
+  log_pos = (np.ceil(np.log(ratio) / np.log(np.float32((max_position - 1) / mid))
+                     * np.float32(mid - 1)).astype(np.float32) + np.float32(mid))
+  return np.where(abs_pos <= mid, rel, (log_pos * sign).astype(np.int64))
+
+
+def relative_positions(c, q_len: int, k_len: int) -> np.ndarray:
+  """[q_len, k_len] int: i - j, or its log bucket (v2), as Hugging Face builds them."""
+  rel = np.arange(q_len)[:, None] - np.arange(k_len)[None, :]
+  if c.position_buckets > 0:
+    rel = log_bucket_position(rel, c.position_buckets, max_relative_distance(c))
+  return rel.astype(np.int64)
+
+
+def relative_layout(c, length: int) -> tuple[np.ndarray, int, int]:
+  """(index [L, L] int32 into rows [lo, hi) of the table, lo, hi) at sequence length L.
+
+  The table row of (i, j) is ``clip(delta(i, j) + span, 0, 2 span - 1)``; only rows
+  ``lo..hi-1`` are reachable at this length (e.g. 2L - 1 of v1's 2k when L <= k), so
+  only those are projected. Static: computed with numpy when the model is traced.
+  """
+  span = relative_span(c)
+  rows = np.clip(relative_positions(c, length, length) + span, 0, 2 * span - 1)
+  lo, hi = int(rows.min()), int(rows.max()) + 1
+  return (rows - lo).astype(np.int32), lo, hi
+
+
+def gather_c2p(scores_BxHxLxR, index_XxLxS):
+  """out[b, h, i, j] = scores[b, h, i, index[i, j]] (content-to-position)."""
+  return jnp.take_along_axis(scores_BxHxLxR, index_XxLxS[:, None], axis=-1)
+
+
+def gather_p2c(scores_BxHxSxR, index_XxLxS):
+  """out[b, h, i, j] = scores[b, h, j, index[i, j]] (position-to-content)."""
+  index_XxSxL = jnp.swapaxes(index_XxLxS, -1, -2)
+  return jnp.swapaxes(jnp.take_along_axis(scores_BxHxSxR, index_XxSxL[:, None], axis=-1), -1, -2)
+
+
+class FusedQKV(nn.Module):
+  """DeBERTa v1's ``in_proj``: one bias-free kernel [embed, heads, 3, d] (q, k, v per head,
+  HF's row order); queries and keys/values may come from different states (EMD)."""
+  config: Any
+
+  @nn.compact
+  def __call__(self, q_BxLxE, kv_BxSxE):
+    c, dt = self.config, self.config.jnp_dtype
+    e, h, d = c.hidden_size, c.num_heads, c.head_dim
+    kernel_ExHx3xD = layers.param(self, 'kernel', layers.truncated_normal(c.initializer_range),
+                                  (e, h, 3, d), ('embed', 'heads', None, 'kv')).astype(dt)
+    proj = lambda x, i: jnp.einsum('ble,ehd->blhd', x.astype(dt), kernel_ExHx3xD[:, :, i])
+    return proj(q_BxLxE, 0), proj(kv_BxSxE, 1), proj(kv_BxSxE, 2)
+
+
+@attention_lib.register('disentangled')
+class DisentangledAttention(nn.Module):
+  """c2c + c2p + p2c multi-head attention over relative positions (see the module doc)."""
+  config: Any  # models.config.EncoderConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BxLxE, mask_Bx1x1xS, context: dict[str, Any]):
+    c, dt = self.config, self.config.jnp_dtype
+    h, d, e = c.num_heads, c.head_dim, c.hidden_size
+    v1 = c.kind in V1_KINDS
+    kv_BxSxE = context.get('kv_states', x_BxLxE)
+
+    def dense(name, bias=True):
+      return layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'), c.initializer_range, dt,
+                          use_bias=bias, name=name)
+
+    if v1:
+      q_BxLxHxD, k_BxSxHxD, v_BxSxHxD = FusedQKV(c, name='in_proj')(x_BxLxE, kv_BxSxE)
+      zeros = nn.initializers.zeros
+      q_BxLxHxD = q_BxLxHxD + layers.param(self, 'q_bias', zeros, (h, d), ('heads', 'kv')).astype(dt)
+      v_BxSxHxD = v_BxSxHxD + layers.param(self, 'v_bias', zeros, (h, d), ('heads', 'kv')).astype(dt)
+      query = key = None
+    else:
+      query, key = dense('query'), dense('key')
+      q_BxLxHxD, k_BxSxHxD, v_BxSxHxD = query(x_BxLxE), key(kv_BxSxE), dense('value')(kv_BxSxE)
+
+    terms = position_terms(c)
+    scale = float(np.sqrt(d * (1 + len(terms))))
+    logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD,
+                                preferred_element_type=jnp.float32) / scale
+    if terms:
+      rel_RxE = nn.Dropout(c.hidden_dropout_rate, name='rel_dropout')(
+          context['rel_embeddings'], deterministic=self.deterministic)
+      index_XxLxS = context['rel_index']
+      if 'c2p' in terms:
+        pos_key = key if c.share_att_key else dense('pos_key', bias=not v1)
+        kr_RxHxD = pos_key(rel_RxE)
+        c2p_BxHxLxR = jnp.einsum('blhd,rhd->bhlr', q_BxLxHxD, kr_RxHxD,
+                                 preferred_element_type=jnp.float32)
+        logits_BxHxLxS += gather_c2p(c2p_BxHxLxR, index_XxLxS) / scale
+      if 'p2c' in terms:
+        pos_query = query if c.share_att_key else dense('pos_query')
+        qr_RxHxD = pos_query(rel_RxE)
+        p2c_BxHxSxR = jnp.einsum('bshd,rhd->bhsr', k_BxSxHxD, qr_RxHxD,
+                                 preferred_element_type=jnp.float32)
+        logits_BxHxLxS += gather_p2c(p2c_BxHxSxR, index_XxLxS) / scale
+    logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
+    probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)
+    probs_BxHxLxS = nn.Dropout(c.attention_dropout_rate, name='probs_dropout')(
+        probs_BxHxLxS, deterministic=self.deterministic)
+    a_BxLxHxD = jnp.einsum('bhls,bshd->blhd', probs_BxHxLxS.astype(dt), v_BxSxHxD)
+    return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
+                        name='attention_output')(a_BxLxHxD)

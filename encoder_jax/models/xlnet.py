@@ -1,0 +1,390 @@
+"""XLNet (Yang et al. 2019): two-stream self-attention over Transformer-XL relative positions.
+
+Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hugging Face's
+``XLNetLMHeadModel`` with ``attn_type='bi'`` (``tests/interop/test_hf_parity_xlnet.py``):
+
+* **Embeddings**: the word embedding only (no absolute positions, no segment table), dropout.
+* **Relative positions** (Transformer-XL): sinusoids of the distances ``klen .. -qlen + 1``
+  (``pos_seq``), projected per layer by ``r``; the score of query ``i`` and key ``j`` reads
+  the row of distance ``(mlen + i) - j`` through the "relative shift" (a reshape, no
+  gather); ``r_w_bias``/``r_r_bias`` are the content/position biases (untied per layer).
+  ``clamp_len`` clips distances. Rows flagged ``backward`` (bi-directional data, the second
+  half of the batch in the original) read the negated distances.
+* **Relative segments**: ``seg_embed`` [2, heads, head_dim] holds one vector for "same
+  segment" and one for "different segment" (``r_s_bias`` its bias); memory counts as
+  segment 0. XLNet's layout ``A [SEP] B [SEP] [CLS]`` gives [CLS] its own segment 2.
+* **Two streams**: the content stream ``h`` (the token embedding; every position sees
+  itself) and the query stream ``g`` (starts from ``mask_emb``; sees the content of the
+  positions its permutation mask allows, never its own content). Both use the same layer
+  weights; keys and values always come from the content stream (and the memory). The query
+  stream runs only when a ``target_mapping`` [B, P, L] (one-hot rows, zero rows for
+  padding) picks the P targets: as in Hugging Face, their queries are spread to their
+  positions, attend like any row, and are gathered back.
+* **Blocks**: post-LN as ``XLNetLayer``: attention -> output projection ``o`` -> dropout ->
+  residual -> LayerNorm; feed-forward -> activation -> dropout -> dense -> dropout ->
+  residual -> LayerNorm.
+* **LM head** (``XLNetLMHeadModel.lm_loss``): tied to the word embedding, with a bias.
+* **Memory** (``mem_len`` > 0): each layer's input content states are cached (the last
+  ``mem_len`` of memory + current, ``stop_gradient``) and prepended to that layer's keys
+  and values next time. Unlike Hugging Face, the memory carries a validity mask
+  (``mem_mask``), so a zero memory with an all-zero mask means "no memory yet" at a fixed
+  shape (the training state holds it from step 0) and padding cached from a short row is
+  never attended to; with an all-ones mask it is Hugging Face's memory.
+
+The attention is not an ``attention.REGISTRY`` kind: a registered kind maps one stream to
+one stream (``(x, mask, context) -> x``), and two-stream attention needs the key/value and
+position projections of the content stream shared by both streams in one call (computing
+them per stream would add a third of the layer's projection FLOPs), so the layer owns it.
+
+Fine-tuning, embeddings and ``encoder_jax.load(...).hidden_states`` use the content stream
+alone (``encode``/``XLNetModel``); the query stream is a pretraining device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from encoder_jax.models import config as config_lib
+from encoder_jax.models import layers
+
+# Scores of masked keys: ``score - 1e30 * mask`` as the original and Hugging Face (a fully
+# masked row then stays a uniform distribution, as there).
+_MASK_PENALTY = 1e30
+
+
+def relative_positions(qlen: int, klen: int, clamp_len: int = -1) -> jax.Array:
+  """float32 [klen + qlen]: the distances ``klen, klen - 1, ..., -qlen + 1`` (``attn_type='bi'``).
+
+  After the relative shift, query ``i`` and key ``j`` read entry ``qlen - i + j``, the
+  distance ``klen - qlen + i - j`` = (query's absolute index) - (key's), memory included.
+  """
+  pos_R = jnp.arange(klen, -qlen, -1, dtype=jnp.float32)
+  if clamp_len > 0:
+    pos_R = jnp.clip(pos_R, -clamp_len, clamp_len)
+  return pos_R
+
+
+def sinusoid(pos_R: jax.Array, d_model: int) -> jax.Array:
+  """Transformer-XL's encoding [..., d_model]: ``[sin(p * f), cos(p * f)]``, f = 1e4^(-2k/d)."""
+  freq_D = jnp.arange(0, d_model, 2, dtype=jnp.float32)
+  inv_freq_D = 1.0 / jnp.power(jnp.float32(10000.0), freq_D / d_model)
+  x = pos_R[..., None] * inv_freq_D
+  return jnp.concatenate([jnp.sin(x), jnp.cos(x)], axis=-1)
+
+
+def rel_shift(bd_BxNxLxR: jax.Array, klen: int) -> jax.Array:
+  """[B, N, L, klen + L] scores against ``pos_seq`` -> [B, N, L, klen] scores against keys.
+
+  Transformer-XL's shift (Hugging Face ``rel_shift_bnij``): row ``i`` moves left by
+  ``L - i``, so entry ``[i, j]`` is ``bd[i, L - i + j]``; two reshapes and a slice, no gather.
+  """
+  b, n, l, r = bd_BxNxLxR.shape
+  x = bd_BxNxLxR.reshape(b, n, r, l)[:, :, 1:, :]
+  return x.reshape(b, n, l, r - 1)[..., :klen]
+
+
+class Embeddings(nn.Module):
+  """Word embeddings and dropout; XLNet has no absolute position or segment table."""
+  config: config_lib.EncoderConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL, deterministic: bool):
+    c = self.config
+    word = layers.Embed(c.vocab_size, c.hidden_size, ('vocab', 'embed'), c.initializer_range,
+                        c.jnp_dtype, name='word_embeddings')
+    x_BxLxE = nn.Dropout(c.hidden_dropout_rate)(word(input_ids_BxL), deterministic=deterministic)
+    return x_BxLxE, word
+
+
+class Layer(nn.Module):
+  """One XLNet block on both streams (the ``nn.scan`` body).
+
+  Carry ``(h, g)`` (``g`` None: content stream only); per-layer input: the memory
+  [B, M, E] (or None); broadcast: ``context`` (positions, segments, masks, target mapping).
+  Emits the layer's new memory and, with ``collect_hidden``, its outputs.
+  """
+  config: config_lib.EncoderConfig
+  deterministic: bool
+  collect_hidden: bool = False
+
+  def _core(self, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, context, masked_BxLxK):
+    """Relative attention: content + position + segment scores, masked softmax, values.
+
+    ``p``: this layer's biases and segment vectors (``r_w_bias``, ``r_r_bias``,
+    ``r_s_bias``, ``seg_embed``). Scores and softmax in float32.
+    """
+    c, dt = self.config, self.config.jnp_dtype
+    f32 = jnp.float32
+    klen = k_BxKxNxD.shape[1]
+    ac = jnp.einsum('blnd,bknd->bnlk', q_BxLxNxD + p['r_w_bias'].astype(dt), k_BxKxNxD,
+                    preferred_element_type=f32)
+    q_r = q_BxLxNxD + p['r_r_bias'].astype(dt)
+    if kr_XxRxNxD.shape[0] == 1:  # One direction for every row: no batch axis to carry.
+      bd = jnp.einsum('blnd,rnd->bnlr', q_r, kr_XxRxNxD[0], preferred_element_type=f32)
+    else:
+      bd = jnp.einsum('blnd,brnd->bnlr', q_r, kr_XxRxNxD, preferred_element_type=f32)
+    bd = rel_shift(bd, klen)
+    ef_BxLxNx2 = jnp.einsum('blnd,snd->blns', q_BxLxNxD + p['r_s_bias'].astype(dt),
+                            p['seg_embed'].astype(dt), preferred_element_type=f32)
+    ef_BxNxLx2 = ef_BxLxNx2.transpose(0, 2, 1, 3)
+    ef = jnp.where(context['segment_differs_BxLxK'][:, None],
+                   ef_BxNxLx2[..., 1:2], ef_BxNxLx2[..., 0:1])
+    score = (ac + bd + ef) * (1.0 / c.head_dim ** 0.5)
+    score = score - _MASK_PENALTY * masked_BxLxK[:, None].astype(f32)
+    prob = jax.nn.softmax(score, axis=-1)
+    prob = nn.Dropout(c.attention_dropout_rate)(prob, deterministic=self.deterministic)
+    return jnp.einsum('bnlk,bknd->blnd', prob.astype(dt), v_BxKxNxD)
+
+  @nn.compact
+  def __call__(self, carry, mem_BxMxE, context: dict[str, Any]):
+    c, dt = self.config, self.config.jnp_dtype
+    e, n, d, f = c.hidden_size, c.num_heads, c.head_dim, c.intermediate_size
+    init = nn.initializers.normal(c.initializer_range)
+    proj = lambda name: layers.param(self, name, init, (e, n, d), ('embed', 'heads', 'kv'))
+    wq, wk, wv, wo, wr = (proj(name) for name in ('q', 'k', 'v', 'o', 'r'))
+    p = {name: layers.param(self, name, init, (n, d), ('heads', 'kv'))
+         for name in ('r_w_bias', 'r_r_bias', 'r_s_bias')}
+    p['seg_embed'] = layers.param(self, 'seg_embed', init, (2, n, d), (None, 'heads', 'kv'))
+    attention_norm = layers.LayerNorm(c.layer_norm_eps, dt, name='attention_layer_norm')
+    intermediate = layers.Dense((e,), (f,), ('embed',), ('mlp',), c.initializer_range, dt,
+                                name='intermediate')
+    output = layers.Dense((f,), (e,), ('mlp',), ('embed',), c.initializer_range, dt,
+                          name='output')
+    output_norm = layers.LayerNorm(c.layer_norm_eps, dt, name='output_layer_norm')
+    dropout = lambda x: nn.Dropout(c.hidden_dropout_rate)(x, deterministic=self.deterministic)
+    project = lambda x, w: jnp.einsum('...e,end->...nd', x.astype(dt), w.astype(dt))
+
+    def post_attention(x_BxTxE, a_BxTxNxD):
+      out_BxTxE = jnp.einsum('btnd,end->bte', a_BxTxNxD, wo.astype(dt))
+      return attention_norm(dropout(out_BxTxE) + x_BxTxE)
+
+    def feed_forward(x_BxTxE):
+      y = dropout(config_lib.ACTIVATIONS[c.activation](intermediate(x_BxTxE)))
+      return output_norm(dropout(output(y)) + x_BxTxE)
+
+    h_BxLxE, g_BxPxE = carry
+    new_mem = None
+    if mem_BxMxE is not None:  # Transformer-XL: this layer's input, after the old memory.
+      cat_BxKxE = jnp.concatenate([mem_BxMxE.astype(dt), h_BxLxE], axis=1)
+      new_mem = jax.lax.stop_gradient(cat_BxKxE[:, -mem_BxMxE.shape[1]:])
+    else:
+      cat_BxKxE = h_BxLxE
+    k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
+    kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)
+    a_h = self._core(p, project(h_BxLxE, wq), k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, context,
+                     context['content_masked_BxLxK'])
+    h_out = feed_forward(post_attention(h_BxLxE, a_h))
+    g_out = None
+    if g_BxPxE is not None:
+      tm_BxPxL = context['target_mapping_BxPxL'].astype(dt)
+      q_BxLxNxD = jnp.einsum('bpnd,bpl->blnd', project(g_BxPxE, wq), tm_BxPxL)
+      a_BxLxNxD = self._core(p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, context,
+                             context['query_masked_BxLxK'])
+      a_g = jnp.einsum('blnd,bpl->bpnd', a_BxLxNxD, tm_BxPxL)
+      g_out = feed_forward(post_attention(g_BxPxE, a_g))
+    hidden = (h_out, g_out) if self.collect_hidden else None
+    return (h_out, g_out), (new_mem, hidden)
+
+
+class Encoder(nn.Module):
+  """Masks, relative positions and segments once per pass; then the scanned layers."""
+  config: config_lib.EncoderConfig
+
+  @nn.compact
+  def __call__(self, h_BxLxE, segment_ids_BxL, input_mask_BxL, *, deterministic: bool,
+               g_BxPxE=None, perm_mask_BxLxL=None, target_mapping_BxPxL=None,
+               mems_NxBxMxE=None, mem_mask_BxM=None, backward_B=None,
+               collect_hidden: bool = False):
+    c = self.config
+    b, l = input_mask_BxL.shape
+    m = 0 if mems_NxBxMxE is None else mems_NxBxMxE.shape[2]
+    klen = m + l
+    # Keys a query may not read: padding, what the permutation hides, memory not yet filled.
+    key_masked_BxK = input_mask_BxL == 0
+    if m:
+      mem_valid_BxM = jnp.ones((b, m), bool) if mem_mask_BxM is None else mem_mask_BxM > 0
+      key_masked_BxK = jnp.concatenate([~mem_valid_BxM, key_masked_BxK], axis=1)
+    query_masked_BxLxK = jnp.broadcast_to(key_masked_BxK[:, None, :], (b, l, klen))
+    if perm_mask_BxLxL is not None:
+      perm_BxLxK = jnp.pad(perm_mask_BxLxL > 0, ((0, 0), (0, 0), (m, 0)))
+      query_masked_BxLxK = query_masked_BxLxK | perm_BxLxK
+    # The content stream always sees its own position (Hugging Face's ``non_tgt_mask``).
+    own_LxK = jnp.arange(klen)[None, :] == (jnp.arange(l) + m)[:, None]
+    content_masked_BxLxK = query_masked_BxLxK & ~own_LxK
+    # Segments: 1 = different (memory counts as segment 0).
+    cat_ids_BxK = jnp.pad(segment_ids_BxL, ((0, 0), (m, 0)))
+    segment_differs_BxLxK = segment_ids_BxL[:, :, None] != cat_ids_BxK[:, None, :]
+    pos_R = relative_positions(l, klen, c.clamp_len)
+    if backward_B is None:
+      pos_emb_XxRxE = sinusoid(pos_R, c.hidden_size)[None]
+    else:  # Forward rows read +distance, backward rows -distance (the original's bi_data).
+      both_2xRxE = sinusoid(jnp.stack([pos_R, -pos_R]), c.hidden_size)
+      pos_emb_XxRxE = both_2xRxE[backward_B.astype(jnp.int32)]
+    pos_emb_XxRxE = nn.Dropout(c.hidden_dropout_rate)(
+        pos_emb_XxRxE.astype(c.jnp_dtype), deterministic=deterministic)
+    context = dict(pos_emb_XxRxE=pos_emb_XxRxE, segment_differs_BxLxK=segment_differs_BxLxK,
+                   content_masked_BxLxK=content_masked_BxLxK,
+                   query_masked_BxLxK=query_masked_BxLxK,
+                   target_mapping_BxPxL=target_mapping_BxPxL)
+    body = nn.remat(Layer, prevent_cse=False) if c.remat else Layer
+    stack = nn.scan(body, variable_axes={'params': 0},
+                    split_rngs={'params': True, 'dropout': True},
+                    in_axes=(0, nn.broadcast), length=c.num_layers,
+                    metadata_params={nn.PARTITION_NAME: 'layers'})
+    (h_BxLxE, g_BxPxE), (new_mems_NxBxMxE, hidden) = stack(
+        c, deterministic, collect_hidden, name='layers')((h_BxLxE, g_BxPxE), mems_NxBxMxE,
+                                                         context)
+    return h_BxLxE, g_BxPxE, new_mems_NxBxMxE, hidden
+
+
+def _collected(first, per_layer):
+  """(input, layer 1 output, ..., layer N output), as Hugging Face's ``hidden_states``."""
+  return (first, *per_layer)
+
+
+def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
+           deterministic: bool, pool: bool = True, collect_hidden: bool = False
+           ) -> dict[str, Any]:
+  """The content stream (fine-tuning, features): 'embeddings', 'encoder' [, 'pooler'].
+
+  ``pool`` adds a dense + tanh on the first token's state (our fine-tuning rows start with
+  [CLS]; with relative positions no position is special). It is not part of the
+  pretrained network (XLNet has no pooler), so it starts fresh, as RoBERTa's.
+  """
+  h_BxLxE, word = Embeddings(c, name='embeddings')(input_ids_BxL, deterministic)
+  x_BxLxE, _, _, hidden = Encoder(c, name='encoder')(
+      h_BxLxE, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
+      collect_hidden=collect_hidden)
+  out = {'sequence_output': nn.Dropout(c.hidden_dropout_rate)(x_BxLxE,
+                                                              deterministic=deterministic),
+         'word_embed': word}
+  if pool:
+    out['pooled_output'] = jnp.tanh(layers.Dense(
+        (c.hidden_size,), (c.hidden_size,), ('embed',), ('embed',), c.initializer_range,
+        c.jnp_dtype, name='pooler')(x_BxLxE[:, 0]))
+  if collect_hidden:
+    out['all_hidden_states'] = _collected(h_BxLxE, hidden[0])
+  return out
+
+
+def masked_positions_targets(masked_positions_BxP, length: int):
+  """(perm_mask [B, L, L], target_mapping [B, P, L]) that predict ``masked_positions``.
+
+  Every listed position is a target hidden from every query (as if all were last in the
+  factorization order, after the rest): fill-mask and the generic ``mlm_logits``.
+  """
+  tm_BxPxL = jax.nn.one_hot(masked_positions_BxP, length, dtype=jnp.float32)
+  hidden_BxL = tm_BxPxL.max(axis=1)
+  return jnp.broadcast_to(hidden_BxL[:, None, :], (*hidden_BxL.shape[:1], length, length)), tm_BxPxL
+
+
+class XLNetModel(nn.Module):
+  """The content stream alone (``XLNetModel`` without targets): features, embeddings."""
+  config: config_lib.EncoderConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
+               deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+    out = encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                 deterministic=deterministic, pool=False, collect_hidden=collect_hidden)
+    del out['word_embed']
+    return out
+
+
+class XLNetLMHeadModel(nn.Module):
+  """Both streams and the tied LM head: permutation language modelling.
+
+  Called with the ``ModelKind`` contract ``(ids, segments, mask, masked_positions)``, it
+  predicts ``masked_positions`` with the query stream, each hidden from every query
+  (:func:`masked_positions_targets`); without them, and without ``target_mapping``, the
+  logits come from the content stream at every position (as Hugging Face). The
+  permutation objective passes ``perm_mask`` [B, L, L] (1: query i may not read key j) and
+  ``target_mapping`` [B, P, L] itself, and ``mems`` [B, N, M, E] with ``mem_mask`` [B, M]
+  when ``mem_len`` > 0; ``backward`` [B] flags rows that read negated distances.
+
+  Returns ``sequence_output`` (content stream), ``query_output`` (query stream, if run),
+  ``mlm_logits`` float32 [B, P, V], ``new_mems``/``new_mem_mask`` (when ``mems`` is given),
+  ``all_hidden_states`` / ``all_query_states`` (when ``collect_hidden``).
+  """
+  config: config_lib.EncoderConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
+               *, perm_mask=None, target_mapping=None, mems=None, mem_mask=None,
+               backward=None, deterministic: bool = True, collect_hidden: bool = False
+               ) -> dict[str, Any]:
+    c = self.config
+    b, l = input_ids_BxL.shape
+    if target_mapping is None and masked_positions_BxP is not None:
+      hidden_perm, target_mapping = masked_positions_targets(masked_positions_BxP, l)
+      perm_mask = hidden_perm if perm_mask is None else perm_mask
+    h_BxLxE, word = Embeddings(c, name='embeddings')(input_ids_BxL, deterministic)
+    mask_emb_E = layers.param(self, 'mask_emb', nn.initializers.normal(c.initializer_range),
+                              (c.hidden_size,), ('embed',))
+    g_BxPxE = None
+    if target_mapping is not None:
+      g_BxPxE = jnp.broadcast_to(mask_emb_E.astype(c.jnp_dtype),
+                                 (b, target_mapping.shape[1], c.hidden_size))
+      g_BxPxE = nn.Dropout(c.hidden_dropout_rate)(g_BxPxE, deterministic=deterministic)
+    mems_NxBxMxE = None if mems is None else jnp.swapaxes(mems, 0, 1)
+    x_BxLxE, y_BxPxE, new_NxBxMxE, hidden = Encoder(c, name='encoder')(
+        h_BxLxE, segment_ids_BxL, input_mask_BxL, deterministic=deterministic, g_BxPxE=g_BxPxE,
+        perm_mask_BxLxL=perm_mask, target_mapping_BxPxL=target_mapping,
+        mems_NxBxMxE=mems_NxBxMxE, mem_mask_BxM=mem_mask, backward_B=backward,
+        collect_hidden=collect_hidden)
+    final_dropout = nn.Dropout(c.hidden_dropout_rate)
+    out = {'sequence_output': final_dropout(x_BxLxE, deterministic=deterministic)}
+    head_in = out['sequence_output']
+    if y_BxPxE is not None:
+      out['query_output'] = head_in = final_dropout(y_BxPxE, deterministic=deterministic)
+    bias_V = layers.param(self, 'lm_bias', nn.initializers.zeros, (c.vocab_size,), ('vocab',))
+    out['mlm_logits'] = word.attend(head_in).astype(jnp.float32) + bias_V
+    if mems is not None:
+      m = mems.shape[2]
+      out['new_mems'] = jnp.swapaxes(new_NxBxMxE, 0, 1)
+      valid_BxM = jnp.ones(mems.shape[:1] + (m,), jnp.int32) if mem_mask is None else mem_mask
+      out['new_mem_mask'] = jnp.concatenate(
+          [valid_BxM.astype(jnp.int32), input_mask_BxL.astype(jnp.int32)], axis=1)[:, -m:]
+    if collect_hidden:
+      out['all_hidden_states'] = _collected(h_BxLxE, hidden[0])
+      if y_BxPxE is not None:
+        out['all_query_states'] = _collected(g_BxPxE, hidden[1])
+    return out
+
+
+def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
+  """Training FLOPs (3x forward) of the content stream per token, memory included.
+
+  Per layer and token, forward: q/o projections ``2 * 2d^2``; k/v over ``L + M`` keys
+  ``2 * 2d^2 (L + M) / L``; scores ``ac`` and values ``2 * 2d (L + M)``, ``bd`` over the
+  ``2L + M`` distances ``2d (2L + M)``; feed-forward ``4 d d_ff``. The position projection
+  ``r`` runs once per batch (not per row) and the segment term is O(L) per token: left out.
+  The query stream and the LM head are the objective's (``objectives/plm.py``).
+  """
+  d, f, n_layers, m, l = c.hidden_size, c.intermediate_size, c.num_layers, c.mem_len, seq_len
+  forward = (4 * d * d + 4 * d * d * (l + m) / l + 4 * d * (l + m) + 2 * d * (2 * l + m)
+             + 4 * d * f)
+  return float(3 * n_layers * forward)
+
+
+def _check(c: config_lib.EncoderConfig) -> None:
+  if c.attention_kind != 'dot_product':
+    raise ValueError(f'config.model.kind=xlnet has its own two-stream relative attention '
+                     f'(models/xlnet.py); config.model.attention_kind={c.attention_kind!r} '
+                     "must stay 'dot_product' (unused)")
+  if c.share_layers != 'none' or c.embedding_size not in (0, c.hidden_size):
+    raise ValueError('config.model.kind=xlnet has no factorized embedding or layer sharing '
+                     f'(embedding_size={c.embedding_size}, share_layers={c.share_layers!r})')
+  if c.position_offset:
+    raise ValueError(f'config.model.kind=xlnet has no absolute positions; got '
+                     f'position_offset={c.position_offset} (expected 0)')
+
+
+KIND = config_lib.ModelKind(
+    name='xlnet', pretraining=XLNetLMHeadModel, encoder=XLNetModel, encode=encode,
+    pooler=False, pair_head=False, check=_check, flops_per_token=flops_per_token,
+    description='XLNet: two-stream relative attention (Transformer-XL), permutation LM head')
