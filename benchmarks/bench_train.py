@@ -1,33 +1,246 @@
-r"""Train-step throughput: encoder_jax BERT beside Hugging Face BertForPreTraining (PyTorch).
-
-Both run a full pretraining step (forward, MLM + NSP loss, backward, AdamW update) with
-dropout on, at the same model size, batch and sequence length, in this one process, and
-the script prints tokens/s (batch * seq_len / step time, median of the timed steps) and
-the ratio. Ours draws the 15% masks on device and computes vocabulary logits only at the
-``max_predictions`` positions (our design); a second row runs our MLM head at every
-position, as Hugging Face does, for a like-for-like view of the rest.
+r"""Train-step throughput, FLOPs and memory: encoder_jax BERT beside Hugging Face (PyTorch).
 
   python benchmarks/bench_train.py                      # small BERT (4 x 256), batch 32 x 128
-  python benchmarks/bench_train.py --preset=base --batch_size=8
-  python benchmarks/bench_train.py --preset=base --seq_len=512 --max_predictions=80 --steps=5
+  python benchmarks/bench_train.py --preset=base --dtype=bfloat16 --batch_size=256   # MFU (GPU/TPU)
+  python benchmarks/bench_train.py --check_flops        # ours vs XLA: small@128, base@128, base@512
+  python benchmarks/bench_train.py --compile_only --preset=base --seq_len=512 \
+      --max_predictions=80 --dtype=bfloat16 --batch_size=64 [--remat]   # memory, no run
 
-Token ids are drawn at random: throughput does not depend on their values. On an
-accelerator the same command reports model TFLOP/s and MFU for our step (HF is skipped
-unless --with_hf).
+**Throughput** (the default). Both sides run a full pretraining step (forward, MLM + NSP
+loss, backward, AdamW update) with dropout on, at the same model size, batch and sequence
+length, in this one process; printed: tokens/s (batch * seq_len / step time, median of the
+timed steps) and the ratio. Ours draws the 15% masks on device and computes vocabulary
+logits only at the ``max_predictions`` positions (our design); a second row runs our MLM head
+at every position, as Hugging Face does, for a like-for-like view of the rest. Token ids are
+random: throughput does not depend on their values. On an accelerator the same command
+prints model TFLOP/s and MFU (peak from ``--peak_tflops`` or ``metrics.PEAK_TFLOPS``); HF is
+skipped there unless ``--with_hf``.
+
+**FLOPs: our formula against XLA's count** (printed after the throughput for the timed shape,
+and for a table of shapes with ``--check_flops``, compile only). "ours" is what MFU divides
+by: ``objectives.build(config).flops_per_sequence(phase)`` * batch, i.e. *model* FLOPs
+(Kaplan et al. 2020; Chowdhery et al. 2022, PaLM App. B): forward + backward = 3x the
+forward's matmuls, ``6L(4d^2 + 2d*d_ff) + 12L*s*d`` per token for the encoder at every
+position, plus the MLM head (transform d x d, tied decoder d x vocab) at the predicted
+positions only. "XLA" is ``jax.jit(step).lower(...).compile().cost_analysis()['flops']``
+for the whole compiled train step on one device: every HLO op, a dot as 2*M*N*K, an
+elementwise op as one FLOP per element. So XLA also counts what the formula leaves out on
+purpose, all of it small next to the matmuls at real widths: softmax, LayerNorm, GELU,
+dropout masks and bias adds; the pooler and NSP head; the embedding gradient; the
+gradient-norm clip and AdamW (~10-20 FLOPs per parameter); the loss. A ratio a little
+above 1 (shrinking as d grows) confirms the formula; far from 1 it would not. With
+``--remat`` XLA also counts the recomputed forward (ratio ~4/3): MFU counts model FLOPs
+only, recomputation is overhead. XLA's ``HloCostAnalysis`` counts a while loop's body
+once, whatever its trip count, and the layer stack is an ``nn.scan`` (a while loop), so
+the count is taken from the same step traced with Flax's layer scan fully unrolled (same
+ops, no loop); the timed step is untouched.
+
+**Memory** (``--compile_only``, alias ``--memory_only``): compiles our step for the given
+shape on this backend, without running it or allocating the state, and prints
+``compiled.memory_analysis()``: arguments (params + optimizer state + batch), outputs
+(aliased to the donated state), temporaries (activations kept for the backward pass, the
+gradients, workspace), and their peak = arguments + outputs - aliased + temporaries, against
+the device's memory: ``bytes_limit`` of a GPU/TPU, or ``--device_memory_gib`` (default an H100
+80GB, 79.6 GiB usable) times JAX's preallocated fraction (``XLA_PYTHON_CLIENT_MEM_FRACTION``,
+default 0.75) on a CPU host. Run it on the GPU/TPU host to know before a run whether a batch
+fits. On a CPU host the figures are the CPU compiler's (different fusion and buffer
+assignment, no cuDNN workspace): an estimate of the GPU's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
+import sys
 import time
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRESETS = {
+    'tiny': dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256),  # Tests.
     'small': dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     'base': dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     'large': dict(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
 }
+# BERT's recipe: 20 predictions per sequence at 128 tokens, 80 at 512 (15%, rounded).
+PREDICTIONS = {128: 20, 512: 80}
+FLOPS_SHAPES = 'small:128,base:128,base:512'
+H100_GIB = 81559 / 1024  # nvidia-smi's total for an H100 80GB (SXM and PCIe).
+GIB = 2.0 ** 30
+
+
+def shape_args(args, **changes) -> argparse.Namespace:
+  """``args`` with some fields changed (preset, seq_len, ...), max_predictions following
+  seq_len by BERT's recipe unless given."""
+  out = argparse.Namespace(**vars(args))
+  for k, v in changes.items():
+    setattr(out, k, v)
+  if 'seq_len' in changes and 'max_predictions' not in changes:
+    out.max_predictions = PREDICTIONS.get(out.seq_len, max(1, round(0.15 * out.seq_len)))
+  return out
+
+
+def build(args, devices=None):
+  """Config, mesh, pretraining setup, phase and jitted train step of one shape."""
+  import numpy as np
+
+  from encoder_jax import config_base, objectives, optimizer, schedule, sharding, train
+  from encoder_jax.objectives import masking
+
+  c = config_base.base_config()
+  c.model.update(vocab_size=args.vocab_size, dtype=args.dtype, remat=args.remat,
+                 attention_dropout_rate=args.attention_dropout,
+                 **PRESETS[args.preset])
+  if args.attention_implementation != 'auto':
+    c.model.attention_implementation = args.attention_implementation
+  c.train.update(batch_size=args.batch_size, seq_lens=(args.seq_len,),
+                 max_predictions=(args.max_predictions,), phase_fractions=(1.0,),
+                 num_steps=1000)
+  c.optim.warmup_steps = 10
+  mesh = sharding.make_mesh(c.mesh, devices)
+  phase = schedule.phases(c.train)[0]
+  v = args.vocab_size
+  special = np.zeros(v, bool)
+  special[:5] = True
+  tables = masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
+  tx = optimizer.make(c)
+  objective = objectives.build(c, tables)
+  _, shards = train.state_shardings(c, mesh, objective, tx)
+  step_fn = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
+      c.optim, 1000), mesh, shards, phase)
+  return argparse.Namespace(config=c, mesh=mesh, objective=objective, phase=phase, tx=tx,
+                            step_fn=step_fn)
+
+
+def host_batch(args):
+  import numpy as np
+  rng = np.random.RandomState(0)
+  b, l, v = args.batch_size, args.seq_len, args.vocab_size
+  host = dict(input_ids=rng.randint(5, v, (b, l)).astype(np.int32),
+              segment_ids=(np.arange(l)[None] >= l // 2).repeat(b, 0).astype(np.int32),
+              input_mask=np.ones((b, l), np.int32),
+              pair_labels=rng.randint(0, 2, b).astype(np.int32))
+  host['input_ids'][:, 0] = 2
+  return host
+
+
+def compile_step(args, devices=None):
+  """(built, compiled step): lowered from shapes only, nothing allocated or run."""
+  import jax
+
+  from encoder_jax import sharding, train_state
+
+  built = build(args, devices)
+  state = train_state.abstract_state(built.config, built.mesh, built.objective)
+  batch_sharding = sharding.batch_sharding(built.mesh)
+  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding)
+           for k, x in host_batch(args).items()}
+  return built, built.step_fn.lower(state, batch).compile()
+
+
+class _UnrolledLax:
+  """``jax.lax`` as Flax's scan sees it, with every scan fully unrolled."""
+
+  def __getattr__(self, name):
+    import jax
+    return getattr(jax.lax, name)
+
+  @staticmethod
+  def scan(f, init, xs=None, length=None, reverse=False, unroll=1, **kw):
+    import jax
+    del unroll
+    return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=True, **kw)
+
+
+@contextlib.contextmanager
+def layers_unrolled():
+  """Traces ``nn.scan`` (the layer stack) unrolled: XLA's cost analysis counts a loop's
+  body once, not once per iteration. Other ``lax.scan`` calls are left alone."""
+  import flax.core.axes_scan
+  with mock.patch.object(flax.core.axes_scan, 'lax', _UnrolledLax()):
+    yield
+
+
+def xla_flops(args) -> dict:
+  """Our model FLOPs per step beside XLA's count for the compiled step, on one device."""
+  import jax
+
+  with layers_unrolled():
+    built, compiled = compile_step(args, jax.devices()[:1])
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  ours = built.objective.flops_per_sequence(built.phase) * args.batch_size
+  return dict(ours=ours, xla=float(cost['flops']), ratio=float(cost['flops']) / ours)
+
+
+def _flops_line(args, f) -> str:
+  return (f'  BERT-{args.preset:5s} batch {args.batch_size:3d} x {args.seq_len:3d}, '
+          f'{args.max_predictions:2d} pred/seq, {args.dtype:8s}{" remat" * args.remat}: '
+          f'ours {f["ours"] / 1e12:9.4f} TFLOP/step   XLA {f["xla"] / 1e12:9.4f}   '
+          f'XLA/ours {f["ratio"]:.3f}')
+
+
+def memory(args) -> dict:
+  """``memory_analysis()`` of the compiled step (all devices of the mesh) and the budget."""
+  import jax
+
+  _, compiled = compile_step(args)
+  m = compiled.memory_analysis()
+  out = dict(arguments=m.argument_size_in_bytes, outputs=m.output_size_in_bytes,
+             aliased=m.alias_size_in_bytes, temporaries=m.temp_size_in_bytes,
+             code=m.generated_code_size_in_bytes)
+  out['peak'] = out['arguments'] + out['outputs'] - out['aliased'] + out['temporaries']
+  device = jax.devices()[0]
+  stats = device.memory_stats() if device.platform != 'cpu' else None
+  if stats and stats.get('bytes_limit'):
+    out['budget'], out['budget_what'] = stats['bytes_limit'], f'{device.device_kind} limit'
+  else:
+    fraction = float(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION', 0.75))
+    out['budget'] = args.device_memory_gib * GIB * fraction
+    out['budget_what'] = (f'{args.device_memory_gib:.1f} GiB x {fraction:.2f} '
+                          '(XLA_PYTHON_CLIENT_MEM_FRACTION)')
+  out['devices'] = f'{jax.device_count()} x {device.device_kind}'
+  return out
+
+
+def saved_for_backward(args) -> dict:
+  """Bytes the autodiff saves between forward and backward (the jaxpr's residuals, by
+  dtype), traced from shapes on one device before any compiler sees them: the same on
+  every backend, so on a CPU host a check of the compiled figure. Residuals that are the
+  step's own inputs (params, batch) are left out. Uses JAX's private ``saved_residuals``
+  (what ``jax.ad_checkpoint.print_saved_residuals`` prints); {} if it is gone."""
+  import collections
+
+  import jax
+  import numpy as np
+
+  from encoder_jax import train_state
+  try:
+    from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return {}
+  built = build(args, jax.devices()[:1])
+  params = train_state.abstract_state(built.config, built.mesh, built.objective).params
+  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype) for k, x in host_batch(args).items()}
+  loss = lambda p, b: built.objective.loss_fn(p, b, jax.random.key(0), built.phase, True)[0]
+  by_dtype = collections.Counter()
+  for aval, source in saved_residuals(loss, params, batch):
+    if 'from the argument' not in source:
+      by_dtype[str(aval.dtype)] += int(np.prod(aval.shape)) * aval.dtype.itemsize
+  return dict(by_dtype)
+
+
+def _memory_line(args, m) -> str:
+  g = lambda k: f'{m[k] / GIB:6.2f}'
+  verdict = 'fits' if m['peak'] <= m['budget'] else 'DOES NOT FIT'
+  return (f'  BERT-{args.preset:5s} batch {args.batch_size:3d} x {args.seq_len:3d} '
+          f'{args.dtype}{" remat" * args.remat}: peak {g("peak")} GiB per device = arguments '
+          f'{g("arguments")} + outputs {g("outputs")} - aliased {g("aliased")} + temporaries '
+          f'{g("temporaries")}  -> {verdict} in {m["budget"] / GIB:.1f} GiB '
+          f'({m["budget_what"]}) [{m["devices"]}]')
 
 
 def _time_steps(run_step, steps: int, warmup: int) -> float:
@@ -41,49 +254,24 @@ def _time_steps(run_step, steps: int, warmup: int) -> float:
   return statistics.median(times)
 
 
-def bench_ours(args, max_predictions: int) -> dict:
+def bench_ours(args) -> dict:
   import jax
-  import numpy as np
 
-  from encoder_jax import config_base, objectives, optimizer, schedule, sharding, train
-  from encoder_jax import feeding, metrics
-  from encoder_jax.objectives import masking
+  from encoder_jax import feeding, metrics, sharding, train
 
-  c = config_base.base_config()
-  c.model.update(vocab_size=args.vocab_size, dtype=args.dtype, remat=args.remat,
-                 **PRESETS[args.preset])
-  c.train.update(batch_size=args.batch_size, seq_lens=(args.seq_len,),
-                 max_predictions=(max_predictions,), phase_fractions=(1.0,), num_steps=1000)
-  c.optim.warmup_steps = 10
-  mesh = sharding.make_mesh(c.mesh)
-  phase = schedule.phases(c.train)[0]
-  v = args.vocab_size
-  special = np.zeros(v, bool)
-  special[:5] = True
-  tables = masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
-  tx = optimizer.make(c)
-  objective = objectives.build(c, tables)
-  _, shards = train.state_shardings(c, mesh, objective, tx)
-  state = train.create_train_state(c, mesh)
-  step_fn = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
-      c.optim, 1000), mesh, shards, phase)
-  rng = np.random.RandomState(0)
-  b, l = args.batch_size, args.seq_len
-  host = dict(input_ids=rng.randint(5, v, (b, l)).astype(np.int32),
-              segment_ids=(np.arange(l)[None] >= l // 2).repeat(b, 0).astype(np.int32),
-              input_mask=np.ones((b, l), np.int32),
-              pair_labels=rng.randint(0, 2, b).astype(np.int32))
-  host['input_ids'][:, 0] = 2
-  batch = feeding.to_global(host, sharding.batch_sharding(mesh))
+  built = build(args)
+  state = train.create_train_state(built.config, built.mesh)
+  batch = feeding.to_global(host_batch(args), sharding.batch_sharding(built.mesh))
   box = [state]
 
   def run():
-    box[0], m = step_fn(box[0], batch)
+    box[0], m = built.step_fn(box[0], batch)
     jax.block_until_ready(m['loss'])
 
   dt = _time_steps(run, args.steps, args.warmup)
+  b, l = args.batch_size, args.seq_len
   out = dict(step_s=dt, tokens_per_s=b * l / dt)
-  flops = objective.flops_per_sequence(schedule.phases(c.train)[0]) * b
+  flops = built.objective.flops_per_sequence(built.phase) * b
   out['tflops_per_device'] = flops / dt / 1e12 / jax.device_count()
   peak = metrics.peak_tflops_per_device(args.peak_tflops)
   if peak:
@@ -129,6 +317,15 @@ def bench_hf(args) -> dict:
               transformers=transformers.__version__)
 
 
+def _describe(args) -> str:
+  import jax
+  return (f'BERT-{args.preset} {PRESETS[args.preset]}, vocab {args.vocab_size}, batch '
+          f'{args.batch_size} x {args.seq_len}, {args.max_predictions} predictions/seq, '
+          f'{args.dtype}{", remat" * args.remat}, attention {args.attention_implementation} '
+          f'(dropout {args.attention_dropout}), {os.cpu_count()} CPU cores, JAX backend '
+          f'{jax.default_backend()}')
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--preset', choices=sorted(PRESETS), default='small')
@@ -138,31 +335,68 @@ def main():
   ap.add_argument('--vocab_size', type=int, default=30522)
   ap.add_argument('--dtype', default='float32')
   ap.add_argument('--remat', action='store_true')
+  ap.add_argument('--attention_implementation', choices=('auto', 'xla', 'cudnn'),
+                  default='auto', help='config.model.attention_implementation (auto = None).')
+  ap.add_argument('--attention_dropout', type=float, default=0.1,
+                  help="BERT's 0.1 keeps training on the explicit softmax; 0 allows cuDNN.")
   ap.add_argument('--steps', type=int, default=10)
   ap.add_argument('--warmup', type=int, default=2)
   ap.add_argument('--peak_tflops', type=float, default=0.0)
   ap.add_argument('--with_hf', action='store_true', help='Also run HF on an accelerator host.')
+  ap.add_argument('--check_flops', action='store_true',
+                  help='Only print ours vs XLA FLOPs for --flops_shapes (compile only).')
+  ap.add_argument('--flops_shapes', default=FLOPS_SHAPES,
+                  help='preset:seq_len[:max_predictions],... for --check_flops.')
+  ap.add_argument('--skip_flops_check', action='store_true',
+                  help='Do not compile the unrolled step to check FLOPs after timing.')
+  ap.add_argument('--compile_only', '--memory_only', dest='compile_only', action='store_true',
+                  help='Compile the step, print its memory against the device; run nothing.')
+  ap.add_argument('--device_memory_gib', type=float, default=H100_GIB,
+                  help='Device memory the CPU-host estimate compares with (H100 80GB).')
   args = ap.parse_args()
 
   import jax
+  if args.check_flops:
+    print(f'Model FLOPs per train step (ours: MFU formula; XLA: cost_analysis of the compiled '
+          f'step, layers unrolled, 1 device), JAX backend {jax.default_backend()}:')
+    for spec in args.flops_shapes.split(','):
+      preset, seq_len, *pred = spec.split(':')
+      changes = dict(preset=preset, seq_len=int(seq_len))
+      if pred:
+        changes['max_predictions'] = int(pred[0])
+      shape = shape_args(args, **changes)
+      print(_flops_line(shape, xla_flops(shape)), flush=True)
+    return
+  print(_describe(args))
+  if args.compile_only:
+    print('Compiled train step memory (memory_analysis), nothing run:')
+    print(_memory_line(args, memory(args)))
+    saved = saved_for_backward(args)
+    if saved:
+      print(f'  saved for the backward pass (jaxpr residuals, any backend): '
+            f'{sum(saved.values()) / GIB:.2f} GiB (' + ', '.join(
+                f'{k} {v / GIB:.2f}' for k, v in sorted(saved.items(), key=lambda kv: -kv[1])
+                if v >= GIB / 100) + ')')
+    return
   on_cpu = jax.default_backend() == 'cpu'
-  print(f'BERT-{args.preset} {PRESETS[args.preset]}, vocab {args.vocab_size}, batch '
-        f'{args.batch_size} x {args.seq_len}, {args.max_predictions} predictions/seq, '
-        f'{args.dtype}, {os.cpu_count()} CPU cores, JAX backend {jax.default_backend()}')
-  ours = bench_ours(args, args.max_predictions)
+  ours = bench_ours(args)
   print(f'encoder_jax (head at predicted positions): {ours["tokens_per_s"]:10.0f} tokens/s  '
         f'step {ours["step_s"]*1e3:8.1f} ms  {ours["tflops_per_device"]:.3f} TFLOP/s/device'
-        + (f'  MFU {ours["mfu"]:.1%}' if 'mfu' in ours else '') + f'  [{ours["device"]}]')
+        + (f'  MFU {ours["mfu"]:.1%}' if 'mfu' in ours else '') + f'  [{ours["device"]}]',
+        flush=True)
   if on_cpu or args.with_hf:
-    full = bench_ours(args, args.seq_len)
+    full = bench_ours(shape_args(args, max_predictions=args.seq_len))
     print(f'encoder_jax (head at all positions):       {full["tokens_per_s"]:10.0f} tokens/s  '
-          f'step {full["step_s"]*1e3:8.1f} ms')
+          f'step {full["step_s"]*1e3:8.1f} ms', flush=True)
     hf = bench_hf(args)
     print(f'HF BertForPreTraining (PyTorch, sdpa):     {hf["tokens_per_s"]:10.0f} tokens/s  '
           f'step {hf["step_s"]*1e3:8.1f} ms  [torch {hf["torch"]}, transformers '
           f'{hf["transformers"]}]')
     print(f'ratio ours / HF: {ours["tokens_per_s"] / hf["tokens_per_s"]:.2f}x '
           f'(all-position head: {full["tokens_per_s"] / hf["tokens_per_s"]:.2f}x)')
+  if not args.skip_flops_check:
+    print('FLOPs check (XLA cost analysis of the compiled step vs the MFU formula):')
+    print(_flops_line(args, xla_flops(args)))
 
 
 if __name__ == '__main__':

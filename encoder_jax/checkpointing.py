@@ -32,6 +32,9 @@ from etils import epath
 from encoder_jax import workdir as workdir_lib
 
 ITEMS = ('params', 'opt_state', 'data', 'meta')
+# Saved only by setups that carry state across steps (``TrainState.extra``, e.g. XLNet's
+# memory): every other checkpoint has exactly ITEMS, as before this item existed.
+EXTRA = 'extra'
 JSON_ITEMS = ('data', 'meta')  # Written by ocp.args.JsonSave into <item>/metadata.
 DAMAGED_DIR = 'checkpoints_damaged'
 
@@ -190,7 +193,11 @@ class Checkpointer:
                        f'{checkpoint_config.keep}, {checkpoint_config.every_steps}')
     self.workdir = workdir
     self.every_steps = int(checkpoint_config.every_steps)
-    self.manager = _manager(workdir, checkpoint_config.keep, checkpoint_config.async_save)
+    self.manager = _manager(workdir, checkpoint_config.keep, checkpoint_config.async_save,
+                            items=ITEMS + (EXTRA,))
+    # ``TrainState.extra`` of the step ``restore`` returned; None when the state carries
+    # none or that checkpoint has none (then the run starts it afresh).
+    self.restored_extra = None
     # (step, reason, where it went) of each checkpoint ``restore`` set aside; where is ''
     # on processes other than 0, which moves the files.
     self.set_aside: list[tuple[int, str, str]] = []
@@ -199,11 +206,13 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, state, data_state: dict[str, Any]) -> None:
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state.params),
-        opt_state=ocp.args.StandardSave(state.opt_state),
-        data=ocp.args.JsonSave({'processes': _gather_json(data_state)}),
-        meta=ocp.args.JsonSave({'step': int(step)})), force=True)
+    items = dict(params=ocp.args.StandardSave(state.params),
+                 opt_state=ocp.args.StandardSave(state.opt_state),
+                 data=ocp.args.JsonSave({'processes': _gather_json(data_state)}),
+                 meta=ocp.args.JsonSave({'step': int(step)}))
+    if getattr(state, 'extra', None) is not None:
+      items[EXTRA] = ocp.args.StandardSave(state.extra)
+    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
@@ -212,7 +221,8 @@ class Checkpointer:
     """The newest restorable (params, opt_state, data_state, step), or None if none exist.
 
     ``abstract_state`` has ``.params`` and ``.opt_state`` trees of ShapeDtypeStructs whose
-    ``.sharding`` says where each restored array goes. Newer steps that failed while an
+    ``.sharding`` says where each restored array goes (and ``.extra``, restored into
+    ``self.restored_extra`` when the checkpoint has it). Newer steps that failed while an
     older one restored are set aside (see the module docstring) and listed in
     ``self.set_aside``, so the run can save those steps again.
     """
@@ -220,14 +230,22 @@ class Checkpointer:
     if not steps:
       return None
     failures = []
+    abstract_extra = getattr(abstract_state, 'extra', None)
     for step in steps:
       try:
-        got = self.manager.restore(step, args=ocp.args.Composite(
-            params=_restore_args(abstract_state.params),
-            opt_state=_restore_args(abstract_state.opt_state),
-            data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        items = dict(params=_restore_args(abstract_state.params),
+                     opt_state=_restore_args(abstract_state.opt_state),
+                     data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+        with_extra = abstract_extra is not None and (self._step_dir(step) / EXTRA).exists()
+        if with_extra:
+          items[EXTRA] = _restore_args(abstract_extra)
+        got = self.manager.restore(step, args=ocp.args.Composite(**items))
         _check_shapes(got.params, abstract_state.params, 'params', step)
         _check_shapes(got.opt_state, abstract_state.opt_state, 'opt_state', step)
+        self.restored_extra = None
+        if with_extra:
+          _check_shapes(got[EXTRA], abstract_extra, EXTRA, step)
+          self.restored_extra = got[EXTRA]
         if int(got.meta['step']) != step:
           raise CheckpointError(f'checkpoint step {step}: meta says step {got.meta["step"]}')
       except Exception as e:  # pylint: disable=broad-except

@@ -41,6 +41,10 @@ def base_config() -> ml_collections.ConfigDict:
       embedding_size=0,  # Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).
       share_layers='none',  # Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'.
       position_offset=0,  # First position id (RoBERTa: padding id + 1 = 2).
+      # jax.nn.dot_product_attention backend: 'xla', 'cudnn' (fused flash attention; bf16,
+      # right-padded masks given as key lengths), or None: cuDNN on GPUs in bf16, else XLA.
+      # Training with attention_dropout_rate > 0 always runs the explicit XLA softmax.
+      attention_implementation=ml_collections.config_dict.placeholder(str),
       # XLNet: Transformer-XL memory of mem_len cached states per layer, carried across steps
       # in the training state (0 = none); relative distances clipped to +-clamp_len (-1 = no).
       mem_len=0,
@@ -76,6 +80,11 @@ def base_config() -> ml_collections.ConfigDict:
       generator_hidden_fraction=0.25,
       generator_layers_fraction=1.0,
       rtd_weight=50.0,
+      # XLNet ('plm'): about 1/K of each sequence is predicted, spans of 1..max_ngram tokens
+      # each in a context of K x its length (XLNet: K=6, max_ngram=5); bidirectional_data
+      # makes the second half of each batch the backward stream (the paper's bi_data).
+      partial_prediction_k=6,
+      bidirectional_data=False,
   ))
 
   # ---- data and tokenizer: owned by encoder_jax.data. ----

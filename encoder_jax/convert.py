@@ -1,8 +1,10 @@
 r"""Converts checkpoints between Hugging Face directories and encoder_jax workdirs.
 
 Every registered model kind converts: BERT (``BertForPreTraining``), RoBERTa
-(``RobertaForMaskedLM``), ALBERT (``AlbertForPreTraining``); import also takes their
-masked-LM and bare base models.
+(``RobertaForMaskedLM``), ALBERT (``AlbertForPreTraining``), ELECTRA (the discriminator as
+``ElectraForPreTraining`` in OUT, the generator as ``ElectraForMaskedLM`` in OUT/generator;
+importing OUT takes the generator back when its shapes match the config's
+``objective.generator_*_fraction``); import also takes their masked-LM and bare base models.
 
   # HF (config.json + model.safetensors | pytorch_model.bin; vocab.txt | tokenizer.json, or
   # the tokenizer.model of an encoder_jax export) -> a workdir with config.json, config.py,
@@ -61,11 +63,16 @@ def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) 
   """Writes ``out`` (weights and the workdir's pinned tokenizer); returns a description."""
   loaded = checkpoint_io.load_workdir(workdir, config, step)
   tok = loaded.tokenizer
-  hf.save_hf(out, loaded.model_config, checkpoint_io.to_host(loaded.encoder_params),
-             pad_token_id=tok.pad_id)
-  written = tokenizer_io.export_hf_tokenizer(tok, out,
-                                             loaded.max_length)
-  return f'Wrote {out}: config.json + model.safetensors from {loaded.source}; {written}'
+  # The downstream network at the top; more networks in subdirectories (ELECTRA: the
+  # generator as ElectraForMaskedLM in OUT/generator), each with the tokenizer.
+  lines = []
+  for sub, (network, params) in loaded.setup.hf_exports(loaded.params).items():
+    where = os.path.join(out, sub) if sub else out
+    hf.save_hf(where, network.config, checkpoint_io.to_host(params), pad_token_id=tok.pad_id)
+    written = tokenizer_io.export_hf_tokenizer(tok, where, loaded.max_length)
+    lines.append(f'Wrote {where}: config.json + model.safetensors from {loaded.source}; '
+                 f'{written}')
+  return '\n'.join(lines)
 
 
 def pin_tokenizer(workdir: str, tokenizer_path: str, config=None) -> str:

@@ -156,31 +156,28 @@ def embed_sentences(params, config: model_config_lib.EncoderConfig, tokenizer,
                     normalize=normalize, batch_size=batch_size)
 
 
-def defaults_from_model(loaded) -> tuple[int, str, list[str]]:
-  """(max_len, pooling, notes): the defaults ``loaded`` implies, and what they came from.
+def defaults_from_model(loaded) -> tuple[tuple[int, str], tuple[str, str], list[str]]:
+  """((max_len, why), (pooling, why), warnings): the defaults ``loaded`` implies.
 
   A sentence-transformers model's ``max_seq_length`` and pooling (``loaded.sentence_settings``),
-  else the model's position limit and mean pooling; notes say which, and warn about a
-  pooling this tool does not compute.
+  else the model's position limit and mean pooling; a warning when its pooling is one this
+  tool does not compute.
   """
   settings = loaded.sentence_settings or {}
   files = ', '.join(settings.get('files', [])) or 'sentence-transformers settings'
-  notes = []
   if settings.get('max_seq_length'):
     why = f'max_seq_length of {files}'
     if settings['max_seq_length'] > loaded.max_length:
-      why += f', capped at the model\'s {loaded.max_length} positions'
+      why += f", capped at the model's {loaded.max_length} positions"
   else:
-    why = 'the model\'s position limit'
-  pooling = loaded.default_pooling
-  theirs = settings.get('pooling')
+    why = "the model's position limit"
+  pooling, theirs, warnings = loaded.default_pooling, settings.get('pooling'), []
   if theirs and theirs != pooling:
-    notes.append(f'Warning: {loaded.source} is pooled with {theirs!r} by sentence-transformers '
-                 f'({files}), which this tool does not compute; using {pooling!r} pooling, '
-                 'so the embeddings differ from sentence-transformers\'.')
-  notes.insert(0, f'max_len {loaded.default_max_len} ({why}), {pooling} pooling'
-               + (f' ({files})' if theirs == pooling else ''))
-  return loaded.default_max_len, pooling, notes
+    warnings.append(f'{loaded.source} is pooled with {theirs!r} by sentence-transformers '
+                    f'({files}), which this tool does not compute; using {pooling!r} pooling, '
+                    "so the embeddings differ from sentence-transformers'.")
+  return ((loaded.default_max_len, why),
+          (pooling, files if theirs == pooling else 'default'), warnings)
 
 
 def main(argv):
@@ -194,17 +191,16 @@ def main(argv):
   loaded = checkpoint_io.load_from_flags(f)
   with open(f.input, encoding='utf-8') as fh:
     sentences = [line.rstrip('\r\n') for line in fh]
-  default_max_len, default_pooling, notes = defaults_from_model(loaded)
-  pooling = f.pooling or default_pooling
-  if f.max_len is None:
-    max_len = default_max_len
-  else:
-    max_len = min(f.max_len, loaded.max_length)
+  (max_len, max_len_why), (pooling, pooling_why), warnings = defaults_from_model(loaded)
+  if f.max_len is not None:
+    max_len, max_len_why = min(f.max_len, loaded.max_length), '--max_len'
     if max_len < f.max_len:
       print(f'Note: --max_len={f.max_len} is more than the model takes; using {max_len}.',
             file=sys.stderr)
-  for note in notes[1:] if f.pooling is None else []:
-    print(note, file=sys.stderr)
+  if f.pooling is not None:
+    pooling, pooling_why, warnings = f.pooling, '--pooling', []
+  for warning in warnings:
+    print(f'Warning: {warning}', file=sys.stderr)
   encoded = encode_sentences(loaded.tokenizer, sentences, max_len)
   for warning in encoded.warnings():
     print(f'Warning: {f.input}: {warning}', file=sys.stderr)
@@ -213,10 +209,9 @@ def main(argv):
                    pooling=pooling, normalize=f.normalize, batch_size=f.batch_size)
   np.save(f.output, emb)
   counts = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']
-  used = (notes[0] if f.max_len is None and f.pooling is None else
-          f'max_len {max_len}, {pooling} pooling')
-  print(f'Embedded {len(sentences)} lines from {f.input} ({", ".join(counts)}; {used}; '
-        f'{"L2-normalised" if f.normalize else "not normalised"}) using '
+  print(f'Embedded {len(sentences)} lines from {f.input} ({", ".join(counts)}) cut at max_len '
+        f'{max_len} ({max_len_why}) with {pooling} pooling ({pooling_why}), '
+        f'{"L2-normalised" if f.normalize else "not normalised"}, using '
         f'{loaded.source}: {f.output} float32 {emb.shape}')
 
 

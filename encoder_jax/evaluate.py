@@ -110,8 +110,6 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
          'mask_rate': float(config.objective.mask_rate),
          'objectives': list(config.objective.names)}
   out.update(m)
-  if 'mlm_predictions' in out:
-    out['mlm_predictions'] = int(round(out['mlm_predictions']))
   out['report'] = objective.report_lines(m)  # Each objective's own summary lines.
   out['eval_time_s'] = time.perf_counter() - start
   return out

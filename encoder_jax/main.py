@@ -43,10 +43,12 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   started = distributed.initialize(_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
                                    _PROCESS_ID.value)
-  logging.info('Distributed: %s', started.description)
-  logging.info('JAX process %d/%d, %d local / %d global devices (%s)', jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count(),
-               jax.devices()[0].device_kind)
+  where = (f'{started.description}: {jax.local_device_count()} local / {jax.device_count()} '
+           f'global {jax.devices()[0].device_kind} devices')
+  if started.how == 'single':
+    logging.info('%s', where)
+  else:  # Every process says how it joined: the first thing to read when a launch hangs.
+    print(where, flush=True)
   train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 

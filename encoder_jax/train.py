@@ -50,29 +50,35 @@ def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: sch
   accum = int(config.train.grad_accum_steps)
   skip_nonfinite = config.train.nonfinite_policy == 'skip'
   base_key = jax.random.fold_in(jax.random.key(config.seed), _TRAIN)
-  grad_fn = jax.value_and_grad(objective.loss_fn, has_aux=True)
+  # ``extra``: the setup's non-trained state carried across steps (None for most setups),
+  # one row per batch row, read and renewed by ``stateful_loss_fn``.
+  grad_fn = jax.value_and_grad(objective.stateful_loss_fn, has_aux=True)
 
-  def micro_step(params, batch, rng):
-    (_, m), g = grad_fn(params, batch, rng, phase, True)
-    return g, m
+  def micro_step(params, extra, batch, rng):
+    (_, (m, extra)), g = grad_fn(params, extra, batch, rng, phase, True)
+    return (g, m), extra
 
   def step_fn(state: TrainState, batch):
     rng = jax.random.fold_in(base_key, state.step)
     if accum == 1:
-      grads, m = micro_step(state.params, batch, rng)
+      (grads, m), extra = micro_step(state.params, state.extra, batch, rng)
     else:
       # Micro-batch i takes rows i, i+A, i+2A, ...: every device keeps its share of each.
-      micro = jax.tree.map(
-          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+      split = lambda tree: jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), tree)
+      micro, micro_extra = split(batch), split(state.extra)
+      first = lambda tree: jax.tree.map(lambda x: x[0], tree)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(
-          micro_step, state.params, jax.tree.map(lambda x: x[0], micro), rng))
+          micro_step, state.params, first(micro_extra), first(micro), rng)[0])
 
       def body(carry, xs):
-        i, mb = xs
-        out = micro_step(state.params, mb, jax.random.fold_in(rng, i))
-        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, out), None
+        i, mb, me = xs
+        out, extra = micro_step(state.params, me, mb, jax.random.fold_in(rng, i))
+        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, out), extra
 
-      (grads, m), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+      (grads, m), extra = jax.lax.scan(body, zeros, (jnp.arange(accum), micro, micro_extra))
+      extra = jax.tree.map(  # Back to rows i, i+A, ... of micro-batch i.
+          lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), extra)
       grads, m = jax.tree.map(lambda x: x / accum, (grads, m))
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -81,9 +87,10 @@ def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: sch
     if skip_nonfinite:  # Drop the update; the batch still counts as consumed.
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
       params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+      extra = keep(extra, state.extra)
     m = dict(m, grad_norm=grad_norm, learning_rate=schedule_fn(state.step),
              nonfinite=1.0 - finite.astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), m
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, extra=extra), m
 
   return jax.jit(step_fn, in_shardings=(shards, sharding.batch_sharding(mesh)),
                  out_shardings=(shards, None), donate_argnums=(0,))
@@ -253,8 +260,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     out.say('  starting from scratch')
   else:
     params, opt_state, data_state, step = restored
+    extra = ckpt.restored_extra  # None: the setup carries none, or the checkpoint has none.
+    if extra is None:
+      extra = train_state.initial_extra(config, mesh, objective, shards)
     state = TrainState(step=jax.device_put(jnp.int32(step), shards.step), params=params,
-                       opt_state=opt_state)
+                       opt_state=opt_state, extra=extra)
     if data_state:
       iterator.set_state(data_state)
     out.say(f'  resuming from checkpoint step {step}')

@@ -29,12 +29,17 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  # Not trained, carried from step to step (the setup's ``init_extra``, e.g. XLNet's
+  # Transformer-XL memory) and checkpointed; None for setups without (most), whose state
+  # and checkpoints are then exactly what they were before this field existed.
+  extra: Any = None
 
 
-def _boxed_init_fn(setup, tx):
+def _boxed_init_fn(setup, tx, batch_size: int):
   def init(rng):
     params = setup.init(rng)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      extra=setup.init_extra(batch_size))
   return init
 
 
@@ -42,7 +47,8 @@ def state_shardings(config: ml_collections.ConfigDict, mesh, setup=None, tx=None
   """(abstract boxed TrainState, NamedSharding tree of the unboxed TrainState)."""
   setup = setup or objectives.build(config)
   tx = tx or optimizer_lib.make(config)
-  boxed = jax.eval_shape(_boxed_init_fn(setup, tx), jax.random.key(0))
+  boxed = jax.eval_shape(_boxed_init_fn(setup, tx, int(config.train.batch_size)),
+                         jax.random.key(0))
   return boxed, sharding.shardings_of(boxed, mesh)
 
 
@@ -68,9 +74,20 @@ def create_train_state(config: ml_collections.ConfigDict, mesh, params=None, set
   setup = setup or objectives.build(config)
   tx = tx or optimizer_lib.make(config)
   _, shards = state_shardings(config, mesh, setup, tx)
+  batch_size = int(config.train.batch_size)
   if params is None:
-    init = _boxed_init_fn(setup, tx)
+    init = _boxed_init_fn(setup, tx, batch_size)
     rng = jax.random.fold_in(jax.random.key(config.seed), INIT)
     return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)
-  new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+  new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p),
+                             extra=nn.unbox(setup.init_extra(batch_size)))
   return jax.jit(new, in_shardings=(shards.params,), out_shardings=shards)(params)
+
+
+def initial_extra(config: ml_collections.ConfigDict, mesh, setup, shards=None):
+  """The setup's fresh (sharded) ``TrainState.extra``, or None if it carries none."""
+  shards = shards if shards is not None else state_shardings(config, mesh, setup)[1]
+  if shards.extra is None:
+    return None
+  make = lambda: nn.unbox(setup.init_extra(int(config.train.batch_size)))
+  return jax.jit(make, out_shardings=shards.extra)()

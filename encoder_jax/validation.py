@@ -136,6 +136,7 @@ RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('model.embedding_size', integer(0)),
     ('model.share_layers', one_of('none', 'all', 'attention', 'ffn')),
     ('model.position_offset', integer(0)),
+    ('model.attention_implementation', one_of(None, 'xla', 'cudnn')),
     ('model.mem_len', integer(0)),
     ('model.clamp_len', integer(1, also=(-1,))),
     ('model.position_biased_input', boolean()),
@@ -159,6 +160,8 @@ RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('objective.generator_hidden_fraction', number(0, 1, lo_open=True)),
     ('objective.generator_layers_fraction', number(0, 1, lo_open=True)),
     ('objective.rtd_weight', number(0)),
+    ('objective.partial_prediction_k', integer(1)),
+    ('objective.bidirectional_data', boolean()),
     # data
     ('data.sources', string(non_empty=True)),
     ('data.mixing_alpha', number(0, lo_open=True)),

@@ -106,10 +106,9 @@ def check_workdir_writable(workdir: str) -> None:
       fd, probe = tempfile.mkstemp(prefix='.write_test-', dir=target)
       os.close(fd)
       os.unlink(probe)
-    else:  # Creating the first missing component is what makedirs will do.
-      first = os.path.join(existing, os.path.relpath(target, existing).split(os.sep)[0])
-      os.mkdir(first)
-      os.rmdir(first)
+    else:  # Creating a directory in `existing` is what makedirs will do; a unique name, so
+      # the processes of a multi-host run probing at the same moment do not collide.
+      os.rmdir(tempfile.mkdtemp(prefix='.write_test-', dir=existing))
   except OSError as e:
     where = target if existing == target else existing
     raise WorkdirError(f'--workdir={workdir}: cannot write in {where} ({e.strerror or e}); '
@@ -385,7 +384,7 @@ RESUME_MAY_CHANGE = (
     'train.num_steps', 'train.log_every_steps', 'train.eval_every_steps', 'train.eval_batches',
     'train.grad_accum_steps', 'train.nonfinite_policy', 'train.peak_tflops_per_device',
     'checkpoint.*', 'mesh.*',
-    'model.dtype', 'model.remat',
+    'model.dtype', 'model.remat', 'model.attention_implementation',
     'data.num_workers', 'data.prepared_dir', 'data.tfds_data_dir',
 )
 

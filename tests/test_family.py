@@ -38,6 +38,23 @@ FAMILY = {
         model=dict(kind='albert', embedding_size=16, share_layers='all', activation='gelu_new'),
         objective=dict(names=('mlm', 'sop'), max_ngram=3, whole_word_masking=True),
         data=dict(pair_kind='sop')),
+    'spanbert_mlm_sbo': dict(
+        objective=dict(names=('mlm', 'sbo'), span_p=0.2, max_span_length=10,
+                       whole_word_masking=True),
+        data=dict(pair_kind='doc_sentences')),
+    'electra_rtd': dict(  # Generator: hidden 8 (1/4), its own 16 -> 8 embedding projection.
+        model=dict(kind='electra', embedding_size=16),
+        objective=dict(names=('electra',), mask_token_rate=0.85, random_token_rate=0.0,
+                       generator_hidden_fraction=0.25),
+        data=dict(pair_kind='full_sentences')),
+    'xlnet_plm_memory': dict(  # Two streams, bidirectional data, memory carried and resumed.
+        model=dict(kind='xlnet', type_vocab_size=3, mem_len=8),
+        objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6,
+                       bidirectional_data=True),
+        data=dict(pair_kind='xlnet')),
+    'electra_generator_mlm': dict(
+        model=dict(kind='electra_generator', embedding_size=16),
+        objective=dict(names=('mlm',)), data=dict(pair_kind='full_sentences')),
 }
 
 

@@ -1,6 +1,7 @@
 """Input pipeline: sources -> tokenizer -> prepared shards -> resumable example stream.
 
-  prepared = load_or_prepare(config)        # prepares once per config, then reuses
+  prepared = load_or_prepare(config)        # prepares once per config, then reuses; the
+                                            # hosts of a run: one prepares, the others wait
   it = make_train_iterator(config, prepared, process_index, process_count)
   batch = next(it)                          # numpy dict for this process and the next step
   state = it.get_state(); it.set_state(state)
@@ -8,7 +9,7 @@
 
 Modules: ``sources`` (text/JSONL/tfds/embedded), ``sentences`` (splitter), ``embedded``
 (stdlib docstring corpus), ``tokenizer`` / ``tokenizer_training``, ``preparation`` and
-``shards`` (prepared format), ``mixing`` (alpha sampling, epoch order), ``builders`` (NSP,
+``shards`` (prepared format), ``prepare_once`` (one preparer per directory, a file lock), ``mixing`` (alpha sampling, epoch order), ``builders`` (NSP,
 SOP, FULL-/DOC-SENTENCES) and ``iterators``. Nothing here imports JAX.
 """
 

@@ -198,7 +198,8 @@ class TrainIterator:
       instances.append(instance)
     if not instances:
       raise StopIteration
-    arrays = render(instances, seq_len, self._cls, self._sep, self._pad)
+    arrays = getattr(self.builder, 'render', render)(instances, seq_len, self._cls, self._sep,
+                                                     self._pad)
     rng = np.random.Generator(np.random.PCG64(seeding.mix(
         self.seed, seeding.POOL_SHUFFLE, self.process_index, number)))
     self._pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
@@ -328,8 +329,8 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
         f'The held-out split ({n} documents, {len(instances)} examples of length {seq_len} '
         f'for process {process_index}/{process_count}) is smaller than one batch of '
         f'{batch_size}; raise config.data.held_out_fraction / held_out_max_documents.')
-  ids, seg, lengths, labels = render(instances[:num_batches * batch_size], int(seq_len),
-                                     tok.cls_id, tok.sep_id, tok.pad_id)
+  ids, seg, lengths, labels = getattr(builder, 'render', render)(
+      instances[:num_batches * batch_size], int(seq_len), tok.cls_id, tok.sep_id, tok.pad_id)
   batches = []
   for b in range(num_batches):
     rows = slice(b * batch_size, (b + 1) * batch_size)

@@ -29,7 +29,7 @@ HEARTBEAT_S = 10.0
 STALE_S = 180.0  # Several missed heartbeats, with room for slow network file systems.
 TIMEOUT_S = 12 * 3600.0  # A live preparer of a very large corpus; see the error message.
 _POLL_S = 0.5
-_REPORT_EVERY_S = 60.0
+_REPORT_EVERY_S = 600.0
 
 
 def lock_path(directory: str) -> str:
@@ -118,7 +118,7 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
     if seen is not None and not os.path.exists(path):  # Released: done, failed or taken over.
       time.sleep(1.0)  # A take-over recreates the lock at once.
       if not os.path.exists(manifest) and not os.path.exists(path):
-        raise RuntimeError(
+        raise FileNotFoundError(
             f'{_who(seen[0])} stopped preparing {directory} without writing {manifest} '
             "(its preparation failed: see that process's log). Fix the cause and rerun.")
       seen = None
@@ -161,9 +161,9 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
           f'still alive) and no {os.path.basename(manifest)} appeared. Prepare the data '
           'once beforehand with python -m encoder_jax.prepare --config=... (the same '
           f'config), or delete {path} if that process is stuck.')
-    if now - reported >= _REPORT_EVERY_S or owner != told:
-      logging.info('Waiting for %s to prepare %s (%.0f s so far).', _who(owner), directory,
-                   now - start)
+    if now - reported >= _REPORT_EVERY_S or owner != told:  # Printed: shown at any verbosity.
+      print(f'Waiting for {_who(owner)} to prepare {directory} ({now - start:.0f} s so far).',
+            flush=True)
       reported, told = now, owner
     time.sleep(_POLL_S)
 

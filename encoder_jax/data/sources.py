@@ -20,7 +20,9 @@ Spec grammar (several specs are separated by commas)::
 Files may be compressed: gzip (``.gz``), bzip2 and xz are read transparently, recognised by
 their first bytes whatever the file is called; zstd, zip and other archives stop with the
 format named (decompress them first). A compressed file that ends early keeps the lines
-read so far and is counted under ``compressed_files_cut_short``.
+read so far and is counted under ``compressed_files_cut_short``. Text must be UTF-8 (a
+UTF-8 byte-order mark is dropped); UTF-16/32 files, recognised by their byte-order mark, stop
+with the encoding named.
 
 Every kind also takes ``max_documents=N`` (stop after N documents; for quick experiments).
 ``@WEIGHT`` gives the mixing weight; if one spec has a weight all must (else alpha mixing).
@@ -165,6 +167,8 @@ class Source:
           break
         empty = False
         number += 1
+        if number == 1 and raw.startswith(b'\xef\xbb\xbf'):  # A UTF-8 byte-order mark: no text.
+          raw = raw[3:]
         if len(raw) > cap and not raw.endswith(b'\n'):
           while True:  # Drain the rest of the huge line in bounded pieces.
             rest = f.readline(cap + 1)
@@ -298,6 +302,9 @@ _DECOMPRESSORS = (
 )
 _UNSUPPORTED = {b'\x28\xb5\x2f\xfd': 'zstd', b'PK\x03\x04': 'zip', b'7z\xbc\xaf\x27\x1c': '7z',
                 b'\x04\x22\x4d\x18': 'lz4'}
+# Text in another Unicode encoding, by its byte-order mark (UTF-32 before UTF-16: a prefix).
+_OTHER_ENCODINGS = ((b'\xff\xfe\x00\x00', 'UTF-32LE'), (b'\x00\x00\xfe\xff', 'UTF-32BE'),
+                    (b'\xff\xfe', 'UTF-16LE'), (b'\xfe\xff', 'UTF-16BE'))
 
 
 class _Decompressed:
@@ -343,6 +350,12 @@ def _open(path: str, spec: str = ''):
       raw.close()
       raise ValueError(f'config.data.sources: {spec!r}: {path} is a {name} file; expected text '
                        'or JSONL, plain or gzip/bzip2/xz-compressed. Decompress it first.')
+  for bom, name in _OTHER_ENCODINGS:
+    if head.startswith(bom):  # Would read as UTF-8 with a NUL in every other byte.
+      raw.close()
+      raise ValueError(f'config.data.sources: {spec!r}: {path} is {name} text (it starts with '
+                       f'its byte-order mark); expected UTF-8. Convert it first, e.g. iconv -f '
+                       f'{name} -t UTF-8.')
   return raw
 
 

@@ -346,8 +346,10 @@ def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
     raise ValueError(f'{hf_dir}: the tokenizer ({tok.path}) has {tok.vocab_size} pieces but '
                      f'config.json says vocab_size={model_config.vocab_size}')
   config = run_config_for(model_config, tok)
+  setup = objectives.build(config)
+  params = _around_downstream(setup, params, report, seed, hf_dir)
   return Loaded(model_config, params, tok, hf_dir, run_config=config, report=report,
-                setup=objectives.build(config),
+                setup=setup,
                 sentence_settings=read_sentence_settings(hf_dir))
 
 
@@ -462,7 +464,9 @@ def describe_sentence_settings(settings: dict) -> str:
 
 # The objectives an imported checkpoint of each kind continues pretraining with, by default.
 DEFAULT_OBJECTIVES = {'bert': (('mlm', 'nsp'), 'nsp'), 'albert': (('mlm', 'sop'), 'sop'),
-                      'roberta': (('mlm',), 'full_sentences')}
+                      'roberta': (('mlm',), 'full_sentences'),
+                      'electra': (('electra',), 'full_sentences'),
+                      'electra_generator': (('mlm',), 'full_sentences')}
 
 
 def run_config_for(model_config: model_config_lib.EncoderConfig, tok,
@@ -487,6 +491,14 @@ def run_config_for(model_config: model_config_lib.EncoderConfig, tok,
   return config
 
 
+def _around_downstream(setup, params, report: hf.ImportReport, seed: int, hf_dir: str):
+  """The setup's whole params tree around imported downstream params; the parts made
+  fresh (an SBO head, ELECTRA's generator) are added to the report."""
+  params, fresh = setup.from_downstream(params, jax.random.PRNGKey(seed), hf_dir)
+  report.initialised_groups.extend(g for g in fresh if g not in report.initialised_groups)
+  return params
+
+
 def import_hf_to_workdir(hf_dir: str, workdir: str,
                          base: ml_collections.ConfigDict | None = None) -> hf.ImportReport:
   """HF directory -> ``workdir``: config.json, the tokenizer (pinned), a step-0 checkpoint.
@@ -506,6 +518,7 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
                      f'says vocab_size={model_config.vocab_size}; the input pipeline needs '
                      'them equal')
   config = run_config_for(model_config, tok, base)
+  params = _around_downstream(objectives.build(config), params, report, seed, hf_dir)
   workdir_lib.pin_tokenizer(workdir, tok, None)
   mesh = local_mesh(config)
   state = train_state.create_train_state(config, mesh, params=params)

@@ -75,7 +75,8 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
 def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
                    **overrides) -> config_lib.EncoderConfig:
   """Our EncoderConfig for an HF config; anything we would compute differently is an error."""
-  spec = registry.hf_spec_for_model_type(hf_config.get('model_type'), source)
+  spec = registry.hf_spec_for_model_type(hf_config.get('model_type'), source,
+                                         tuple(hf_config.get('architectures') or ()))
   for key, expected in spec.required_hf_values.items():
     value = hf_config.get(key, expected)
     if value != expected:
@@ -86,7 +87,10 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
     raise ValueError(f'{source}: missing fields {missing}; expected a {spec.model_type} '
                      'config.json')
   fields = {ours: hf_config[hf] for ours, hf in spec.config_fields}
-  fields.update(spec.config_from_hf(hf_config))
+  try:
+    fields.update(spec.config_from_hf(hf_config))
+  except ValueError as e:
+    raise ValueError(f'{source}: {e}') from e
   fields.update(overrides)
   try:
     return registry.make_config(dict(fields, kind=spec.kind))

@@ -50,6 +50,7 @@ class EncoderConfig:
   embedding_size: int = 0  # 0 = hidden_size; else factorized embeddings (ALBERT, ELECTRA).
   share_layers: str = 'none'  # Cross-layer sharing (ALBERT): none, all, attention, ffn.
   position_offset: int = 0  # First position id (RoBERTa: padding id + 1 = 2).
+  attention_implementation: str | None = None  # 'xla', 'cudnn'; None: cuDNN on GPUs.
   mem_len: int = 0  # XLNet: Transformer-XL memory, cached states per layer; 0 = none.
   clamp_len: int = -1  # XLNet: relative distances clipped to +-clamp_len; -1 = no clipping.
   # DeBERTa (models/deberta.py; attention_kind='disentangled'), read by no other kind.
@@ -93,6 +94,9 @@ class EncoderConfig:
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'config.model.{name}={getattr(self, name)}; expected in [0, 1)')
     attention_lib.get(self.attention_kind)  # Fails early, listing the valid kinds.
+    if self.attention_implementation not in attention_lib.IMPLEMENTATIONS:
+      raise ValueError(f'config.model.attention_implementation={self.attention_implementation!r}'
+                       f'; expected one of {list(attention_lib.IMPLEMENTATIONS)}')
 
   @classmethod
   def from_config(cls, model_config: ml_collections.ConfigDict | dict) -> 'EncoderConfig':

@@ -68,22 +68,23 @@ class Embeddings(nn.Module):
                                           c.jnp_dtype, name=n)
     word = emb('word_embeddings', c.vocab_size, ('vocab', 'embed'))
     x_BxLxE = word(input_ids_BxL)
-    position = None
-    if has_position_table(c):
-      position = emb('position_embeddings', c.max_position_embeddings, ('length', 'embed'))
+    position_PxE = None
+    if has_position_table(c):  # Created here even when only the EMD reads it (one layout).
+      position_PxE = emb('position_embeddings', c.max_position_embeddings,
+                         ('length', 'embed')).embedding.astype(c.jnp_dtype)
       length = input_ids_BxL.shape[1]
       if length > c.max_position_embeddings:
         raise ValueError(f'Sequence length {length} exceeds the {c.max_position_embeddings} '
                          'absolute positions of config.model.max_position_embeddings')
       if c.position_biased_input:
-        x_BxLxE = x_BxLxE + position(jnp.arange(length))[None]
+        x_BxLxE = x_BxLxE + position_PxE[:length][None]
     if c.type_vocab_size:
       x_BxLxE = x_BxLxE + emb('token_type_embeddings', c.type_vocab_size, (None, 'embed'))(
           segment_ids_BxL)
     x_BxLxE = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='layer_norm')(x_BxLxE)
     x_BxLxE = x_BxLxE * input_mask_BxL[..., None].astype(x_BxLxE.dtype)
     x_BxLxE = nn.Dropout(c.hidden_dropout_rate)(x_BxLxE, deterministic=deterministic)
-    return x_BxLxE, word, position
+    return x_BxLxE, word, position_PxE
 
 
 class Encoder(nn.Module):
@@ -115,12 +116,12 @@ class Encoder(nn.Module):
 def _trunk(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
            deterministic: bool, pool: bool, collect_hidden: bool) -> dict[str, Any]:
   """``encode`` plus what the EMD needs (position table, relative context)."""
-  embedded_BxLxE, word_embed, position_embed = Embeddings(c, name='embeddings')(
+  embedded_BxLxE, word_embed, position_PxE = Embeddings(c, name='embeddings')(
       input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
   x_BxLxE, all_NxBxLxE, context = Encoder(c, name='encoder')(
       embedded_BxLxE, input_mask_BxL, deterministic, collect_hidden)
   out = {'sequence_output': x_BxLxE, 'word_embed': word_embed,
-         'position_embed': position_embed, 'context': context}
+         'position_table': position_PxE, 'context': context}
   if pool:  # DeBERTa's ContextPooler: dense + GELU on the first token.
     out['pooled_output'] = config_lib.ACTIVATIONS['gelu'](layers.Dense(
         (c.hidden_size,), (c.hidden_size,), ('embed',), ('embed',), c.initializer_range,
@@ -136,7 +137,7 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   """Embeddings -> encoder [-> pooler], inside the calling module (``ModelKind.encode``)."""
   out = _trunk(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
                pool=pool, collect_hidden=collect_hidden)
-  del out['position_embed'], out['context']
+  del out['position_table'], out['context']
   return out
 
 
@@ -168,7 +169,7 @@ class PreTraining(nn.Module):
     emd = c.emd_layers > 0
     out = _trunk(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
                  pool=True, collect_hidden=collect_hidden or emd)
-    word_embed, position_embed = out.pop('word_embed'), out.pop('position_embed')
+    word_embed, position_PxE = out.pop('word_embed'), out.pop('position_table')
     context = out.pop('context')
     out['pair_logits'] = layers.Dense(
         (c.hidden_size,), (2,), ('embed',), (None,), c.initializer_range, c.jnp_dtype,
@@ -181,7 +182,7 @@ class PreTraining(nn.Module):
       if not collect_hidden:
         del out['all_hidden_states']
       h_BxPxE = self.enhanced_mask_decoder(hidden_BxLxE, input_mask_BxL, masked_positions_BxP,
-                                           position_embed, context, deterministic)
+                                           position_PxE, context, deterministic)
       out['emd_output'] = h_BxPxE
     else:
       h_BxPxE = jnp.take_along_axis(out['sequence_output'], masked_positions_BxP[..., None],
@@ -189,7 +190,7 @@ class PreTraining(nn.Module):
     out['mlm_logits'] = bert.MlmHead(c, name='mlm_head')(h_BxPxE, word_embed)
     return out
 
-  def enhanced_mask_decoder(self, hidden_BxLxE, input_mask_BxL, positions_BxP, position_embed,
+  def enhanced_mask_decoder(self, hidden_BxLxE, input_mask_BxL, positions_BxP, position_PxE,
                             context, deterministic: bool):
     """I = H + P at the predicted positions, then ``emd_layers`` x the last layer (K, V = H)."""
     c = self.config
@@ -197,7 +198,7 @@ class PreTraining(nn.Module):
     stacked = nn.meta.unbox(self.variables['params']['encoder']['layers'])
     last_layer = jax.tree.map(lambda p: p[-1], stacked)
     q_BxPxE = (jnp.take_along_axis(hidden_BxLxE, positions_BxP[..., None], axis=1)
-               + position_embed(positions_BxP))
+               + jnp.take(position_PxE, positions_BxP, axis=0))
     emd_context = {'rel_embeddings': context['rel_embeddings'],
                    'rel_index': jnp.take(jnp.asarray(context['index_LxL']), positions_BxP, axis=0),
                    'kv_states': hidden_BxLxE}

@@ -18,6 +18,7 @@ from encoder_jax.objectives import electra
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import mlm
 from encoder_jax.objectives import pair
+from encoder_jax.objectives import plm
 from encoder_jax.objectives import sbo
 
 Factory = Callable[[ml_collections.ConfigDict, 'masking.VocabTables | None', models.Network],
@@ -38,6 +39,7 @@ REGISTRY: dict[str, Factory] = {
     'sop': lambda c, tables, net: pair.PairClassification('sop'),
     'sbo': lambda c, tables, net: sbo.build(c, net),
     'electra': lambda c, tables, net: electra.build(c, tables, masking_recipe(c)),
+    'plm': plm.build,  # XLNet: permutation LM, two streams; stands alone.
 }
 
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from encoder_jax import schedule
 from encoder_jax.models import registry as models
@@ -64,6 +66,20 @@ class Pretraining:
               train: bool) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
 
+  def init_extra(self, batch_size: int) -> Any:
+    """State carried from one training step to the next that is not trained (boxed arrays
+    with a leading batch axis of ``batch_size`` rows, e.g. XLNet's Transformer-XL memory),
+    or None. It lives in ``TrainState.extra`` and is checkpointed with the params."""
+    del batch_size
+    return None
+
+  def stateful_loss_fn(self, params, extra, batch: Batch, rng: jax.Array,
+                       phase: schedule.Phase, train: bool):
+    """What the training step differentiates: ``(loss, (metrics, new extra))``. Setups
+    without ``init_extra`` state are their ``loss_fn``; evaluation calls ``loss_fn``."""
+    loss, metrics = self.loss_fn(params, batch, rng, phase, train)
+    return loss, (metrics, extra)
+
   def flops_per_sequence(self, phase: schedule.Phase) -> float:
     """Training FLOPs (forward + backward) of one sequence at this phase, every network."""
     raise NotImplementedError
@@ -75,6 +91,15 @@ class Pretraining:
   def masked_lm(self, params) -> tuple[models.Network, Any]:
     """The network (and params) whose MLM head fill-mask uses (ELECTRA: the generator)."""
     return self.downstream(params)
+
+  def from_downstream(self, params, rng: jax.Array, hf_dir: str | None = None
+                      ) -> tuple[Any, list[str]]:
+    """The whole (unboxed) params tree around imported downstream params (a Hugging Face
+    import), and the names of the parts freshly initialised from ``rng`` because a
+    checkpoint of the downstream network cannot hold them (an objective's own head,
+    ELECTRA's generator). ``hf_dir``: the imported directory, for parts exported beside it."""
+    del rng, hf_dir
+    return params, []
 
   def hf_exports(self, params) -> dict[str, tuple[models.Network, Any]]:
     """What ``convert workdir_to_hf`` writes: subdirectory ('' = the top) -> (network,
@@ -161,6 +186,16 @@ class Composite(Pretraining):
                          f'{self.network.config.kind} network already uses')
       params[o.head_key] = o.init_head(jax.random.fold_in(rng, i + 1), self.network)
     return params
+
+  def from_downstream(self, params, rng, hf_dir=None):
+    if not self.head_keys:
+      return params, []
+    heads = [o for o in self.objectives if o.head_key]
+    params = dict(params)
+    for i, o in enumerate(heads):  # The same keys as init uses: the same fresh values.
+      params[o.head_key] = jax.tree.map(np.asarray, nn.unbox(
+          o.init_head(jax.random.fold_in(rng, i + 1), self.network)))
+    return params, list(self.head_keys)
 
   def network_params(self, params):
     """The network's own subtree (the objectives' heads left out)."""

@@ -31,11 +31,15 @@ to Hugging Face (``hf_exports``).
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
+from absl import logging
 
 from encoder_jax.models import electra as electra_models
 from encoder_jax.models import registry as models
@@ -77,14 +81,8 @@ class Electra(base.Pretraining):
 
   def init(self, rng):
     k_disc, k_gen = jax.random.split(rng)
-    generator = dict(self.generator.init(k_gen))
-    own = {k: v for k, v in generator['embeddings'].items()
-           if k not in electra_models.SHARED_EMBEDDINGS}
-    if own:
-      generator['embeddings'] = own
-    else:  # E == the generator's hidden size: no projection, nothing of its own.
-      del generator['embeddings']
-    return {'discriminator': self.discriminator.init(k_disc), 'generator': generator}
+    return {'discriminator': self.discriminator.init(k_disc),
+            'generator': self._own(self.generator.init(k_gen))}
 
   def generator_params(self, params) -> Any:
     """The generator's full params tree: its own plus the shared embeddings."""
@@ -93,6 +91,42 @@ class Electra(base.Pretraining):
     generator = dict(params['generator'])
     generator['embeddings'] = {**shared, **generator.get('embeddings', {})}
     return generator
+
+  def _own(self, generator_params) -> dict:
+    """The generator's tree without the shared embeddings (as stored)."""
+    generator = dict(generator_params)
+    own = {k: v for k, v in generator.get('embeddings', {}).items()
+           if k not in electra_models.SHARED_EMBEDDINGS}
+    generator.pop('embeddings', None)
+    if own:
+      generator['embeddings'] = own
+    return generator
+
+  def from_downstream(self, params, rng, hf_dir=None):
+    """Imported discriminator params + the generator: the one ``workdir_to_hf`` wrote to
+    ``<hf_dir>/generator`` when it is there and has this config's generator shapes, else a
+    fresh one (reported as initialised)."""
+    from encoder_jax.interop import hf  # pylint: disable=g-import-not-at-top
+    _, k_gen = jax.random.split(rng)
+    fresh = jax.tree.map(np.asarray, nn.unbox(jax.jit(self.generator.init)(k_gen)))
+    path = os.path.join(hf_dir, GENERATOR_EXPORT_DIR) if hf_dir else None
+    if path and os.path.exists(os.path.join(path, 'config.json')):
+      config, imported, _ = hf.load_hf(path)
+      shapes = lambda tree: jax.tree.map(np.shape, tree)
+      if config.kind == self.generator.kind.name and shapes(imported) == shapes(fresh):
+        same = lambda k: all(np.array_equal(a, b) for a, b in zip(
+            jax.tree.leaves(imported['embeddings'][k]), jax.tree.leaves(params['embeddings'][k])))
+        differ = [k for k in electra_models.SHARED_EMBEDDINGS if not same(k)]
+        if differ:
+          logging.warning('%s: the generator\'s %s differ from the discriminator\'s; ELECTRA '
+                          'shares them: the discriminator\'s are used.', path, differ)
+        return {'discriminator': params, 'generator': self._own(imported)}, []
+      logging.warning('%s holds a generator of other shapes than config.objective.'
+                      'generator_hidden_fraction / generator_layers_fraction give (%s); it is '
+                      'not imported: the generator starts fresh. Pass the config it was '
+                      'trained with (e.g. --config=configs/electra_base.py).', path,
+                      self.generator.config)
+    return {'discriminator': params, 'generator': self._own(fresh)}, ['generator']
 
   def downstream(self, params):
     return self.discriminator, params['discriminator']

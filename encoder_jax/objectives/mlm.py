@@ -52,7 +52,8 @@ class MaskedLM(base.Objective):
     return float(6 * phase.max_predictions * (c.hidden_size * w + w * c.vocab_size))
 
   def summarize(self, metrics):
-    return {'mlm_perplexity': math.exp(min(metrics['mlm_loss'], 50.0))}
+    return {'mlm_perplexity': math.exp(min(metrics['mlm_loss'], 50.0)),
+            'mlm_predictions': int(round(metrics['mlm_predictions']))}
 
   def report_lines(self, metrics):
     if 'mlm_loss' not in metrics:

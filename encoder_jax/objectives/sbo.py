@@ -9,8 +9,9 @@ external boundaries and a relative position embedding:
     logits_i = y_i E^T + b          (E: the word embedding the MLM decoder is tied to)
 
 as ``BertPairTargetPredictionHead`` / ``MLPWithLayerNorm`` of facebookresearch/SpanBERT:
-200-dimensional position embeddings for the first 20 tokens of a span (later tokens of a
-longer span get no SBO prediction, as SpanBERT truncates its pair targets at 20), the
+200-dimensional position embeddings for the first 15 tokens of a span (later tokens of a
+longer span get no SBO prediction: SpanBERT truncates its pair targets at
+``--max-pair-targets 15``, the value of its published pretraining command), the
 network's activation and LayerNorm eps, an output bias of its own. Its loss is the mean
 cross-entropy over the predicted tokens (SpanBERT's ``pair_loss / npairs``).
 
@@ -32,8 +33,8 @@ from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
 from encoder_jax.objectives import base
 
-MAX_TARGETS = 20  # SpanBERT's max_pair_targets: positions with a relative embedding.
-POSITION_SIZE = 200  # SpanBERT's position_embedding_size.
+MAX_TARGETS = 15  # SpanBERT's --max-pair-targets: span tokens with a position embedding.
+POSITION_SIZE = 200  # SpanBERT's --pair-positional-embedding-size.
 
 
 def span_boundaries(positions_BxP, weights_BxP, length: int):

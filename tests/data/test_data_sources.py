@@ -193,3 +193,21 @@ def test_compressed_text_and_jsonl_read_like_plain_files(tmp_path, corpus_docs, 
   with pytest.raises(ValueError, match=r"config.data.sources: 'text:.*f.txt.zst': .*f.txt.zst "
                                        r'is a zstd file; expected text'):
     list(src.documents(sources.Report()))
+
+
+def test_utf16_is_named_and_a_utf8_byte_order_mark_is_dropped(tmp_path, corpus_docs, write_docs,
+                                                              make_config):
+  """UTF-16 would read as UTF-8 with a NUL in every other byte: one garbled document."""
+  plain = write_docs(tmp_path / 'plain.txt', corpus_docs[:3])
+  text = open(plain, encoding='utf-8').read()
+  (tmp_path / 'utf16.txt').write_bytes(text.encode('utf-16'))
+  (tmp_path / 'bom.txt').write_bytes(text.encode('utf-8-sig'))
+  c = make_config()
+  c.data.sources = f'text:{tmp_path}/utf16.txt'
+  (src,) = sources.parse_sources(c.data)
+  with pytest.raises(ValueError, match=r'utf16.txt is UTF-16LE text .*expected UTF-8'):
+    list(src.documents(sources.Report()))
+  c.data.sources = f'text:{tmp_path}/bom.txt'
+  (src,) = sources.parse_sources(c.data)
+  assert [list(d.lines) for d in src.documents(sources.Report())] == [
+      list(d) for d in corpus_docs[:3]]

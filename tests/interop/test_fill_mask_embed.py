@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -9,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+import transformers
 
+from encoder_jax import convert
 from encoder_jax import embed
 from encoder_jax import fill_mask
 from encoder_jax.interop import checkpoint_io
@@ -98,11 +103,14 @@ def test_cli_outputs(hf_dir_and_model, tmp_path):
   assert emb.shape == (4, 30) and emb.dtype == np.float32  # Row i = line i, blank included.
   assert '1 of 4 inputs are blank (lines 3)' in out.stderr, out.stderr[-3000:]
   assert 'truncated' not in out.stderr
+  assert "max_len 40 (the model's position limit) with cls pooling (--pooling)" in out.stdout, (
+      out.stdout)
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.fill_mask', f'--hf_dir={hf_dir}',
                         '--text=the [MASK] sat.', '--top_k=3'],
                        capture_output=True, text=True, env=env, cwd=ROOT, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   assert '[MASK] #1:' in out.stdout
+  assert 'MLM head' not in out.stderr  # BertForPreTraining: its own head, no warning.
 
 
 def test_blank_and_truncated_inputs_are_reported(loaded):
@@ -129,3 +137,132 @@ def test_cli_logging_hides_orbax_notes_only():
   assert not keep(record('/site-packages/orbax/checkpoint/manager.py', logging.WARNING))
   assert keep(record('/site-packages/orbax/checkpoint/manager.py', logging.ERROR))
   assert keep(record('/work/encoder_jax/interop/tokenizer.py', logging.WARNING))
+
+
+# ------------------------------------------ a sentence-transformers model without an MLM head
+
+ST_MAX_SEQ_LENGTH = 24  # Of the model's 40 positions, as all-MiniLM-L6-v2 uses 256 of 512.
+
+
+def _write_sentence_transformers_files(hf_dir, pooling_config):
+  """The files sentence-transformers saves beside the transformer's (all-MiniLM-L6-v2's set)."""
+  with open(os.path.join(hf_dir, 'sentence_bert_config.json'), 'w') as f:
+    json.dump({'max_seq_length': ST_MAX_SEQ_LENGTH, 'do_lower_case': False}, f)
+  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
+             {'idx': 1, 'name': '1', 'path': '1_Pooling',
+              'type': 'sentence_transformers.models.Pooling'},
+             {'idx': 2, 'name': '2', 'path': '2_Normalize',
+              'type': 'sentence_transformers.models.Normalize'}]
+  with open(os.path.join(hf_dir, 'modules.json'), 'w') as f:
+    json.dump(modules, f)
+  os.makedirs(os.path.join(hf_dir, '1_Pooling'))
+  with open(os.path.join(hf_dir, '1_Pooling', 'config.json'), 'w') as f:
+    json.dump(pooling_config, f)
+
+
+@pytest.fixture(scope='module')
+def st_base_model(tmp_path_factory):
+  """(hf_dir, workdir, Loaded of each): a random BertModel (no MLM head) saved as a
+  sentence-transformers model with [CLS] pooling, and its import into a workdir."""
+  root = tmp_path_factory.mktemp('st')
+  hf_dir, workdir = str(root / 'hf'), str(root / 'workdir')
+  os.makedirs(hf_dir)
+  vocab_size = hf_fixtures.write_vocab(os.path.join(hf_dir, 'vocab.txt'))
+  hf_fixtures.random_hf_model(transformers.BertModel, vocab_size=vocab_size,
+                              **SHAPE).save_pretrained(hf_dir)
+  _write_sentence_transformers_files(hf_dir, {
+      'word_embedding_dimension': 30, 'pooling_mode_cls_token': True,
+      'pooling_mode_mean_tokens': False, 'pooling_mode_max_tokens': False,
+      'pooling_mode_mean_sqrt_len_tokens': False})
+  convert.hf_to_workdir(hf_dir, workdir)
+  return hf_dir, workdir, checkpoint_io.load_hf_dir(hf_dir), checkpoint_io.load_workdir(workdir)
+
+
+LONG = ' '.join(['john works at google in london and lives in paris.'] * 4)
+
+
+def test_sentence_transformers_settings_are_the_embedding_defaults(st_base_model):
+  hf_dir, workdir, from_hf, from_workdir = st_base_model
+  assert from_hf.sentence_settings == dict(
+      max_seq_length=ST_MAX_SEQ_LENGTH, do_lower_case=False, pooling='cls', normalize=True,
+      files=['sentence_bert_config.json', 'modules.json', os.path.join('1_Pooling',
+                                                                       'config.json')])
+  assert (from_hf.default_max_len, from_hf.default_pooling) == (ST_MAX_SEQ_LENGTH, 'cls')
+  # Kept in the workdir at import (and said in the import report), read back with it.
+  kept = json.load(open(os.path.join(workdir, checkpoint_io.SENTENCE_SETTINGS)))
+  assert kept['max_seq_length'] == ST_MAX_SEQ_LENGTH and kept['source'] == hf_dir
+  report = open(os.path.join(workdir, checkpoint_io.IMPORT_REPORT)).read()
+  assert 'max_seq_length=24, pooling=cls' in report and 'defaults of encoder_jax.embed' in report
+  assert (from_workdir.default_max_len, from_workdir.default_pooling) == (24, 'cls')
+  texts = [LONG, 'the cat sat.']
+  assert len(from_hf.tokenizer.encode(LONG)) + 2 > 40  # Cut either way: at 24, not 40.
+  expected = embed.embed_sentences(from_hf.encoder_params, from_hf.model_config,
+                                   from_hf.tokenizer, texts, pooling='cls', max_len=24)
+  np.testing.assert_allclose(from_hf.embed(texts), expected, atol=1e-6)
+  np.testing.assert_allclose(from_workdir.embed(texts), expected, atol=1e-5)
+  assert not np.allclose(from_hf.embed(texts, max_len=40)[0], expected[0], atol=1e-3)
+  # A limit above the positions is capped; no settings: the position limit, mean pooling.
+  wide = dataclasses.replace(from_hf, sentence_settings=dict(from_hf.sentence_settings,
+                                                             max_seq_length=512))
+  assert wide.default_max_len == 40
+  plain = dataclasses.replace(from_hf, sentence_settings=None)
+  assert (plain.default_max_len, plain.default_pooling) == (40, 'mean')
+
+
+def test_pooling_configs_old_and_new():
+  pooling_mode = checkpoint_io._pooling_mode  # pylint: disable=protected-access
+  assert pooling_mode({'pooling_mode_mean_tokens': True, 'pooling_mode_cls_token': False}) == (
+      'mean')
+  assert pooling_mode({'pooling_mode': 'cls', 'include_prompt': True}) == 'cls'
+  assert pooling_mode({'pooling_mode': ['mean', 'max']}) == 'mean+max'
+  assert pooling_mode({'pooling_mode_max_tokens': True}) == 'max'
+  assert pooling_mode({'word_embedding_dimension': 30}) is None
+
+
+def test_fill_mask_says_when_the_mlm_head_is_random(st_base_model, loaded, tmp_path, caplog):
+  hf_dir, workdir, from_hf, from_workdir = st_base_model
+  assert loaded.untrained_heads == []  # BertForPreTraining: every head imported.
+  assert 'mlm_head' in from_hf.untrained_heads
+  assert from_workdir.untrained_heads == ['mlm_head', 'pair_head']  # import_report.json.
+  with caplog.at_level(logging.WARNING):
+    from_workdir.fill_mask('the [MASK] sat.')
+    from_workdir.fill_mask('the [MASK] sat.')
+  assert caplog.text.count('has no MLM head') == 1, caplog.text  # Once per loaded model.
+  assert 'imported from ' + hf_dir in caplog.text and 'random' in caplog.text
+  # Pretrained on after the import: the heads are trained, nothing to say.
+  assert dataclasses.replace(from_workdir, step=4).untrained_heads == []
+  # A workdir imported before import_report.json: its text report is read back.
+  old = tmp_path / 'old'
+  old.mkdir()
+  (old / checkpoint_io.IMPORT_REPORT).write_text(
+      open(os.path.join(workdir, checkpoint_io.IMPORT_REPORT)).read())
+  report = checkpoint_io.read_import_report(str(old))
+  assert report.initialised_groups == ['mlm_head', 'pair_head']
+  assert report.architectures == ('BertModel',) and report.source == hf_dir
+  assert checkpoint_io.read_import_report(str(tmp_path)) is None  # Not an import.
+
+
+def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_path):
+  """embed with default flags cuts at the model's max_seq_length with its pooling; fill_mask
+  on the workdir of a headless import warns that its predictions are random."""
+  _, workdir, _, from_workdir = st_base_model
+  sentences = tmp_path / 'sentences.txt'
+  sentences.write_text(f'{LONG}\nthe cat sat.\n')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed', f'--workdir={workdir}',
+                        f'--input={sentences}', f'--output={tmp_path / "e.npy"}'],
+                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'longer than max_len=24 tokens and were truncated (lines 1' in out.stderr, out.stderr
+  files = 'sentence_bert_config.json, modules.json, 1_Pooling/config.json'
+  assert (f'max_len 24 (max_seq_length of {files}) with cls pooling ({files})' in out.stdout), (
+      out.stdout)
+  np.testing.assert_allclose(np.load(tmp_path / 'e.npy'),
+                             from_workdir.embed([LONG, 'the cat sat.']), atol=1e-5)
+  out = subprocess.run([sys.executable, '-m', 'encoder_jax.fill_mask', f'--workdir={workdir}',
+                        '--text=the [MASK] sat.'],
+                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert '[MASK] #1:' in out.stdout
+  assert 'has no MLM head' in out.stderr and 'predictions are random' in out.stderr, out.stderr
+  assert out.stderr.count('has no MLM head') == 1

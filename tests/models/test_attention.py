@@ -1,0 +1,153 @@
+"""Attention implementation choice (``config.model.attention_implementation``): padding as
+key lengths (cuDNN's form) equals the boolean mask, the cuDNN path is what a GPU host
+selects, and a cuDNN request that cannot run is an error naming the key.
+
+No GPU runs here: the GPU host is simulated by replacing ``attention._backend`` and
+``jax.nn.dot_product_attention`` (the recorder checks what would reach cuDNN, then
+computes with XLA).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from encoder_jax import config_base
+from encoder_jax import validation
+from encoder_jax.models import attention
+from encoder_jax.models import config as config_lib
+
+TINY = dict(vocab_size=97, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=40,
+            max_position_embeddings=32)
+LENGTHS = (16, 9, 1)
+
+
+def _qkv(dtype=jnp.float32, length=16):
+  rng = jax.random.split(jax.random.key(0), 3)
+  return [jax.random.normal(r, (len(LENGTHS), length, 2, 8)).astype(dtype) for r in rng]
+
+
+def _right_padded_mask(length=16):
+  return (np.arange(length)[None] < np.array(LENGTHS)[:, None])[:, None, None, :]
+
+
+def test_key_lengths_count_the_real_tokens():
+  np.testing.assert_array_equal(attention.key_lengths(_right_padded_mask()), LENGTHS)
+  assert attention.key_lengths(_right_padded_mask()).dtype == jnp.int32
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_lengths_path_equals_mask_path(dtype):
+  """Every position, padded queries included (only keys are cut by the lengths)."""
+  q, k, v = _qkv(dtype)
+  mask = _right_padded_mask()
+  by_lengths = attention.fused(q, k, v, mask, implementation='xla', padding_as_lengths=True)
+  by_mask = attention.fused(q, k, v, mask, implementation='xla', padding_as_lengths=False)
+  np.testing.assert_allclose(np.asarray(by_lengths, np.float32),
+                             np.asarray(by_mask, np.float32), atol=1e-6)
+  explicit = attention.explicit_dot_product(q, k, v, mask, dropout_rate=0.0, dropout_rng=None)
+  np.testing.assert_allclose(np.asarray(by_lengths, np.float32),
+                             np.asarray(explicit, np.float32),
+                             atol=1e-5 if dtype == jnp.float32 else 3e-2)
+
+
+def test_resolution_per_backend_and_dtype(monkeypatch):
+  resolve = attention.resolve_implementation
+  assert resolve(None, jnp.bfloat16) == 'xla'  # This host: CPU.
+  assert resolve('xla', jnp.bfloat16) == 'xla'
+  monkeypatch.setattr(attention, '_backend', lambda: 'gpu')
+  assert resolve(None, jnp.bfloat16) == 'cudnn'
+  assert resolve(None, jnp.float32) == 'xla'  # cuDNN flash attention takes bf16/fp16 only.
+  assert resolve('cudnn', jnp.bfloat16) == 'cudnn'
+  with pytest.raises(ValueError, match=r"attention_implementation='cudnn' needs "
+                                       r"config.model.dtype='bfloat16'.*float32"):
+    resolve('cudnn', jnp.float32)
+
+
+def _apply(cfg, deterministic=True):
+  module = attention.get('dot_product')(cfg, deterministic)
+  x = jax.random.normal(jax.random.key(1), (len(LENGTHS), 16, cfg.hidden_size))
+  mask = _right_padded_mask()
+  rngs = dict(params=jax.random.key(2), dropout=jax.random.key(3))
+  params = module.init(rngs, x, mask)
+  return lambda c: attention.get('dot_product')(c, deterministic).apply(params, x, mask,
+                                                                       rngs=rngs)
+
+
+def test_cudnn_on_a_cpu_backend_is_an_error_naming_the_key():
+  cfg = config_lib.EncoderConfig(**TINY, dtype='bfloat16', attention_implementation='cudnn')
+  with pytest.raises(ValueError, match=r"config.model.attention_implementation='cudnn' needs "
+                                       r"a CUDA GPU.*backend is 'cpu'"):
+    _apply(cfg)
+
+
+def test_cudnn_with_attention_dropout_in_training_is_an_error():
+  cfg = config_lib.EncoderConfig(**TINY, dtype='bfloat16', attention_implementation='cudnn',
+                                 attention_dropout_rate=0.1)
+  with pytest.raises(ValueError, match=r'attention_dropout_rate=0.1'):
+    _apply(cfg, deterministic=False)
+
+
+class _Recorder:
+  """Stands in for ``jax.nn.dot_product_attention`` on a simulated GPU host."""
+
+  def __init__(self, reject_cudnn=False):
+    self.calls, self.reject_cudnn = [], reject_cudnn
+    self.real = jax.nn.dot_product_attention
+
+  def __call__(self, q, k, v, **kw):
+    self.calls.append(dict(kw))
+    if kw.get('implementation') == 'cudnn':
+      if self.reject_cudnn:
+        raise NotImplementedError('The head dim must be <= 256 and a multiple of 8')
+      kw['implementation'] = 'xla'
+    return self.real(q, k, v, **kw)
+
+
+def test_a_gpu_host_sends_padding_to_cudnn_as_key_lengths(monkeypatch):
+  cfg = config_lib.EncoderConfig(**TINY, dtype='bfloat16')
+  apply = _apply(cfg)
+  reference = apply(cfg.replace(attention_implementation='xla'))
+  recorder = _Recorder()
+  monkeypatch.setattr(attention, '_backend', lambda: 'gpu')
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', recorder)
+  for implementation in (None, 'cudnn'):
+    recorder.calls.clear()
+    out = apply(cfg.replace(attention_implementation=implementation))
+    (call,) = recorder.calls
+    assert call['implementation'] == 'cudnn' and 'mask' not in call
+    np.testing.assert_array_equal(call['key_value_seq_lengths'], LENGTHS)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(reference, np.float32))
+  recorder.calls.clear()
+  apply(cfg.replace(attention_implementation='xla'))
+  assert recorder.calls[0]['implementation'] == 'xla' and 'mask' in recorder.calls[0]
+
+
+def test_auto_falls_back_to_the_mask_when_cudnn_rejects_the_shape(monkeypatch):
+  cfg = config_lib.EncoderConfig(**TINY, dtype='bfloat16')
+  apply = _apply(cfg)
+  reference = apply(cfg.replace(attention_implementation='xla'))
+  recorder = _Recorder(reject_cudnn=True)
+  monkeypatch.setattr(attention, '_backend', lambda: 'gpu')
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', recorder)
+  out = apply(cfg)
+  assert [c['implementation'] for c in recorder.calls] == ['cudnn', 'xla']
+  assert 'mask' in recorder.calls[1]  # Exact for any mask, not only right-padded ones.
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(reference, np.float32))
+  with pytest.raises(ValueError, match=r"attention_implementation='cudnn': cuDNN cannot run.*"
+                                       r'head dim'):
+    apply(cfg.replace(attention_implementation='cudnn'))
+
+
+def test_config_rejects_an_unknown_implementation():
+  with pytest.raises(ValueError, match=r"config.model.attention_implementation='flash'"):
+    config_lib.EncoderConfig(**TINY, attention_implementation='flash')
+  c = config_base.base_config()
+  assert config_lib.EncoderConfig.from_config(c.model).attention_implementation is None
+  c.model.attention_implementation = 'flash'
+  with pytest.raises(validation.ConfigError, match='model.attention_implementation'):
+    validation.validate(c)
+  c.model.attention_implementation = 'cudnn'
+  assert not any('attention_implementation' in p for p in validation.problems(c))

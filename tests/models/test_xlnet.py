@@ -1,0 +1,189 @@
+"""XLNet's network (models/xlnet.py): relative positions against a direct reference,
+parameter count equal to Hugging Face's, logical axes, padding invariance, the memory,
+and the content stream as the encoder. (Both streams against transformers:
+tests/interop/test_hf_parity_xlnet.py; the permutation masks: tests/objectives/test_plm.py.)"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from encoder_jax import sharding
+from encoder_jax.models import registry
+from encoder_jax.models import xlnet
+
+TINY = dict(kind='xlnet', vocab_size=61, hidden_size=24, num_layers=2, num_heads=3,
+            intermediate_size=40, max_position_embeddings=32, type_vocab_size=3)
+
+
+def _net(**overrides):
+  return registry.network({**TINY, **overrides})
+
+
+def _params(net, seed=0):
+  return nn.unbox(jax.jit(net.init)(jax.random.key(seed)))
+
+
+def _pretraining(net):
+  """The jitted pretraining network (eager application of a scanned model is slow)."""
+  return jax.jit(net.pretraining.apply, static_argnames=('deterministic', 'collect_hidden'))
+
+
+def _inputs(rng, b, l, lengths, vocab=TINY['vocab_size']):
+  ids = rng.randint(5, vocab, (b, l)).astype(np.int32)
+  mask = (np.arange(l)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+  seg = (np.arange(l)[None] >= np.asarray(lengths)[:, None] // 2).astype(np.int32) * mask
+  return ids, seg, mask
+
+
+# ------------------------------------------------------------- relative positions
+
+
+def _direct_position_scores(q_BxLxNxD, wr_ExNxD, qlen, mlen, d_model, clamp_len, backward_B):
+  """O(L^2 d): for every (query i, key j), the sinusoid of the distance (mlen + i) - j
+  (negated for backward rows, clipped at clamp_len), projected by r, dotted with q."""
+  b = q_BxLxNxD.shape[0]
+  klen = qlen + mlen
+  out = np.zeros((b, q_BxLxNxD.shape[2], qlen, klen), np.float64)
+  inv_freq = 1.0 / 10000 ** (np.arange(0, d_model, 2) / d_model)
+  for n in range(b):
+    for i in range(qlen):
+      for j in range(klen):
+        dist = (mlen + i) - j
+        if clamp_len > 0:
+          dist = max(-clamp_len, min(clamp_len, dist))
+        if backward_B is not None and backward_B[n]:
+          dist = -dist
+        emb = np.concatenate([np.sin(dist * inv_freq), np.cos(dist * inv_freq)])
+        k_r = np.einsum('e,end->nd', emb, wr_ExNxD)
+        out[n, :, i, j] = np.einsum('nd,nd->n', q_BxLxNxD[n, i], k_r)
+  return out
+
+
+@pytest.mark.parametrize('qlen,mlen,clamp_len,bidirectional', [
+    (5, 0, -1, False), (6, 3, -1, False), (7, 2, 3, True), (4, 0, -1, True)])
+def test_relative_shift_reads_each_pairs_distance(qlen, mlen, clamp_len, bidirectional):
+  """The shifted position scores equal the direct per-pair computation."""
+  rng = np.random.RandomState(qlen + mlen)
+  b, n, d, e = 3, 2, 4, 8
+  q = rng.randn(b, qlen, n, d).astype(np.float32)
+  wr = rng.randn(e, n, d).astype(np.float32)
+  backward = np.array([False, True, True]) if bidirectional else None
+  pos_R = xlnet.relative_positions(qlen, qlen + mlen, clamp_len)
+  assert pos_R.shape == (2 * qlen + mlen,)
+  if backward is None:
+    emb_BxRxE = jnp.broadcast_to(xlnet.sinusoid(pos_R, e), (b, pos_R.shape[0], e))
+  else:
+    emb_BxRxE = xlnet.sinusoid(jnp.where(backward[:, None], -pos_R, pos_R), e)
+  k_r = jnp.einsum('bre,end->brnd', emb_BxRxE, wr)
+  shifted = xlnet.rel_shift(jnp.einsum('blnd,brnd->bnlr', q, k_r), qlen + mlen)
+  direct = _direct_position_scores(q, wr, qlen, mlen, e, clamp_len, backward)
+  np.testing.assert_allclose(np.asarray(shifted), direct, atol=1e-4, rtol=1e-4)
+
+
+def test_memory_with_an_all_zero_mask_is_no_memory():
+  """The training state starts with an empty memory at a fixed shape: it must change
+  nothing; a filled memory must change the outputs."""
+  net = _net(mem_len=4)
+  params = _params(net)
+  ids, seg, mask = _inputs(np.random.RandomState(0), 2, 9, [9, 6])
+  tm = jax.nn.one_hot(np.array([[1, 4], [2, 5]]), 9)
+  perm = np.broadcast_to(np.asarray(tm).max(1)[:, None], (2, 9, 9))
+  apply = _pretraining(net)
+  run = lambda **kw: apply({'params': params}, ids, seg, mask, perm_mask=perm,
+                           target_mapping=tm, **kw)
+  none = run()
+  mems = np.random.RandomState(1).randn(2, 2, 4, 24).astype(np.float32)
+  empty = run(mems=mems, mem_mask=np.zeros((2, 4), np.int32))
+  for k in ('mlm_logits', 'query_output'):
+    np.testing.assert_allclose(none[k], empty[k], atol=1e-5, err_msg=k)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(none['sequence_output'])[real],
+                             np.asarray(empty['sequence_output'])[real], atol=1e-5)
+  full = run(mems=mems, mem_mask=np.ones((2, 4), np.int32))
+  assert np.abs(np.asarray(full['mlm_logits']) - np.asarray(none['mlm_logits'])).max() > 1e-3
+  # The new memory: the last mem_len of (old memory, this layer's input), and its mask.
+  assert empty['new_mems'].shape == (2, 2, 4, 24)
+  np.testing.assert_array_equal(empty['new_mem_mask'], mask[:, -4:])
+
+
+# ------------------------------------------------------------------- the network
+
+
+def test_parameter_count_equals_hugging_face_xlnet_base():
+  ours = dict(kind='xlnet', vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12,
+              intermediate_size=3072, type_vocab_size=3)
+  net = registry.network(ours)
+  count = sum(x.size for x in jax.tree.leaves(nn.unbox(jax.eval_shape(net.init,
+                                                                      jax.random.key(0)))))
+  with torch.device('meta'):
+    hf = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+        vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_inner=3072))
+  assert count == sum(p.numel() for p in hf.parameters()) == 116_750_336
+
+
+def test_every_parameter_has_logical_axes_with_rules():
+  boxed = jax.eval_shape(_net().init, jax.random.key(0))
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  rules = dict(sharding.LOGICAL_RULES)
+  for leaf in leaves:
+    assert isinstance(leaf, nn.LogicallyPartitioned), type(leaf)
+    assert len(leaf.names) == len(leaf.value.shape)
+    assert all(n is None or n in rules for n in leaf.names), leaf.names
+  layer = boxed['encoder']['layers']
+  assert layer['q'].names == ('layers', 'embed', 'heads', 'kv')
+  assert layer['seg_embed'].names == ('layers', None, 'heads', 'kv')
+  assert sorted(boxed) == ['embeddings', 'encoder', 'lm_bias', 'mask_emb']
+
+
+def test_padding_never_changes_real_positions_in_either_stream():
+  net = _net()
+  params = _params(net)
+  rng = np.random.RandomState(0)
+  ids, seg, mask = _inputs(rng, 3, 10, [10, 7, 4])
+  pos = np.array([[1, 2], [0, 3], [1, 2]], np.int32)
+  apply = _pretraining(net)
+  short = apply({'params': params}, ids, seg, mask, pos)
+  pad = rng.randint(0, TINY['vocab_size'], (3, 6)).astype(np.int32)
+  long_ids = np.concatenate([np.where(mask > 0, ids, 7), pad], 1)
+  zeros = np.zeros((3, 6), np.int32)
+  longer = apply({'params': params}, long_ids, np.concatenate([seg, zeros], 1),
+                 np.concatenate([mask, zeros], 1), pos)
+  np.testing.assert_allclose(short['mlm_logits'], longer['mlm_logits'], atol=1e-5)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(short['sequence_output'])[real],
+                             np.asarray(longer['sequence_output'])[:, :10][real], atol=1e-5)
+
+
+def test_encoder_is_the_content_stream_of_the_pretraining_network():
+  """Features and fine-tuning read the content stream: the encoder-only network on the
+  pretraining params gives the pretraining network's content stream, and the query stream
+  does not feed back into it."""
+  net = _net()
+  params = _params(net)
+  ids, seg, mask = _inputs(np.random.RandomState(3), 2, 8, [8, 5])
+  enc = jax.jit(net.encoder.apply, static_argnames=('collect_hidden',))(
+      {'params': params}, ids, seg, mask, collect_hidden=True)
+  apply = _pretraining(net)
+  both = apply({'params': params}, ids, seg, mask, np.array([[1, 2], [3, 4]], np.int32),
+               collect_hidden=True)
+  content = apply({'params': params}, ids, seg, mask)
+  np.testing.assert_allclose(enc['sequence_output'], content['sequence_output'], atol=1e-6)
+  assert len(enc['all_hidden_states']) == TINY['num_layers'] + 1
+  assert len(both['all_query_states']) == TINY['num_layers'] + 1
+  assert both['mlm_logits'].shape == (2, 2, TINY['vocab_size'])
+  assert content['mlm_logits'].shape == (2, 8, TINY['vocab_size'])  # No targets: every h.
+
+
+def test_config_checks_name_the_key():
+  with pytest.raises(ValueError, match='mem_len'):
+    _net(mem_len=-1)
+  with pytest.raises(ValueError, match='position_offset'):
+    _net(position_offset=1)
+  with pytest.raises(ValueError, match='share_layers'):
+    _net(share_layers='all')
