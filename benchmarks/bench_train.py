@@ -28,12 +28,14 @@ elementwise op as one FLOP per element. So XLA also counts what the formula leav
 purpose, all of it small next to the matmuls at real widths: softmax, LayerNorm, GELU,
 dropout masks and bias adds; the pooler and NSP head; the embedding gradient; the
 gradient-norm clip and AdamW (~10-20 FLOPs per parameter); the loss. A ratio a little
-above 1 (shrinking as d grows) confirms the formula; far from 1 it would not. With
-``--remat`` XLA also counts the recomputed forward (ratio ~4/3): MFU counts model FLOPs
-only, recomputation is overhead. XLA's ``HloCostAnalysis`` counts a while loop's body
-once, whatever its trip count, and the layer stack is an ``nn.scan`` (a while loop), so
-the count is taken from the same step traced with Flax's layer scan fully unrolled (same
-ops, no loop); the timed step is untouched.
+above 1 (shrinking as d grows) confirms the formula; far from 1 it would not. Measured on
+CPU: 1.031 small@128, 1.012 base@128, 1.017 base@512 (float32), 1.016 base@128 and
+large@512 (bf16). With ``--remat`` XLA also counts the recomputed forward (1.23 for
+base@128; at most ~4/3): MFU counts model FLOPs only, recomputation is overhead. XLA's
+``HloCostAnalysis`` counts a while loop's body once, whatever its trip count, and the
+layer stack is an ``nn.scan`` (a while loop), so the count is taken from the same step
+traced with Flax's layer scan fully unrolled (same ops, no loop; 0.69 instead of 1.18 on
+the 2-layer test model otherwise); the timed step is untouched.
 
 **Memory** (``--compile_only``, alias ``--memory_only``): compiles our step for the given
 shape on this backend, without running it or allocating the state, and prints
@@ -43,8 +45,12 @@ gradients, workspace), and their peak = arguments + outputs - aliased + temporar
 the device's memory: ``bytes_limit`` of a GPU/TPU, or ``--device_memory_gib`` (default an H100
 80GB, 79.6 GiB usable) times JAX's preallocated fraction (``XLA_PYTHON_CLIENT_MEM_FRACTION``,
 default 0.75) on a CPU host. Run it on the GPU/TPU host to know before a run whether a batch
-fits. On a CPU host the figures are the CPU compiler's (different fusion and buffer
-assignment, no cuDNN workspace): an estimate of the GPU's.
+fits (it also counts the cuDNN fused-attention custom calls, ``__cudnn$fmha*``, in the
+compiled HLO: 0 means XLA attention). On a CPU host the figures are the CPU compiler's
+(different fusion and buffer assignment, no cuDNN), measured at 1.5-1.7x
+what the step saves for its backward pass, which is printed too (the jaxpr's residuals by
+dtype, the same on every backend) as the floor a GPU's peak sits above (plus state,
+gradients and workspace).
 """
 
 from __future__ import annotations
@@ -67,6 +73,39 @@ PRESETS = {
 }
 # BERT's recipe: 20 predictions per sequence at 128 tokens, 80 at 512 (15%, rounded).
 PREDICTIONS = {128: 20, 512: 80}
+# --kind: the network and objective beside BERT's (MLM + NSP) at the same size. XLNet:
+# two-stream permutation LM (K = 6, so pass --max_predictions=21 at 128, 85 at 512),
+# bidirectional data, no memory.
+KINDS = {
+    'bert': dict(model={}, objective={}, data={}),
+    # DeBERTa: disentangled attention (k = 512 / 256 log buckets), EMD (n = 2), MLM with
+    # whole-word masking (configs/deberta_base.py).
+    'deberta': dict(model=dict(kind='deberta', attention_kind='disentangled',
+                               position_biased_input=False, emd_layers=2, type_vocab_size=0,
+                               layer_norm_eps=1e-7),
+                    objective=dict(names=('mlm',), whole_word_masking=True),
+                    data=dict(pair_kind='full_sentences')),
+    'deberta_v2': dict(model=dict(kind='deberta_v2', attention_kind='disentangled',
+                                  position_biased_input=False, emd_layers=2, type_vocab_size=0,
+                                  position_buckets=256, share_att_key=True, norm_rel_ebd=True,
+                                  layer_norm_eps=1e-7),
+                       objective=dict(names=('mlm',), whole_word_masking=True),
+                       data=dict(pair_kind='full_sentences')),
+    'xlnet': dict(model=dict(kind='xlnet', type_vocab_size=3),
+                  objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6,
+                                 bidirectional_data=True),
+                  data=dict(pair_kind='xlnet')),
+    # SpanBERT: BERT's network, geometric whole-word spans (every piece a word here: the
+    # ids are random), MLM + SBO, no NSP.
+    'spanbert': dict(model={}, objective=dict(names=('mlm', 'sbo'), span_p=0.2,
+                                              whole_word_masking=True),
+                     data=dict(pair_kind='doc_sentences')),
+    # ELECTRA: the preset is the discriminator (E = hidden), plus a 1/4-wide generator.
+    'electra': dict(model=dict(kind='electra'),
+                    objective=dict(names=('electra',), mask_token_rate=0.85,
+                                   random_token_rate=0.0, generator_hidden_fraction=0.25),
+                    data=dict(pair_kind='full_sentences')),
+}
 FLOPS_SHAPES = 'small:128,base:128,base:512'
 H100_GIB = 81559 / 1024  # nvidia-smi's total for an H100 80GB (SXM and PCIe).
 GIB = 2.0 ** 30
@@ -96,6 +135,8 @@ def build(args, devices=None):
                  **PRESETS[args.preset])
   if args.attention_implementation != 'auto':
     c.model.attention_implementation = args.attention_implementation
+  for section, fields in KINDS[args.kind].items():
+    c[section].update(fields)
   c.train.update(batch_size=args.batch_size, seq_lens=(args.seq_len,),
                  max_predictions=(args.max_predictions,), phase_fractions=(1.0,),
                  num_steps=1000)
@@ -177,7 +218,8 @@ def xla_flops(args) -> dict:
 
 
 def _flops_line(args, f) -> str:
-  return (f'  BERT-{args.preset:5s} batch {args.batch_size:3d} x {args.seq_len:3d}, '
+  return (f'  {args.kind.upper()}-{args.preset:5s} batch {args.batch_size:3d} x '
+          f'{args.seq_len:3d}, '
           f'{args.max_predictions:2d} pred/seq, {args.dtype:8s}{" remat" * args.remat}: '
           f'ours {f["ours"] / 1e12:9.4f} TFLOP/step   XLA {f["xla"] / 1e12:9.4f}   '
           f'XLA/ours {f["ratio"]:.3f}')
@@ -193,6 +235,8 @@ def memory(args) -> dict:
              aliased=m.alias_size_in_bytes, temporaries=m.temp_size_in_bytes,
              code=m.generated_code_size_in_bytes)
   out['peak'] = out['arguments'] + out['outputs'] - out['aliased'] + out['temporaries']
+  # cuDNN's fused attention appears as custom calls '__cudnn$fmha...' (forward, backward).
+  out['cudnn_attention_calls'] = compiled.as_text().count('__cudnn$fmha')
   device = jax.devices()[0]
   stats = device.memory_stats() if device.platform != 'cpu' else None
   if stats and stats.get('bytes_limit'):
@@ -236,7 +280,8 @@ def saved_for_backward(args) -> dict:
 def _memory_line(args, m) -> str:
   g = lambda k: f'{m[k] / GIB:6.2f}'
   verdict = 'fits' if m['peak'] <= m['budget'] else 'DOES NOT FIT'
-  return (f'  BERT-{args.preset:5s} batch {args.batch_size:3d} x {args.seq_len:3d} '
+  return (f'  {args.kind.upper()}-{args.preset:5s} batch {args.batch_size:3d} x '
+          f'{args.seq_len:3d} '
           f'{args.dtype}{" remat" * args.remat}: peak {g("peak")} GiB per device = arguments '
           f'{g("arguments")} + outputs {g("outputs")} - aliased {g("aliased")} + temporaries '
           f'{g("temporaries")}  -> {verdict} in {m["budget"] / GIB:.1f} GiB '
@@ -319,7 +364,8 @@ def bench_hf(args) -> dict:
 
 def _describe(args) -> str:
   import jax
-  return (f'BERT-{args.preset} {PRESETS[args.preset]}, vocab {args.vocab_size}, batch '
+  return (f'{args.kind.upper()}-{args.preset} {PRESETS[args.preset]}, vocab {args.vocab_size}, '
+          'batch '
           f'{args.batch_size} x {args.seq_len}, {args.max_predictions} predictions/seq, '
           f'{args.dtype}{", remat" * args.remat}, attention {args.attention_implementation} '
           f'(dropout {args.attention_dropout}), {os.cpu_count()} CPU cores, JAX backend '
@@ -329,6 +375,8 @@ def _describe(args) -> str:
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--preset', choices=sorted(PRESETS), default='small')
+  ap.add_argument('--kind', choices=sorted(KINDS), default='bert',
+                  help='Model kind + objective (xlnet: plm; no HF comparison row).')
   ap.add_argument('--batch_size', type=int, default=32)
   ap.add_argument('--seq_len', type=int, default=128)
   ap.add_argument('--max_predictions', type=int, default=20)
@@ -370,7 +418,10 @@ def main():
   print(_describe(args))
   if args.compile_only:
     print('Compiled train step memory (memory_analysis), nothing run:')
-    print(_memory_line(args, memory(args)))
+    m = memory(args)
+    print(_memory_line(args, m))
+    print(f'  attention: {m["cudnn_attention_calls"]} cuDNN fused-attention custom calls in the '
+          'compiled HLO' + ('' if m['cudnn_attention_calls'] else ' (XLA attention)'))
     saved = saved_for_backward(args)
     if saved:
       print(f'  saved for the backward pass (jaxpr residuals, any backend): '
@@ -384,7 +435,7 @@ def main():
         f'step {ours["step_s"]*1e3:8.1f} ms  {ours["tflops_per_device"]:.3f} TFLOP/s/device'
         + (f'  MFU {ours["mfu"]:.1%}' if 'mfu' in ours else '') + f'  [{ours["device"]}]',
         flush=True)
-  if on_cpu or args.with_hf:
+  if (on_cpu or args.with_hf) and args.kind == 'bert':
     full = bench_ours(shape_args(args, max_predictions=args.seq_len))
     print(f'encoder_jax (head at all positions):       {full["tokens_per_s"]:10.0f} tokens/s  '
           f'step {full["step_s"]*1e3:8.1f} ms', flush=True)

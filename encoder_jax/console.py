@@ -16,7 +16,8 @@ from typing import Mapping
 # Console names of the metrics worth a glance (the rest is in metrics.jsonl / TensorBoard).
 _SHOWN = (('loss', 'loss', '{:.4f}'), ('mlm_accuracy', 'mlm_acc', '{:.1%}'),
           ('pair_accuracy', 'pair_acc', '{:.1%}'), ('mlm_perplexity', 'ppl', '{:.2f}'),
-          ('learning_rate', 'lr', '{:.2e}'))
+          ('sbo_accuracy', 'sbo_acc', '{:.1%}'), ('generator_mlm_accuracy', 'gen_acc', '{:.1%}'),
+          ('rtd_accuracy', 'rtd_acc', '{:.1%}'), ('learning_rate', 'lr', '{:.2e}'))
 
 
 def _duration(seconds: float) -> str:

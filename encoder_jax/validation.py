@@ -329,8 +329,28 @@ def _sources(c) -> str | None:
   return None
 
 
+def _span_objectives(c) -> str | None:
+  """SpanBERT's SBO reads MLM's spans; ELECTRA's setup stands alone on its own kind."""
+  names, kind = tuple(_get(c, 'objective.names') or ()), _get(c, 'model.kind')
+  if 'sbo' in names and 'mlm' not in names:
+    return (f"config.objective.names={names} has 'sbo', which predicts the tokens of the "
+            "spans 'mlm' masks: expected 'mlm' in the names too")
+  if 'electra' in names and len(names) > 1:
+    return (f"config.objective.names={names}: 'electra' is a whole pretraining setup "
+            "(generator + discriminator) and must stand alone: expected ('electra',)")
+  if kind is not None and ('electra' in names) != (kind == 'electra'):
+    return (f"config.model.kind={kind!r} with config.objective.names={names}: ELECTRA's "
+            "discriminator (kind 'electra') trains with names=('electra',), and only it")
+  span_p, ngram = _get(c, 'objective.span_p'), _get(c, 'objective.max_ngram')
+  if span_p and ngram is not None and ngram > 1:
+    return (f'config.objective.span_p={span_p} (SpanBERT spans) and max_ngram={ngram} (ALBERT '
+            'n-grams) select spans two ways: expected one of them off (0 / 1)')
+  return None
+
+
 CROSS_RULES: tuple[Callable[[Any], str | None], ...] = (
-    _phases, _warmup, _batch, _heads, _positions, _masking, _pairs, _eval, _mesh, _sources)
+    _phases, _warmup, _batch, _heads, _positions, _masking, _pairs, _eval, _mesh, _sources,
+    _span_objectives)
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:

@@ -16,7 +16,8 @@ from encoder_jax import sharding
 from encoder_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert')
+PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert', 'xlnet', 'deberta',
+                                               'spanbert', 'electra')
                           for p in glob.glob(os.path.join(ROOT, 'configs', f'{kind}_*.py')))
 
 
@@ -45,7 +46,7 @@ def test_config_builds_under_eval_shape(path, arg):
 
 
 @pytest.mark.parametrize('name', ['bert_base.py', 'bert_large.py', 'roberta_base.py',
-                                  'albert_base.py'])
+                                  'albert_base.py', 'xlnet_base.py'])
 def test_runlocal_variant_prepares_the_embedded_corpus(name, tmp_path):
   c = _load(os.path.join(ROOT, 'configs', name), 'runlocal=True')
   c.data.prepared_dir = str(tmp_path / 'prepared')
@@ -95,6 +96,20 @@ def test_albert_base_is_the_papers_recipe():
   assert (c.optim.name, c.optim.learning_rate) == ('lamb', 0.00176)
 
 
+def test_xlnet_large_is_the_papers_recipe():
+  c = _load(os.path.join(ROOT, 'configs', 'xlnet_large.py'))
+  m, o = c.model, c.optim
+  assert (m.kind, m.vocab_size, m.num_layers, m.hidden_size, m.num_heads,
+          m.intermediate_size) == ('xlnet', 32000, 24, 1024, 16, 4096)
+  assert c.objective.names == ('plm',) and c.data.pair_kind == 'xlnet'
+  assert (c.objective.partial_prediction_k, c.objective.max_ngram) == (6, 5)
+  assert c.objective.bidirectional_data
+  assert (c.train.batch_size, c.train.num_steps) == (8192, 500_000)
+  assert [(p.seq_len, p.max_predictions) for p in schedule.phases(c.train)] == [(512, 85)]
+  assert (o.name, o.learning_rate, o.warmup_steps, o.eps, o.weight_decay) == (
+      'adamw', 4e-4, 40_000, 1e-6, 0.01)
+
+
 def test_unknown_config_argument_is_rejected():
   with pytest.raises(ValueError, match="Unknown config argument 'runlokal'"):
     _load(os.path.join(ROOT, 'configs', 'bert_base.py'), 'runlokal=True')
@@ -114,3 +129,28 @@ def test_phase_fractions_must_sum_to_one():
   c.train.phase_fractions = (0.5, 0.4)
   with pytest.raises(ValueError, match='phase_fractions'):
     schedule.phases(c.train)
+
+
+@pytest.mark.parametrize('arg', ['', 'version=2', 'sop=True', 'version=2,runlocal=True'])
+def test_deberta_base_is_the_papers_recipe(arg):
+  c = _load(os.path.join(ROOT, 'configs', 'deberta_base.py'), arg)
+  m = c.model
+  assert (m.num_layers, m.hidden_size, m.num_heads, m.attention_kind) == (
+      (2, 128, 2, 'disentangled') if 'runlocal' in arg else (12, 768, 12, 'disentangled'))
+  assert (m.position_biased_input, m.emd_layers, m.pos_att_type) == (False, 2, 'c2p|p2c')
+  assert c.objective.whole_word_masking
+  if 'version=2' in arg:
+    assert (m.kind, m.share_att_key, m.norm_rel_ebd) == ('deberta_v2', True, True)
+    assert m.position_buckets == (32 if 'runlocal' in arg else 256)
+  else:
+    assert (m.kind, m.position_buckets, m.max_relative_positions, m.max_position_embeddings) == (
+        'deberta', 0, -1, 512)  # k = 512.
+  if 'sop' in arg:
+    assert c.objective.names == ('mlm', 'sop') and m.type_vocab_size == 2
+  else:
+    assert c.objective.names == ('mlm',) and m.type_vocab_size == 0
+  if 'runlocal' not in arg:
+    assert (c.train.batch_size, c.train.num_steps, c.optim.learning_rate) == (2048, 1_000_000, 2e-4)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  train.validate(c, mesh)
+  assert sum(x.size for x in jax.tree.leaves(train.abstract_state(c, mesh).params)) > 0

@@ -42,6 +42,18 @@ FAMILY = {
         objective=dict(names=('mlm', 'sbo'), span_p=0.2, max_span_length=10,
                        whole_word_masking=True),
         data=dict(pair_kind='doc_sentences')),
+    'deberta_mlm_wwm_emd': dict(  # v1: distances clipped at k=8 < 32, EMD, no segments.
+        model=dict(kind='deberta', attention_kind='disentangled', position_biased_input=False,
+                   max_relative_positions=8, emd_layers=2, type_vocab_size=0,
+                   layer_norm_eps=1e-7),
+        objective=dict(names=('mlm',), whole_word_masking=True),
+        data=dict(pair_kind='full_sentences')),
+    'deberta_v2_mlm_sop': dict(  # v2/v3 options, EMD, and the SOP option.
+        model=dict(kind='deberta_v2', attention_kind='disentangled', position_biased_input=False,
+                   position_buckets=8, share_att_key=True, norm_rel_ebd=True, emd_layers=2,
+                   pos_att_type='c2p|p2c', layer_norm_eps=1e-7),
+        objective=dict(names=('mlm', 'sop'), whole_word_masking=True),
+        data=dict(pair_kind='sop')),
     'electra_rtd': dict(  # Generator: hidden 8 (1/4), its own 16 -> 8 embedding projection.
         model=dict(kind='electra', embedding_size=16),
         objective=dict(names=('electra',), mask_token_rate=0.85, random_token_rate=0.0,

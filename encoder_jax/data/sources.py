@@ -146,9 +146,12 @@ class Source:
       paths = sorted(p for p in glob_lib.glob(os.path.expanduser(pattern), recursive=True)
                      if os.path.isfile(p))
     if not paths:
+      where = os.path.expanduser(pattern)
+      hint = (f'; {where} is a directory: give a glob of its files, e.g. '
+              f"'{self.kind}:{os.path.join(where, '*')}'" if os.path.isdir(where) else '')
       raise FileNotFoundError(
           f'config.data.sources: {self.spec!r}: no file matches {pattern!r} '
-          f'(working directory {os.getcwd()!r}).')
+          f'(working directory {os.getcwd()!r}){hint}.')
     return paths
 
   def _lines(self, path: str, report: Report) -> Iterator[tuple[int, str | None]]:

@@ -465,6 +465,8 @@ def describe_sentence_settings(settings: dict) -> str:
 # The objectives an imported checkpoint of each kind continues pretraining with, by default.
 DEFAULT_OBJECTIVES = {'bert': (('mlm', 'nsp'), 'nsp'), 'albert': (('mlm', 'sop'), 'sop'),
                       'roberta': (('mlm',), 'full_sentences'),
+                      'deberta': (('mlm',), 'full_sentences'),
+                      'deberta_v2': (('mlm',), 'full_sentences'),
                       'electra': (('electra',), 'full_sentences'),
                       'electra_generator': (('mlm',), 'full_sentences')}
 

@@ -10,7 +10,10 @@ HF XLNet has one ``dropout`` for everything (ours: hidden and attention rates, b
 from it) and no position table (``max_position_embeddings`` is ours alone: imports get 512,
 the released models' training length; exports leave it out, as HF refuses the field).
 Our network computes ``attn_type='bi'`` without ``bi_data`` and ``same_length`` (the
-pretraining objective passes backward rows itself), which the import requires.
+pretraining objective passes backward rows itself), which the import requires. Our
+``mem_len`` (a memory carried through pretraining) is HF's ``mem_len`` when
+``use_mems_train`` is on, else 0; HF's ``reuse_len`` (which part of a row to cache) is not
+modelled: our memory caches whole rows.
 """
 
 from __future__ import annotations
@@ -63,13 +66,17 @@ MAX_LENGTH = 512  # Our position limit for imported models (XLNet's pretraining 
 
 
 def _config_from_hf(hf) -> dict:
-  return {'attention_dropout_rate': hf['dropout'], 'mem_len': int(hf.get('mem_len') or 0),
+  # Our mem_len means "carry the memory while pretraining": HF's mem_len with use_mems_train
+  # (off by default: HF's default mem_len=512 is then an inference-time cache only).
+  mem_len = int(hf.get('mem_len') or 0) if hf.get('use_mems_train', False) else 0
+  return {'attention_dropout_rate': hf['dropout'], 'mem_len': mem_len,
           'clamp_len': int(hf.get('clamp_len', -1)), 'max_position_embeddings': MAX_LENGTH}
 
 
 def _config_to_hf(c, pad_token_id: int) -> dict:
-  return {'pad_token_id': pad_token_id, 'mem_len': c.mem_len, 'clamp_len': c.clamp_len,
-          'd_head': c.head_dim, 'tie_word_embeddings': True}
+  return {'pad_token_id': pad_token_id, 'mem_len': c.mem_len or None,
+          'use_mems_train': c.mem_len > 0, 'clamp_len': c.clamp_len, 'd_head': c.head_dim,
+          'tie_word_embeddings': True}
 
 
 SPEC = T.HfSpec(

@@ -212,24 +212,27 @@ class PreTraining(nn.Module):
 
 
 def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
-  """BERT's encoder FLOPs plus the relative terms and the enhanced mask decoder.
+  """BERT's encoder FLOPs plus the relative terms and the enhanced mask decoder (6 FLOPs per
+  multiply-add: 2 per MAC, 3 passes).
 
-  Per layer and token (forward, x3 for training): each position term multiplies the token's
-  query (or key) with the R reachable table rows (2*R*d_model) and projects the R rows
-  (2*R*d_model^2 per sequence, shared by the L tokens). The EMD projects keys and values of
-  every token per decoding layer (4*d^2 each) and runs a layer's query side at the
-  predicted positions, counted as ``EMD_FLOPS_FRACTION`` (the masking rate) of the tokens.
+  Per layer and token, each position term multiplies the token's query (c2p) or key (p2c)
+  with the R table rows reachable at this length: R * d MACs. (Projecting the R rows costs
+  R * d^2 per layer per *batch*, negligible per token at training batch sizes: left out.)
+  Each EMD layer projects keys and values of every token (2 d^2) and runs a layer's query
+  side (q and output projections, attention over the L keys, feed-forward, position terms)
+  at the predicted positions, counted as ``EMD_FLOPS_FRACTION`` (the masking rate) of the
+  tokens. XLA's count of the compiled step agrees within a few percent
+  (``benchmarks/bench_train.py --check_flops --kind deberta``).
   """
   d, f = c.hidden_size, c.intermediate_size
   flops = config_lib.encoder_flops_per_token(c, seq_len)
   terms = len(da.position_terms(c))
   _, lo, hi = da.relative_layout(c, seq_len)
   rows = hi - lo
-  flops += 6 * c.num_layers * terms * (2 * rows * d + 2 * rows * d * d / seq_len)
+  flops += 6 * c.num_layers * terms * rows * d
   if c.emd_layers:
-    kv = 2 * 2 * d * d
-    query_side = 2 * 2 * d * d + 2 * 2 * seq_len * d + 2 * d * f + terms * 2 * rows * d
-    flops += 6 * c.emd_layers * (kv + EMD_FLOPS_FRACTION * query_side)
+    query_side = 2 * d * d + 2 * seq_len * d + 2 * d * f + terms * rows * d
+    flops += 6 * c.emd_layers * (2 * d * d + EMD_FLOPS_FRACTION * query_side)
   return float(flops)
 
 

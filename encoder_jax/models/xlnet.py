@@ -9,7 +9,9 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   the row of distance ``(mlen + i) - j`` through the "relative shift" (a reshape, no
   gather); ``r_w_bias``/``r_r_bias`` are the content/position biases (untied per layer).
   ``clamp_len`` clips distances. Rows flagged ``backward`` (bi-directional data, the second
-  half of the batch in the original) read the negated distances.
+  half of the batch in the original) read the negated distances. The projection of the
+  encodings runs once per batch (per direction), not per row as in the original, so the
+  dropout on the encodings is drawn once per batch and shared by its rows.
 * **Relative segments**: ``seg_embed`` [2, heads, head_dim] holds one vector for "same
   segment" and one for "different segment" (``r_s_bias`` its bias); memory counts as
   segment 0. XLNet's layout ``A [SEP] B [SEP] [CLS]`` gives [CLS] its own segment 2.
@@ -279,7 +281,8 @@ def masked_positions_targets(masked_positions_BxP, length: int):
   """
   tm_BxPxL = jax.nn.one_hot(masked_positions_BxP, length, dtype=jnp.float32)
   hidden_BxL = tm_BxPxL.max(axis=1)
-  return jnp.broadcast_to(hidden_BxL[:, None, :], (*hidden_BxL.shape[:1], length, length)), tm_BxPxL
+  perm_BxLxL = jnp.broadcast_to(hidden_BxL[:, None, :], (hidden_BxL.shape[0], length, length))
+  return perm_BxLxL, tm_BxPxL
 
 
 class XLNetModel(nn.Module):

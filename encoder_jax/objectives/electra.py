@@ -49,6 +49,17 @@ from encoder_jax.objectives import masking
 GENERATOR_EXPORT_DIR = 'generator'  # workdir_to_hf writes the generator under OUT/generator.
 
 
+def replace_tokens(ids_BxL, positions_BxP, weights_BxP, sampled_BxP):
+  """(fake ids [B, L], replaced float32 [B, L]): the *original* sequence with the samples
+  at the masked positions (padding slots, weight 0, write nowhere); a sample equal to the
+  original token is not a replacement (ELECTRA's ``is_fake_tokens``)."""
+  b, l = ids_BxL.shape
+  scatter_BxP = jnp.where(weights_BxP > 0, positions_BxP, l)
+  fake_BxL = ids_BxL.at[jnp.arange(b)[:, None], scatter_BxP].set(
+      sampled_BxP.astype(ids_BxL.dtype), mode='drop')
+  return fake_BxL, (fake_BxL != ids_BxL).astype(jnp.float32)
+
+
 class Electra(base.Pretraining):
   name = 'electra'
   metric_weights = {
@@ -158,13 +169,9 @@ class Electra(base.Pretraining):
     mlm_loss, mlm_accuracy = base.cross_entropy(logits_BxPxV, masked['masked_labels'],
                                                 weights_BxP)
 
-    # Replacements sampled from the generator (Gumbel-max), put into the original sequence.
+    # Replacements sampled from the generator (Gumbel-max), no gradient through them.
     sampled_BxP = jax.random.categorical(k_sample, jax.lax.stop_gradient(logits_BxPxV))
-    b, l = ids_BxL.shape
-    scatter_BxP = jnp.where(weights_BxP > 0, positions_BxP, l)  # Padding slots: nowhere.
-    fake_BxL = ids_BxL.at[jnp.arange(b)[:, None], scatter_BxP].set(
-        sampled_BxP.astype(ids_BxL.dtype), mode='drop')
-    replaced_BxL = (fake_BxL != ids_BxL).astype(jnp.float32)
+    fake_BxL, replaced_BxL = replace_tokens(ids_BxL, positions_BxP, weights_BxP, sampled_BxP)
 
     judged = self.discriminator.pretraining.apply(
         {'params': params['discriminator']}, fake_BxL, segments_BxL, mask_BxL,

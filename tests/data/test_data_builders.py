@@ -130,8 +130,23 @@ def test_packing_uses_every_sentence_once(prepared_small, kind):
 
 def test_unknown_pair_kind_lists_valid_ones():
   with pytest.raises(ValueError, match=r"unknown; valid: \['doc_sentences', "
-                                       r"'full_sentences', 'nsp', 'sop'\]"):
+                                       r"'full_sentences', 'nsp', 'sop', 'xlnet'\]"):
     builders.make('mlm_only', seed=0, short_seq_prob=0.1)
+
+
+def test_xlnet_layout_puts_cls_last_in_its_own_segment():
+  """XLNet's A [SEP] B [SEP] [CLS]: segments 0 (A and its [SEP]), 1 (B and its), 2 ([CLS])."""
+  tokens = np.arange(100, 120)
+  instances = [([(tokens, 0, 3, 0), (tokens, 10, 12, 1)], 1), ([(tokens, 5, 6, 0),
+                                                             (tokens, 7, 8, 1)], 0)]
+  ids, seg, lengths, labels = builders.REGISTRY['xlnet'].render(instances, 9, cls_id=2,
+                                                                sep_id=3, pad_id=0)
+  np.testing.assert_array_equal(ids[0], [100, 101, 102, 3, 110, 111, 3, 2, 0])
+  np.testing.assert_array_equal(seg[0], [0, 0, 0, 0, 1, 1, 1, 2, 0])
+  np.testing.assert_array_equal(ids[1], [105, 3, 107, 3, 2, 0, 0, 0, 0])
+  np.testing.assert_array_equal(lengths, [8, 5])
+  np.testing.assert_array_equal(labels, [1, 0])
+  assert not builders.REGISTRY['xlnet'].pair_labels  # XLNet reads no pair label.
 
 
 def _tiny_corpus(tmp_path, make_config, sp_model_path, kind, sources):

@@ -118,6 +118,9 @@ def test_missing_and_empty_inputs_are_clear_errors(tmp_path, make_config, sp_mod
   c = _prepare_bad(tmp_path, make_config, sp_model_path, f'text:{tmp_path}/nothing*.txt')
   with pytest.raises(FileNotFoundError, match=r'nothing\*\.txt.*no file matches'):
     data_lib.load_or_prepare(c)
+  c = _prepare_bad(tmp_path, make_config, sp_model_path, f'text:{tmp_path}')
+  with pytest.raises(FileNotFoundError, match=r'is a directory: give a glob of its files'):
+    data_lib.load_or_prepare(c)
   open(tmp_path / 'empty.txt', 'w').close()
   with open(tmp_path / 'blank.txt', 'w') as f:
     f.write('\n\n  \n')

@@ -55,9 +55,9 @@ SHAPES = [
          max_positions=11, length=11),
 ]
 SHAPE_IDS = ['h{hidden_size}_a{num_heads}_n{num_layers}'.format(**s) for s in SHAPES]
-# Every variant on the first shape, the released layouts (v1_base, v3) on every shape.
-IMPORT_CASES = [(v, 0) for v in VARIANTS] + [(v, i) for v in ('v1_base', 'v3') for i in (1, 2)]
-EXPORT_CASES = [(v, 1) for v in VARIANTS] + [('v1_span4', 2), ('v3', 2)]
+# Every variant, each version on two or three shapes (odd widths, one head, one layer).
+IMPORT_CASES = [('v1_span4', 0), ('v1_base', 2), ('v3', 0), ('v3', 1), ('v2_c2p', 2)]
+EXPORT_CASES = [('v1_span4', 1), ('v1_base', 2), ('v3', 2), ('v2_c2p', 1)]
 # Pooler (ContextPooler) and pair head (SOP option) have no place in the HF MLM models.
 OURS_ONLY = ['pooler', 'pair_head']
 
@@ -95,8 +95,8 @@ def _inputs(shape):
 
 
 def _ours(config, params, ids, segments, mask):
-  return registry.network(config).pretraining.apply(
-      {'params': params}, ids, segments, mask, collect_hidden=True)
+  apply = jax.jit(registry.network(config).pretraining.apply, static_argnames='collect_hidden')
+  return apply({'params': params}, ids, segments, mask, collect_hidden=True)
 
 
 def _theirs(model, ids, segments, mask):
@@ -140,12 +140,13 @@ def test_import_matches_transformers(tmp_path, variant, shape_index):
 
 
 def _random_params(config, seed=0):
-  """Our own init with every parameter (biases, LayerNorms too) perturbed."""
-  params = hf.init_params(config, seed)
-  leaves, tree = jax.tree.flatten(params)
+  """Every parameter random (LayerNorm scales near 1), in the shapes of our init (not run:
+  compiling an init costs seconds on 2 cores)."""
   rng = np.random.default_rng(seed)
-  return jax.tree.unflatten(tree, [(x + 0.2 * rng.standard_normal(x.shape)).astype(np.float32)
-                                   for x in leaves])
+  def draw(path, x):
+    noise = 0.2 * rng.standard_normal(x.shape)
+    return (1.0 + noise if path[-1].key == 'scale' else noise).astype(np.float32)
+  return jax.tree_util.tree_map_with_path(draw, hf.abstract_params(config))
 
 
 def _our_config(variant, shape, **overrides):
@@ -187,7 +188,7 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, variant, shape_
   jax.tree.map(np.testing.assert_array_equal, _trunk_and_mlm(params2), _trunk_and_mlm(params))
 
 
-@pytest.mark.parametrize('variant', ['v1_base', 'v3'])
+@pytest.mark.parametrize('variant', ['v3'])
 def test_export_drops_the_enhanced_mask_decoder_with_a_note(tmp_path, caplog, variant):
   """HF has no EMD: the encoder is exact, HF's MLM logits are ours with emd_layers=0."""
   shape = SHAPES[0]

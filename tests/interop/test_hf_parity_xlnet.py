@@ -36,7 +36,8 @@ SHAPES = [
 ]
 SHAPE_IDS = ['d{d_model}_h{n_head}_n{n_layer}'.format(**s) for s in SHAPES]
 # HF options each case turns on: a memory of mem_len states, or bi_data with clamp_len.
-CASES = {'plain': {}, 'memory': dict(mem_len=5), 'bi_data_clamp': dict(bi_data=True, clamp_len=3)}
+CASES = {'plain': {}, 'memory': dict(mem_len=5, use_mems_train=True),
+         'bi_data_clamp': dict(bi_data=True, clamp_len=3)}
 MAX_DIFF: dict[tuple[str, str, str], float] = {}
 
 
@@ -169,7 +170,9 @@ def test_hf_defaults_are_what_our_network_computes():
   assert (default.attn_type, default.bi_data, default.same_length, default.clamp_len) == (
       'bi', False, False, -1)
   config = hf.config_from_hf(default.to_dict())
-  assert config.clamp_len == -1 and config.mem_len == default.mem_len
+  # HF's default mem_len (512) is an inference cache (use_mems_train=False): no memory here.
+  assert config.clamp_len == -1 and config.mem_len == 0
+  assert hf.config_from_hf(dict(default.to_dict(), use_mems_train=True)).mem_len == 512
   assert registry.hf_spec_for_model_type('xlnet').kind == 'xlnet'
   for field, value in (('attn_type', 'uni'), ('same_length', True), ('bi_data', True)):
     with pytest.raises(ValueError, match=field):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from encoder_jax import checkpointing
+from encoder_jax import data as data_lib
 from encoder_jax import schedule
 from encoder_jax import train
 from encoder_jax import train_state
@@ -311,3 +312,11 @@ def test_short_run_loss_falls(tmp_path):
     losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r]
   assert len(losses) == 6
   assert losses[-1] < losses[0] - 0.5, losses
+  # The rows it trained on were XLNet's layout: ... [SEP] [CLS], [CLS] in segment 2.
+  prepared = data_lib.load_or_prepare(c)
+  batch = next(iter(data_lib.make_eval_iterator(c, prepared, 32)))
+  last = batch['input_mask'].sum(1) - 1
+  rows = np.arange(len(last))
+  np.testing.assert_array_equal(batch['input_ids'][rows, last], prepared.tokenizer.cls_id)
+  np.testing.assert_array_equal(batch['input_ids'][rows, last - 1], prepared.tokenizer.sep_id)
+  np.testing.assert_array_equal(batch['segment_ids'][rows, last], 2)

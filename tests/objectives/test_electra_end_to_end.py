@@ -1,0 +1,113 @@
+"""ELECTRA end to end on the embedded corpus: configs/electra_small.py (runlocal, shrunk)
+trains and its loss falls; held-out evaluation reports every metric; the workdir exports
+to Hugging Face (discriminator at OUT, generator at OUT/generator) with the logits ours
+computes; the export loads back (generator included) and as ``ElectraModel``; and
+``encoder_jax.finetune`` fine-tunes the discriminator from the workdir."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from encoder_jax import convert
+from encoder_jax import evaluate
+from encoder_jax import metrics as metrics_lib
+from encoder_jax import train
+from encoder_jax.finetune import config as finetune_config
+from encoder_jax.finetune import train as finetune
+from encoder_jax.interop import checkpoint_io
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ATOL = 1e-5
+
+
+def _config(prepared_dir):
+  spec = importlib.util.spec_from_file_location('cfg', os.path.join(ROOT, 'configs',
+                                                                    'electra_small.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config('runlocal=True')
+  # Smaller still: 2 x 64 discriminator (E = 32), a 16-wide generator.
+  c.model.update(vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128,
+                 embedding_size=32, max_position_embeddings=64)
+  c.data.update(sources='embedded;max_documents=300', prepared_dir=prepared_dir)
+  c.train.update(num_steps=40, batch_size=16, seq_lens=(64,), max_predictions=(10,),
+                 phase_fractions=(1.0,), log_every_steps=5, eval_every_steps=40,
+                 eval_batches=2)
+  c.optim.update(learning_rate=2e-3, warmup_steps=4)
+  c.checkpoint.update(every_steps=40, async_save=False)
+  return c
+
+
+def _rows(tok, texts):
+  rows = [[tok.cls_id, *tok.encode(t), tok.sep_id] for t in texts]
+  length = max(map(len, rows))
+  ids = np.array([r + [tok.pad_id] * (length - len(r)) for r in rows], np.int32)
+  mask = (np.arange(length)[None] < np.array([len(r) for r in rows])[:, None]).astype(np.int32)
+  return ids, mask
+
+
+def _hf(model, ids, mask):
+  t = lambda x: torch.tensor(np.asarray(x), dtype=torch.long)
+  with torch.no_grad():
+    return model(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(np.zeros_like(ids)))
+
+
+@pytest.mark.slow  # ~1-2 min on a 2-core CPU: data preparation, 40 steps, export, fine-tune.
+def test_electra_small_trains_evaluates_exports_and_finetunes(tmp_path):
+  c = _config(str(tmp_path / 'prepared'))
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(c, workdir)
+  losses = [r['loss'] for r in metrics_lib.read_metrics(workdir) if r['split'] == 'train']
+  assert len(losses) == 8 and np.mean(losses[-2:]) < 0.8 * losses[0], losses
+
+  result = evaluate.evaluate_checkpoint(c, workdir)
+  for key in ('generator_mlm_loss', 'generator_mlm_accuracy', 'rtd_loss', 'rtd_accuracy',
+              'rtd_precision', 'rtd_recall', 'replaced_fraction'):
+    assert np.isfinite(result[key]), key
+  assert 0 < result['replaced_fraction'] < 0.15
+  assert any('Discriminator' in line for line in result['report'])
+
+  out = str(tmp_path / 'hf')
+  convert.workdir_to_hf(workdir, out)
+  with open(os.path.join(out, 'config.json')) as f:
+    assert json.load(f)['architectures'] == ['ElectraForPreTraining']
+  with open(os.path.join(out, 'generator', 'config.json')) as f:
+    assert json.load(f)['architectures'] == ['ElectraForMaskedLM']
+  loaded = checkpoint_io.load_workdir(workdir)
+  ids, mask = _rows(loaded.tokenizer, ['The cat sat on the mat.', 'Python is a language.'])
+  ours = loaded.network.pretraining.apply({'params': loaded.encoder_params}, ids,
+                                          np.zeros_like(ids), mask)
+  disc = transformers.ElectraForPreTraining.from_pretrained(out).eval()
+  sel = mask > 0
+  diff = np.abs(np.asarray(ours['rtd_logits'])[sel] - _hf(disc, ids, mask).logits.numpy()[sel])
+  assert diff.max() < ATOL
+  gen = transformers.ElectraForMaskedLM.from_pretrained(os.path.join(out, 'generator')).eval()
+  diff = np.abs(loaded.mlm_logits(ids, mask)[sel] - _hf(gen, ids, mask).logits.numpy()[sel])
+  assert diff.max() < ATOL
+  base, info = transformers.ElectraModel.from_pretrained(out, output_loading_info=True)
+  assert not info['missing_keys']
+  np.testing.assert_allclose(_hf(base.eval(), ids, mask).last_hidden_state.numpy()[sel],
+                             loaded.hidden_states(ids, mask)[sel], atol=ATOL)
+  # The export loads back whole: the generator comes from OUT/generator.
+  again = checkpoint_io.load_hf_dir(out)
+  assert again.kind == 'electra' and again.report.initialised_groups == []
+  np.testing.assert_allclose(again.mlm_logits(ids, mask), loaded.mlm_logits(ids, mask),
+                             atol=ATOL)
+
+  tsv = tmp_path / 'sst.tsv'
+  good = ['a good film.', 'a great movie!', 'it was good.', 'great, great.']
+  bad = ['a bad film.', 'a terrible movie!', 'it was bad.', 'terrible, bad.']
+  tsv.write_text('sentence\tlabel\n' + ''.join(f'{s}\t1\n' for s in good)
+                 + ''.join(f'{s}\t0\n' for s in bad))
+  fc = finetune_config.base_config()
+  fc.init.workdir = workdir
+  fc.data.update(train=f'tsv:{tsv}', eval=f'tsv:{tsv}', max_len=32)
+  fc.optim.update(learning_rate=1e-3, epochs=2, batch_size=4, eval_batch_size=8)
+  result = finetune.finetune(fc)
+  assert result['step'] == 4 and result['labels'] == ['0', '1']
+  assert np.isfinite(result['train_loss'])
