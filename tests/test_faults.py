@@ -12,6 +12,7 @@ rename of checkpoint ``STEP`` (its temporary directory fully written, not yet co
 replaced by a wait, so the run is caught mid-save, alive and holding the workdir's lock.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -68,10 +69,32 @@ runpy.run_module('encoder_jax.main', run_name='__main__')
 '''
 
 
+def _once(tmp_path_factory, name: str, make) -> str:
+  """A directory that ``make(directory)`` filled once per test session.
+
+  Under pytest-xdist the tests of this module may run in several workers, each with its own
+  module fixtures: they share the first worker's result (through the session's common temp
+  directory, under a file lock) instead of each training the same reference run.
+  """
+  if not os.environ.get('PYTEST_XDIST_WORKER'):
+    directory = str(tmp_path_factory.mktemp(name))
+    make(directory)
+    return directory
+  directory = tmp_path_factory.getbasetemp().parent / f'test_faults-{name}'
+  with open(f'{directory}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
+    if not os.path.exists(f'{directory}.done'):
+      shutil.rmtree(directory, ignore_errors=True)
+      directory.mkdir()
+      make(str(directory))
+      open(f'{directory}.done', 'w').close()
+  return str(directory)
+
+
 @pytest.fixture(scope='module')
 def env(tmp_path_factory):
   """The subprocesses' environment: one compilation cache for all of them."""
-  cache = str(tmp_path_factory.mktemp('xla_cache'))
+  cache = _once(tmp_path_factory, 'xla_cache', lambda d: None)
   return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache,
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1')
@@ -79,9 +102,8 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def prepared_dir(tmp_path_factory):
-  d = str(tmp_path_factory.mktemp('prepared'))
-  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
-  return d
+  return _once(tmp_path_factory, 'prepared', lambda d: data_lib.load_or_prepare(
+      tiny_config.get_config(f'prepared_dir={d}')))
 
 
 def _config(prepared_dir):
@@ -169,9 +191,9 @@ def _hashes(directory) -> dict:
 
 @pytest.fixture(scope='module')
 def uninterrupted(prepared_dir, env, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('uninterrupted') / 'w')
-  _run(prepared_dir, workdir, env)
-  return workdir
+  root = _once(tmp_path_factory, 'uninterrupted',
+               lambda d: _run(prepared_dir, os.path.join(d, 'w'), env))
+  return os.path.join(root, 'w')
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ BAD = [  # (key, value, what the message must say after 'config.<key>=<value>: e
     ('objective.mask_token_rate', 1.2, r'a number in \[0, 1\]'),
     ('objective.random_token_distribution', 'zipf', "one of 'uniform', 'unigram'"),
     ('objective.names', ('mlm', 'causal_lm'),
-     r"a non-empty tuple, each an objective name, one of \['mlm'"),
+     r"a non-empty tuple, each an objective name, one of \[.*'mlm'"),
     ('train.seq_lens', (64, 4), 'a non-empty tuple, each an integer >= 8'),
     ('train.max_predictions', (0, 20), 'a non-empty tuple, each an integer >= 1'),
     ('train.phase_fractions', (1.5, -0.5), r'a non-empty tuple, each a number in \[0, 1\]'),

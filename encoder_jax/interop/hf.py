@@ -5,7 +5,9 @@ Import reads ``config.json`` plus ``model.safetensors`` (or a sharded
 kind's table (``encoder_jax.registry.hf_spec_for_model_type``): BERT
 (``BertForPreTraining``/``BertForMaskedLM``/``BertModel``), RoBERTa
 (``RobertaForMaskedLM``/``RobertaModel``), ALBERT (``AlbertForPreTraining``/
-``AlbertForMaskedLM``/``AlbertModel``). Heads the checkpoint lacks keep a fresh
+``AlbertForMaskedLM``/``AlbertModel``), ELECTRA (``ElectraForPreTraining``/``ElectraModel``:
+the discriminator; ``ElectraForMaskedLM``: the generator; where kinds share a
+``model_type``, the first of ``architectures`` picks). Heads the checkpoint lacks keep a fresh
 initialisation and are listed in the :class:`ImportReport`. Export writes what the
 kind's first architecture's ``save_pretrained`` writes, so ``from_pretrained`` reports no
 missing or unexpected keys. Every name and layout comes from the kind's ``HfSpec``.

@@ -12,7 +12,6 @@ of every case (``MAX_DIFF``).
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 import numpy as np

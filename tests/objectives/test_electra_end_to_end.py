@@ -93,6 +93,10 @@ def test_electra_small_trains_evaluates_exports_and_finetunes(tmp_path):
   assert not info['missing_keys']
   np.testing.assert_allclose(_hf(base.eval(), ids, mask).last_hidden_state.numpy()[sel],
                              loaded.hidden_states(ids, mask)[sel], atol=ATOL)
+  # Fill-mask uses the generator, sentence embeddings the discriminator.
+  (predictions,) = loaded.fill_mask('The cat sat on the [MASK].', top_k=3)
+  assert len(predictions) == 3 and all(0 <= p <= 1 for _, p in predictions)
+  assert loaded.embed(['a cat.', 'a dog.']).shape == (2, c.model.hidden_size)
   # The export loads back whole: the generator comes from OUT/generator.
   again = checkpoint_io.load_hf_dir(out)
   assert again.kind == 'electra' and again.report.initialised_groups == []
