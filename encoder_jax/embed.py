@@ -232,7 +232,6 @@ def _define_flags():
 
 
 if __name__ == '__main__':
-  from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run(main)

@@ -213,11 +213,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   validation.validate(config)
   workdir_lib.check_workdir_writable(workdir)
-  with workdir_lib.run_lock(workdir):
-    return _train_and_evaluate(config, workdir)
+  # SIGTERM (preemption) is heard from the start: during preparation, restore or compile
+  # it ends the run cleanly before its first step instead of killing it.
+  with workdir_lib.run_lock(workdir), _Preempted() as preempted:
+    return _train_and_evaluate(config, workdir, preempted)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        preempted: '_Preempted') -> dict[str, float]:
   mesh = sharding.make_mesh(config.mesh)
   phases = validate(config, mesh)
   for change in workdir_lib.check_resume_config(workdir, config):
@@ -239,6 +242,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   iterator = data_lib.make_train_iterator(config, prepared, jax.process_index(),
                                           jax.process_count())
   restored = ckpt.restore(abstract_state(config, mesh, objective))
+  if restored is not None and restored[2]:
+    try:  # The data state must fit this config too, before anything is written.
+      iterator.set_state(restored[2])
+    except ValueError as e:
+      raise checkpointing.CheckpointError(
+          f'checkpoint step {restored[3]} in {checkpointing.checkpoint_dir(workdir)}: its '
+          f'data-iterator state ({restored[3]}/data) does not fit this config: {e}') from e
   if lead:  # Every refusal is behind us: now the workdir may be written.
     workdir_lib.pin_tokenizer(workdir, prepared.tokenizer, prepared.unigram_counts)
     workdir_lib.write_config(workdir, config)
@@ -265,8 +275,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       extra = train_state.initial_extra(config, mesh, objective, shards)
     state = TrainState(step=jax.device_put(jnp.int32(step), shards.step), params=params,
                        opt_state=opt_state, extra=extra)
-    if data_state:
-      iterator.set_state(data_state)
     out.say(f'  resuming from checkpoint step {step}')
 
   writer = metrics_lib.MetricWriter(workdir, enabled=lead,
@@ -333,7 +341,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     timer_start, timer_steps = time.perf_counter(), 0
 
   try:
-    with _Preempted() as preempted:
+    if preempted.at(step):
+      out.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the same '
+              'command to resume.')
+    else:
       while step < t.num_steps:
         phase = schedule.phase_at(phases, step)
         if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
@@ -368,7 +379,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         if step % ckpt.every_steps == 0 or step == t.num_steps or stop:
           flush_metrics(phase)  # Never save over a non-finite step.
           ckpt.save(step, state, data_state)
-          out.say(f'saved step {step} in {checkpointing.checkpoint_dir(workdir)}')
+          out.say(f'saving step {step} in {checkpointing.checkpoint_dir(workdir)}')
           timer_start = None
         if stop:
           out.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '

@@ -211,7 +211,8 @@ class Composite(Pretraining):
     if positions is None:  # No token-level objective: run the MLM head on one position only.
       positions = jnp.zeros((batch['input_ids'].shape[0], 1), jnp.int32)
     outputs = self.network.pretraining.apply(
-        {'params': self.network_params(params)}, batch.get('masked_input_ids', batch['input_ids']),
+        {'params': self.network_params(params)},
+        batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
         rngs={'dropout': self.dropout_key(rngs[0])} if train else None)
     total, metrics = jnp.float32(0.0), {}

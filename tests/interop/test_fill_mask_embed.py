@@ -148,7 +148,8 @@ def _write_sentence_transformers_files(hf_dir, pooling_config):
   """The files sentence-transformers saves beside the transformer's (all-MiniLM-L6-v2's set)."""
   with open(os.path.join(hf_dir, 'sentence_bert_config.json'), 'w') as f:
     json.dump({'max_seq_length': ST_MAX_SEQ_LENGTH, 'do_lower_case': False}, f)
-  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
+  modules = [{'idx': 0, 'name': '0', 'path': '',
+              'type': 'sentence_transformers.models.Transformer'},
              {'idx': 1, 'name': '1', 'path': '1_Pooling',
               'type': 'sentence_transformers.models.Pooling'},
              {'idx': 2, 'name': '2', 'path': '2_Normalize',
