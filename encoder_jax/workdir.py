@@ -414,6 +414,17 @@ def _may_change(key: str) -> bool:
   return key in RESUME_MAY_CHANGE or f'{key.split(".")[0]}.*' in RESUME_MAY_CHANGE
 
 
+def _only_an_import(workdir: str) -> bool:
+  """True if the workdir's only checkpoint is the step 0 an import wrote."""
+  if not any(path(workdir, name).exists()
+             for name in ('import_report.txt', 'import_report.json')):
+    return False
+  checkpoints = path(workdir, 'checkpoints')
+  steps = [d.name for d in checkpoints.iterdir() if d.name.isdigit()] if (
+      checkpoints.is_dir()) else []
+  return steps == ['0']
+
+
 def check_resume_config(workdir: str, config: ml_collections.ConfigDict,
                         defaults: ml_collections.ConfigDict | None = None) -> list[ConfigChange]:
   """Compares ``config`` with ``<workdir>/config.json`` before anything is written.
@@ -437,6 +448,11 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict,
     from encoder_jax import config_base  # pylint: disable=g-import-not-at-top
     defaults = config_base.base_config()
   default = _flatten(json.loads(defaults.to_json_best_effort()))
+  # A workdir holding only the step-0 checkpoint of an import (convert hf_to_workdir) has
+  # no training progress and no data stream yet: its recipe (data, batch, lengths, steps,
+  # objective, seed) is the user's to choose; only the network and tokenizer are fixed.
+  imported = _only_an_import(workdir)
+  fixed_after_import = ('model.', 'tokenizer.')
   accepted, refused = [], []
   for key in sorted(current):
     new = current[key]
@@ -448,7 +464,8 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict,
       old = saved[key]
       if old == new:
         continue
-    (accepted if _may_change(key) else refused).append(ConfigChange(key, old, new))
+    may = _may_change(key) or (imported and not key.startswith(fixed_after_import))
+    (accepted if may else refused).append(ConfigChange(key, old, new))
   if refused:
     raise WorkdirError(
         f'Refusing to resume in {workdir}: the config differs from {saved_path} in keys a '
