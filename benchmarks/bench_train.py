@@ -376,7 +376,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--preset', choices=sorted(PRESETS), default='small')
   ap.add_argument('--kind', choices=sorted(KINDS), default='bert',
-                  help='Model kind + objective (xlnet: plm; no HF comparison row).')
+                  help='Model kind + objective (xlnet: plm; deberta, deberta_v2: EMD + whole-word MLM; no HF comparison row).')
   ap.add_argument('--batch_size', type=int, default=32)
   ap.add_argument('--seq_len', type=int, default=128)
   ap.add_argument('--max_predictions', type=int, default=20)

@@ -144,7 +144,7 @@ RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('model.position_buckets', integer(0)),
     ('model.share_att_key', boolean()),
     ('model.norm_rel_ebd', boolean()),
-    ('model.pos_att_type', one_of('c2p|p2c', 'c2p', 'p2c', '')),
+    ('model.pos_att_type', one_of('c2p|p2c', 'p2c|c2p', 'c2p', 'p2c', '')),
     ('model.emd_layers', integer(0)),
     # objective
     ('objective.names', sequence_of(registry('encoder_jax.objectives', 'REGISTRY',

@@ -8,3 +8,10 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+# One persistent XLA compilation cache for the session (and the training subprocesses the
+# tests start): the many short runs compile the same steps again and again. Programs are
+# keyed by their HLO and flags, so a hit is the same executable, bit for bit.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  import tempfile  # pylint: disable=g-import-not-at-top
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(tempfile.gettempdir(),
+                                                         f'encoder_jax_test_xla_{os.getuid()}')

@@ -10,6 +10,7 @@ hidden -> E, LayerNorm, decoder tied to the word embedding, bias); the SOP head
 
 from __future__ import annotations
 
+from encoder_jax.interop import hf_bert
 from encoder_jax.interop import hf_table as T
 
 ENCODER, POOLER, MLM_HEAD, PAIR_HEAD = 'encoder', 'pooler', 'mlm_head', 'pair_head'
@@ -67,21 +68,9 @@ TIED = {
 }
 BUFFERS = ('albert.embeddings.position_ids', 'albert.embeddings.token_type_ids')
 
-CONFIG_FIELDS: tuple[tuple[str, str], ...] = (
-    ('vocab_size', 'vocab_size'),
-    ('embedding_size', 'embedding_size'),
-    ('hidden_size', 'hidden_size'),
-    ('num_layers', 'num_hidden_layers'),
-    ('num_heads', 'num_attention_heads'),
-    ('intermediate_size', 'intermediate_size'),
-    ('max_position_embeddings', 'max_position_embeddings'),
-    ('type_vocab_size', 'type_vocab_size'),
-    ('hidden_dropout_rate', 'hidden_dropout_prob'),
-    ('attention_dropout_rate', 'attention_probs_dropout_prob'),
-    ('layer_norm_eps', 'layer_norm_eps'),
-    ('initializer_range', 'initializer_range'),
-    ('activation', 'hidden_act'),
-)
+# BERT's fields plus the factorized embedding width.
+CONFIG_FIELDS: tuple[tuple[str, str], ...] = hf_bert.CONFIG_FIELDS + (
+    ('embedding_size', 'embedding_size'),)
 # One group of one layer shared by all layers; absolute positions.
 REQUIRED_HF_VALUES = {'num_hidden_groups': 1, 'inner_group_num': 1,
                       'position_embedding_type': 'absolute'}

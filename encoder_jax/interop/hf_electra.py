@@ -62,21 +62,9 @@ GENERATOR_HEAD: tuple[T.Entry, ...] = (
 
 BUFFERS = ('electra.embeddings.position_ids', 'electra.embeddings.token_type_ids')
 
-CONFIG_FIELDS: tuple[tuple[str, str], ...] = (
-    ('vocab_size', 'vocab_size'),
-    ('embedding_size', 'embedding_size'),
-    ('hidden_size', 'hidden_size'),
-    ('num_layers', 'num_hidden_layers'),
-    ('num_heads', 'num_attention_heads'),
-    ('intermediate_size', 'intermediate_size'),
-    ('max_position_embeddings', 'max_position_embeddings'),
-    ('type_vocab_size', 'type_vocab_size'),
-    ('hidden_dropout_rate', 'hidden_dropout_prob'),
-    ('attention_dropout_rate', 'attention_probs_dropout_prob'),
-    ('layer_norm_eps', 'layer_norm_eps'),
-    ('initializer_range', 'initializer_range'),
-    ('activation', 'hidden_act'),
-)
+# BERT's fields plus the factorized embedding width.
+CONFIG_FIELDS: tuple[tuple[str, str], ...] = hf_bert.CONFIG_FIELDS + (
+    ('embedding_size', 'embedding_size'),)
 REQUIRED_HF_VALUES = {'position_embedding_type': 'absolute'}
 
 
