@@ -116,6 +116,24 @@ def _replacement_sampler(tables: VocabTables, distribution: str):
   return draw
 
 
+def selection_budget(input_ids_BxL, input_mask_BxL, tables: VocabTables, mask_rate: float,
+                     max_predictions: int):
+  """(maskable [B, L], n [B]): the pieces that may be selected (real, not special) and how
+  many to select per sequence, ``min(P, max(1, round(mask_rate * maskable)))`` capped by
+  the maskable count. Shared by every masking scheme (tokens, words, n-grams, spans)."""
+  maskable_BxL = (input_mask_BxL > 0) & ~jnp.asarray(tables.is_special_V)[input_ids_BxL]
+  n_maskable_B = maskable_BxL.sum(-1)
+  n_B = jnp.clip(jnp.round(n_maskable_B * mask_rate).astype(jnp.int32), 1, max_predictions)
+  return maskable_BxL, jnp.minimum(n_B, n_maskable_B)
+
+
+def unit_starts(input_ids_BxL, tables: VocabTables, whole_word: bool):
+  """bool [B, L]: where a selection unit starts (word starts, or every piece)."""
+  if whole_word:
+    return jnp.asarray(tables.is_word_start_V)[input_ids_BxL]
+  return jnp.ones(input_ids_BxL.shape, bool)
+
+
 def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Array, *,
                 max_predictions: int, recipe: MaskingRecipe, tables: VocabTables) -> dict:
   """Selects and corrupts MLM positions.
@@ -127,16 +145,10 @@ def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Ar
   b, l = input_ids_BxL.shape
   p = max_predictions
   k_select, k_kind, k_random = jax.random.split(rng, 3)
-  maskable_BxL = (input_mask_BxL > 0) & ~jnp.asarray(tables.is_special_V)[input_ids_BxL]
-  n_maskable_B = maskable_BxL.sum(-1)
-  n_B = jnp.clip(jnp.round(n_maskable_B * recipe.mask_rate).astype(jnp.int32), 1, p)
-  n_B = jnp.minimum(n_B, n_maskable_B)
+  maskable_BxL, n_B = selection_budget(input_ids_BxL, input_mask_BxL, tables, recipe.mask_rate, p)
 
   if recipe.max_ngram > 1 or recipe.whole_word_masking:
-    if recipe.whole_word_masking:
-      word_start_BxL = jnp.asarray(tables.is_word_start_V)[input_ids_BxL]
-    else:  # ALBERT without whole-word masking: every piece is its own unit.
-      word_start_BxL = jnp.ones((b, l), bool)
+    word_start_BxL = unit_starts(input_ids_BxL, tables, recipe.whole_word_masking)
     if recipe.max_ngram > 1:
       selected_BxL, _ = _ngram_selection(k_select, maskable_BxL, n_B, word_start_BxL,
                                          recipe.max_ngram)

@@ -52,14 +52,9 @@ def mask_spans(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Arr
   b, l = input_ids_BxL.shape
   p = max_predictions
   k_select, k_kind, k_random = jax.random.split(rng, 3)
-  maskable_BxL = (input_mask_BxL > 0) & ~jnp.asarray(tables.is_special_V)[input_ids_BxL]
-  n_maskable_B = maskable_BxL.sum(-1)
-  n_B = jnp.clip(jnp.round(n_maskable_B * recipe.mask_rate).astype(jnp.int32), 1, p)
-  n_B = jnp.minimum(n_B, n_maskable_B)
-  if recipe.whole_word_masking:
-    word_start_BxL = jnp.asarray(tables.is_word_start_V)[input_ids_BxL]
-  else:
-    word_start_BxL = jnp.ones((b, l), bool)
+  maskable_BxL, n_B = masking.selection_budget(input_ids_BxL, input_mask_BxL, tables,
+                                               recipe.mask_rate, p)
+  word_start_BxL = masking.unit_starts(input_ids_BxL, tables, recipe.whole_word_masking)
   selected_BxL, _, _ = span_selection(k_select, maskable_BxL, n_B, word_start_BxL,
                                       recipe.span_p, recipe.max_span_length)
 

@@ -151,3 +151,19 @@ def tiny_run_config(workdir: str, corpus: str, prepared_dir: str):
   c.optim.update(warmup_steps=1)
   c.checkpoint.update(every_steps=1, async_save=False)
   return c
+
+
+def max_diff_printer(table: dict, what: str = 'float32, non-padding positions'):
+  """An autouse module fixture that prints ``table`` ((case, ...) -> max |ours - theirs|)
+  after the module's tests (shown with ``pytest -s``): the parity figures to report."""
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  @pytest.fixture(scope='module', autouse=True)
+  def print_max_diffs():
+    yield
+    if table:
+      print(f'\nmax |ours - transformers| ({what}):')
+      for key, diff in sorted(table.items()):
+        print('  ' + ' '.join(f'{k:<14}' for k in key) + f' {diff:.3g}')
+  return print_max_diffs
+

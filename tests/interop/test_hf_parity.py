@@ -45,13 +45,7 @@ SHAPE_IDS = ['h{hidden_size}_a{num_heads}_n{num_layers}'.format(**s) for s in SH
 MAX_DIFF: dict[tuple[str, str, str], float] = {}
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _print_max_diffs():
-  yield
-  if MAX_DIFF:
-    print('\nmax |ours - transformers| (float32, non-padding positions):')
-    for (test, kind, shape), diff in sorted(MAX_DIFF.items()):
-      print(f'  {test:<12} {kind:<8} {shape:<14} {diff:.3g}')
+_print_max_diffs = hf_fixtures.max_diff_printer(MAX_DIFF, 'float32, non-padding positions')
 
 
 def _model_shape(shape):

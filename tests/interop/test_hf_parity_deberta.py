@@ -64,13 +64,7 @@ OURS_ONLY = ['pooler', 'pair_head']
 MAX_DIFF: dict[tuple[str, str, str], float] = {}
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _print_max_diffs():
-  yield
-  if MAX_DIFF:
-    print('\nmax |ours - transformers| (float32, non-padding positions):')
-    for (test, variant, shape), diff in sorted(MAX_DIFF.items()):
-      print(f'  {test:<8} {variant:<9} {shape:<14} {diff:.3g}')
+_print_max_diffs = hf_fixtures.max_diff_printer(MAX_DIFF, 'float32, non-padding positions')
 
 
 def hf_config(variant: str, shape: dict, **overrides):

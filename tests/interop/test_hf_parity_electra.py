@@ -41,13 +41,7 @@ SHAPE_IDS = ['e{embedding_size}_h{hidden_size}_a{num_heads}_n{num_layers}'.forma
 MAX_DIFF: dict[tuple[str, str, str], float] = {}
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _print_max_diffs():
-  yield
-  if MAX_DIFF:
-    print('\nmax |ours - transformers| (float32, non-padding positions):')
-    for (test, kind, shape), diff in sorted(MAX_DIFF.items()):
-      print(f'  {test:<10} {kind:<18} {shape:<18} {diff:.3g}')
+_print_max_diffs = hf_fixtures.max_diff_printer(MAX_DIFF, 'float32, non-padding positions')
 
 
 def hf_config(shape) -> transformers.ElectraConfig:

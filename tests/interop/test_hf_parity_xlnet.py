@@ -40,13 +40,7 @@ CASES = {'plain': {}, 'memory': dict(mem_len=5, use_mems_train=True),
 MAX_DIFF: dict[tuple[str, str, str], float] = {}
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _print_max_diffs():
-  yield
-  if MAX_DIFF:
-    print('\nmax |ours - transformers| (XLNet, float32, both streams + logits + memory):')
-    for (test, case, shape), diff in sorted(MAX_DIFF.items()):
-      print(f'  {test:<8} {case:<14} {shape:<12} {diff:.3g}')
+_print_max_diffs = hf_fixtures.max_diff_printer(MAX_DIFF, 'XLNet, float32, both streams + logits + memory')
 
 
 def _hf_config(shape, **options):
