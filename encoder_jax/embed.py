@@ -1,8 +1,10 @@
 r"""Sentence embeddings: one sentence per line in, a float32 [N, hidden] ``.npy`` out.
 
-``[CLS]`` pooling takes the final hidden state of the first token; mean pooling averages
-the final hidden states of the real (non-padding) tokens, [CLS] and [SEP] included (as
-sentence-transformers does). Embeddings are L2-normalised unless ``--normalize=false``.
+Each sentence is framed with the model tokenizer's own specials, as ``AutoTokenizer`` does
+(``[CLS] text [SEP]``, ``<s> text </s>``, XLNet's ``text <sep> <cls>`` padded on the left).
+``[CLS]`` pooling takes the final hidden state of the summary token (the first, or XLNet's
+last); mean pooling averages the final hidden states of the real (non-padding) tokens,
+the specials included (as sentence-transformers does). Embeddings are L2-normalised unless ``--normalize=false``.
 Batches are padded to a multiple of 16 tokens; padding never changes an embedding.
 
 Row i of the output is line i of the input, always. Nothing is dropped silently: blank
@@ -41,9 +43,12 @@ POOLINGS = ('mean', 'cls')
 PAD_MULTIPLE = 16  # Padded lengths are rounded up to this, so few shapes get compiled.
 
 
-def pool(sequence_BxLxE: jax.Array, input_mask_BxL: jax.Array, pooling: str) -> jax.Array:
+def pool(sequence_BxLxE: jax.Array, input_mask_BxL: jax.Array, pooling: str,
+         cls_index: int = 0) -> jax.Array:
+  """Mean of the real tokens' states, or the state at ``cls_index`` (0, or -1 for a model
+  whose summary token ends left-padded rows, as XLNet's ``<cls>``)."""
   if pooling == 'cls':
-    return sequence_BxLxE[:, 0]
+    return sequence_BxLxE[:, cls_index]
   if pooling == 'mean':
     mask_BxLx1 = input_mask_BxL[..., None].astype(jnp.float32)
     total_BxE = (sequence_BxLxE.astype(jnp.float32) * mask_BxLx1).sum(1)
@@ -55,43 +60,38 @@ def l2_normalize(x_BxE: jax.Array) -> jax.Array:
   return x_BxE / jnp.maximum(jnp.linalg.norm(x_BxE, axis=-1, keepdims=True), 1e-12)
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'pooling', 'normalize'))
-def embed_batch(params, input_ids_BxL, input_mask_BxL, *,
+@functools.partial(jax.jit, static_argnames=('config', 'pooling', 'normalize', 'cls_index'))
+def embed_batch(params, input_ids_BxL, input_mask_BxL, segment_ids_BxL=None, *,
                 config: model_config_lib.EncoderConfig, pooling: str = 'mean',
-                normalize: bool = True) -> jax.Array:
+                normalize: bool = True, cls_index: int = 0) -> jax.Array:
   """Pooled (and normalised) final hidden states of a padded batch, float32 [B, E]."""
+  if segment_ids_BxL is None:
+    segment_ids_BxL = jnp.zeros_like(input_ids_BxL)
   # The encoder alone: the pretraining heads' parameters, if present, are not read.
   out = models.network(config).encoder.apply({'params': params}, input_ids_BxL,
-                                             jnp.zeros_like(input_ids_BxL), input_mask_BxL)
-  emb_BxE = pool(out['sequence_output'], input_mask_BxL, pooling)
+                                             segment_ids_BxL, input_mask_BxL)
+  emb_BxE = pool(out['sequence_output'], input_mask_BxL, pooling, cls_index)
   return l2_normalize(emb_BxE) if normalize else emb_BxE
 
 
-def with_specials(tokenizer, ids: Sequence[int], max_len: int) -> list[int]:
-  """[CLS] ids [SEP], the ids truncated so that the whole is at most ``max_len``."""
-  return [tokenizer.cls_id, *list(ids)[:max_len - 2], tokenizer.sep_id]
-
-
-def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, max_len: int
-              ) -> tuple[np.ndarray, np.ndarray]:
-  """int32 ids and mask [B, L], L = the longest row rounded up to PAD_MULTIPLE (<= max_len)."""
+def pad_batch(tokenizer, rows: Sequence[Sequence[int]], segments: Sequence[Sequence[int]],
+              max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """int32 ids, segment ids and mask [B, L], padded on the tokenizer's side; L = the
+  longest row rounded up to PAD_MULTIPLE (<= max_len)."""
   longest = max(len(r) for r in rows)
-  length = min(max_len, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE)
-  ids = np.full((len(rows), length), pad_id, np.int32)
-  mask = np.zeros((len(rows), length), np.int32)
-  for i, r in enumerate(rows):
-    ids[i, :len(r)] = r
-    mask[i, :len(r)] = 1
-  return ids, mask
+  length = max(longest, min(max_len, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE))
+  return tokenizer.pad(rows, segments, length)
 
 
 @dataclasses.dataclass
 class Encoded:
-  """Sentences as [CLS] ids [SEP] rows, and what the encoding did to them."""
+  """Sentences as model-input rows (the tokenizer's specials around each, e.g.
+  ``[CLS] ids [SEP]``), their segment ids, and what the encoding did to them."""
   rows: list[list[int]]
+  segments: list[list[int]]
   blank: list[int]  # 0-based indices of empty / whitespace-only sentences.
   truncated: list[int]  # 0-based indices of sentences cut to max_len tokens.
-  longest: int  # Tokens of the longest sentence before truncation, [CLS]/[SEP] included.
+  longest: int  # Tokens of the longest sentence before truncation, specials included.
   max_len: int
 
   def warnings(self, what: str = 'line') -> list[str]:
@@ -102,40 +102,44 @@ class Encoded:
     out = []
     if self.blank:
       out.append(f'{len(self.blank)} of {len(self.rows)} inputs are blank ({where(self.blank)}): '
-                 'each got the embedding of an empty text ([CLS] [SEP]) so that row i is '
-                 f'{what} i; drop them from the input if unwanted.')
+                 'each got the embedding of an empty text (the special tokens alone) so that '
+                 f'row i is {what} i; drop them from the input if unwanted.')
     if self.truncated:
       out.append(f'{len(self.truncated)} of {len(self.rows)} inputs are longer than '
                  f'max_len={self.max_len} tokens and were truncated ({where(self.truncated)}; '
-                 f'the longest has {self.longest} tokens with [CLS]/[SEP]).')
+                 f'the longest has {self.longest} tokens with the special tokens).')
     return out
 
 
 def encode_sentences(tokenizer, sentences: Sequence[str], max_len: int) -> Encoded:
-  """[CLS] ids [SEP] per sentence, truncated to ``max_len``, with blanks and cuts recorded."""
+  """The tokenizer's frame around each sentence (``[CLS] ids [SEP]``, XLNet's
+  ``ids <sep> <cls>``...), truncated to ``max_len``, with blanks and cuts recorded."""
   ids = tokenizer.encode_batch(list(sentences)) if sentences else []
-  rows = [with_specials(tokenizer, i, max_len) for i in ids]
-  return Encoded(rows=rows, blank=[n for n, s in enumerate(sentences) if not s.strip()],
-                 truncated=[n for n, i in enumerate(ids) if len(i) + 2 > max_len],
-                 longest=max((len(i) + 2 for i in ids), default=0), max_len=max_len)
+  added = tokenizer.num_added()
+  framed = [tokenizer.frame(i[:max(max_len - added, 0)]) for i in ids]
+  return Encoded(rows=[r for r, _ in framed], segments=[s for _, s in framed],
+                 blank=[n for n, s in enumerate(sentences) if not s.strip()],
+                 truncated=[n for n, i in enumerate(ids) if len(i) + added > max_len],
+                 longest=max((len(i) + added for i in ids), default=0), max_len=max_len)
 
 
-def embed_rows(params, config: model_config_lib.EncoderConfig, rows: Sequence[Sequence[int]],
-               pad_id: int, *,
-               pooling: str = 'mean', normalize: bool = True, batch_size: int = 32
-               ) -> np.ndarray:
-  """float32 [len(rows), hidden] embeddings of [CLS] ... [SEP] id rows, in input order."""
+def embed_rows(params, config: model_config_lib.EncoderConfig, tokenizer,
+               encoded: Encoded, *, pooling: str = 'mean', normalize: bool = True,
+               batch_size: int = 32) -> np.ndarray:
+  """float32 [len(rows), hidden] embeddings of encoded rows, in input order."""
   if pooling not in POOLINGS:
     raise ValueError(f'pooling={pooling!r}; expected one of {POOLINGS}')
+  rows = encoded.rows
   max_len = max((len(r) for r in rows), default=1)
   out = np.zeros((len(rows), config.hidden_size), np.float32)
   # Similar lengths share a batch (less padding); results go back to input order.
   order = np.argsort([len(r) for r in rows], kind='stable')
   for start in range(0, len(rows), batch_size):
     idx = order[start:start + batch_size]
-    ids, mask = pad_batch([rows[i] for i in idx], pad_id, max_len)
-    out[idx] = np.asarray(embed_batch(params, ids, mask, config=config, pooling=pooling,
-                                      normalize=normalize))
+    ids, seg, mask = pad_batch(tokenizer, [rows[i] for i in idx],
+                               [encoded.segments[i] for i in idx], max_len)
+    out[idx] = np.asarray(embed_batch(params, ids, mask, seg, config=config, pooling=pooling,
+                                      normalize=normalize, cls_index=tokenizer.cls_index))
   return out
 
 
@@ -145,14 +149,14 @@ def embed_sentences(params, config: model_config_lib.EncoderConfig, tokenizer,
                     max_len: int | None = None) -> np.ndarray:
   """float32 [len(sentences), hidden] embeddings, in input order; one row per sentence.
 
-  ``max_len`` (tokens with [CLS]/[SEP]) defaults to the model's position limit; a
+  ``max_len`` (tokens with the specials) defaults to the model's position limit; a
   sentence-transformers model's own limit is ``Loaded.default_max_len`` (``Loaded.embed``
   and the command line use it). Blank sentences and truncation are not reported here: see
   :func:`encode_sentences`.
   """
   encoded = encode_sentences(tokenizer, sentences, min(max_len or config.max_length,
                                                        config.max_length))
-  return embed_rows(params, config, encoded.rows, tokenizer.pad_id, pooling=pooling,
+  return embed_rows(params, config, tokenizer, encoded, pooling=pooling,
                     normalize=normalize, batch_size=batch_size)
 
 
@@ -187,7 +191,7 @@ def main(argv):
   f = flags.FLAGS
   checkpoint_io.quiet_logging()
   if f.max_len is not None and f.max_len < 3:
-    raise ValueError(f'--max_len={f.max_len}; expected >= 3 ([CLS], a token, [SEP])')
+    raise ValueError(f'--max_len={f.max_len}; expected >= 3 (the special tokens and a token)')
   loaded = checkpoint_io.load_from_flags(f)
   with open(f.input, encoding='utf-8') as fh:
     sentences = [line.rstrip('\r\n') for line in fh]
@@ -204,8 +208,7 @@ def main(argv):
   encoded = encode_sentences(loaded.tokenizer, sentences, max_len)
   for warning in encoded.warnings():
     print(f'Warning: {f.input}: {warning}', file=sys.stderr)
-  emb = embed_rows(loaded.encoder_params, loaded.model_config, encoded.rows,
-                   loaded.tokenizer.pad_id,
+  emb = embed_rows(loaded.encoder_params, loaded.model_config, loaded.tokenizer, encoded,
                    pooling=pooling, normalize=f.normalize, batch_size=f.batch_size)
   np.save(f.output, emb)
   counts = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']

@@ -321,9 +321,16 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
       shutil.copyfile(path, os.path.join(partial, tok_file))
     else:
       tokenizer_training.train_bytelevel_bpe(config, srcs, os.path.join(partial, tok_file))
+  elif kind == tokenizer_lib.HF_KIND:
+    if not path:
+      raise ValueError("config.tokenizer.kind='hf' needs config.tokenizer.path = an "
+                       'hf_tokenizer.json (convert hf_to_workdir writes one; Hugging Face '
+                       'tokenizers are imported, not trained here).')
+    tok_file = 'hf_tokenizer.json'
+    shutil.copyfile(path, os.path.join(partial, tok_file))
   else:
-    raise ValueError(f"config.tokenizer.kind must be 'sentencepiece', 'wordpiece' or "
-                     f"'bytelevel_bpe'; got {kind!r}")
+    raise ValueError(f'config.tokenizer.kind must be one of {list(tokenizer_lib.KINDS)}; '
+                     f'got {kind!r}')
   tok_seconds = time.time() - tok_start
   tok = tokenizer_lib.Tokenizer.from_file(kind, os.path.join(partial, tok_file), lowercase)
   tok.check_vocab_size(vocab_size)

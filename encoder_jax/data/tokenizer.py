@@ -9,10 +9,23 @@ Byte-level BPE (GPT-2's scheme, as RoBERTa uses it) is one HF ``tokenizers`` ``t
 with RoBERTa's special pieces and ids ``<s>=0 <pad>=1 </s>=2 <unk>=3`` and ``<mask>`` = the last
 id (50264 of 50265); its pieces are byte strings spelled in GPT-2's printable byte alphabet
 (``Ġ`` = a space), so every text encodes losslessly and nothing is ever ``<unk>``.
+
+The ``hf`` kind runs any Hugging Face ``tokenizer.json`` (WordPiece, BPE, Unigram: whatever a
+checkpoint ships) with the ``tokenizers`` runtime, exactly as ``AutoTokenizer`` does. Its
+special roles (pad, unk, cls, sep, mask), the layout of specials around one or two texts
+(the post-processor: ``[CLS] A [SEP] B [SEP]``, ``<s> A </s></s> B </s>``, XLNet's
+``A <sep> B <sep> <cls>``) and the padding side come from the checkpoint's own files,
+never from a canonical checkpoint; all of it is kept in one self-contained JSON file (see
+``interop/tokenizer.py``), so a workdir pins it like any other tokenizer file.
+
+Every kind frames texts for the model the same way: :meth:`Tokenizer.frame` puts the
+specials around the ids (with segment ids) and :meth:`Tokenizer.encode_inputs` tokenizes,
+truncates (longest first, as Hugging Face) and pads a batch on the tokenizer's side.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,7 +47,9 @@ ROLE_PIECES = {
     'wordpiece': _BERT_ROLES,
     'bytelevel_bpe': tuple((p,) for p in ROBERTA_PIECES),
 }
-KINDS = tuple(ROLE_PIECES)
+HF_KIND = 'hf'  # A Hugging Face tokenizer.json with its roles and layout (see the docstring).
+HF_FORMAT = 'encoder_jax.hf_tokenizer/1'  # The ``format`` of an hf kind's file.
+KINDS = (*ROLE_PIECES, HF_KIND)
 _ALIASES = {names[0]: names for names in _BERT_ROLES}
 _BYTE_SPACE = '\u0120'  # 'Ġ': the space byte in GPT-2's byte alphabet.
 
@@ -119,15 +134,106 @@ def build_bytelevel_bpe(vocab: dict[str, int], merges: list[tuple[str, str]]):
   return hf
 
 
+@dataclasses.dataclass(frozen=True)
+class Template:
+  """Where the specials go around one text (``single``) or two (``pair``).
+
+  Items are ``('A', type_id)`` / ``('B', type_id)`` for the texts' ids and
+  ``(token_id, type_id)`` for a special token, in order; the type ids are the segment ids.
+  """
+  single: tuple[tuple[str | int, int], ...]
+  pair: tuple[tuple[str | int, int], ...]
+
+  @classmethod
+  def bert(cls, cls_id: int, sep_id: int) -> 'Template':
+    """``[CLS] A [SEP]`` and ``[CLS] A [SEP] B [SEP]`` (segments 0 then 1)."""
+    return cls(((cls_id, 0), ('A', 0), (sep_id, 0)),
+               ((cls_id, 0), ('A', 0), (sep_id, 0), ('B', 1), (sep_id, 1)))
+
+  @classmethod
+  def roberta(cls, cls_id: int, sep_id: int) -> 'Template':
+    """``<s> A </s>`` and ``<s> A </s></s> B </s>`` (one segment)."""
+    return cls(((cls_id, 0), ('A', 0), (sep_id, 0)),
+               ((cls_id, 0), ('A', 0), (sep_id, 0), (sep_id, 0), ('B', 0), (sep_id, 0)))
+
+  def num_added(self, pair: bool = False) -> int:
+    return sum(not isinstance(t, str) for t, _ in (self.pair if pair else self.single))
+
+  def frame(self, a, b=None) -> tuple[list[int], list[int]]:
+    """(ids, segment ids) of ``a`` (and ``b``) with the specials in place."""
+    ids, types = [], []
+    for item, type_id in (self.single if b is None else self.pair):
+      part = a if item == 'A' else b if item == 'B' else [item]
+      ids.extend(int(i) for i in part)
+      types.extend([type_id] * len(part))
+    return ids, types
+
+  def to_json(self) -> dict:
+    return {'single': [list(t) for t in self.single], 'pair': [list(t) for t in self.pair]}
+
+  @classmethod
+  def from_json(cls, d: dict) -> 'Template':
+    return cls(tuple((t, int(k)) for t, k in d['single']),
+               tuple((t, int(k)) for t, k in d['pair']))
+
+
+def truncate_longest_first(a: list[int], b: list[int] | None, budget: int) -> int:
+  """Cuts ``a`` (and ``b``) in place to fit ``budget`` tokens as Hugging Face's fast
+  tokenizers do (``longest_first``): the shorter text stays whole when the longer can take
+  the rest, else they get ``budget // 2`` and the remainder, the longer one the larger share.
+  The number of tokens cut."""
+  before = len(a) + len(b or ())
+  if b is None:
+    del a[max(budget, 0):]
+    return before - len(a)
+  if before <= budget:
+    return 0
+  n1, n2 = sorted((len(a), len(b)))
+  n2 = n1 if n1 > budget else max(n1, budget - n1)
+  if n1 + n2 > budget:
+    n1, n2 = budget // 2, budget // 2 + budget % 2
+  if len(a) > len(b):
+    n1, n2 = n2, n1
+  del a[n1:], b[n2:]
+  return before - len(a) - len(b)
+
+
+def word_start_scheme(spec: dict) -> tuple[str, str]:
+  """How a ``tokenizer.json`` marks word starts: ('prefix', '▁') for Metaspace
+  (SentencePiece), ('prefix', 'Ġ') for ByteLevel, ('not_prefix', '##') for WordPiece
+  continuations, else ('all', '') (every piece starts a word)."""
+  def walk(node):
+    if not node:
+      return
+    yield node
+    for key in ('pretokenizers', 'decoders'):
+      for child in node.get(key) or ():
+        yield from walk(child)
+  model = spec.get('model') or {}
+  if model.get('type') == 'WordPiece':
+    return 'not_prefix', model.get('continuing_subword_prefix') or '##'
+  for node in (*walk(spec.get('pre_tokenizer')), *walk(spec.get('decoder'))):
+    if node.get('type') == 'Metaspace':
+      return 'prefix', node.get('replacement') or '\u2581'
+    if node.get('type') == 'ByteLevel':
+      return 'prefix', _BYTE_SPACE
+  if model.get('continuing_subword_prefix'):
+    return 'not_prefix', model['continuing_subword_prefix']
+  return 'all', ''
+
+
 class Tokenizer:
   """Text <-> ids, the special ids, and per-piece tables for masking.
 
   Attributes:
-    kind: 'sentencepiece', 'wordpiece' or 'bytelevel_bpe'.
-    path: the model file (.model, vocab.txt or tokenizer.json).
+    kind: 'sentencepiece', 'wordpiece', 'bytelevel_bpe' or 'hf'.
+    path: the model file (.model, vocab.txt, tokenizer.json or hf_tokenizer.json).
     vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id: ints. The roles have BERT's names
       ([CLS] ...) in SentencePiece/WordPiece vocabularies and RoBERTa's in byte-level BPE
       ones (cls = <s>, sep = </s>, pad = <pad>, unk = <unk>, mask = <mask>); ``ROLE_PIECES``.
+      An hf kind's roles are the checkpoint's own (its tokenizer_config.json).
+    template: the specials around one or two texts (:class:`Template`); padding_side:
+      'right', or 'left' (XLNet).
     special_ids: int32 ids never to mask (the five role pieces and any other control piece
       such as WordPiece's ``[unused*]``).
     is_word_start: bool [vocab_size], True where the piece starts a word (SentencePiece
@@ -137,7 +243,9 @@ class Tokenizer:
   """
 
   def __init__(self, kind: str, path: str, backend, pieces: list[str],
-               special_ids: np.ndarray, is_word_start: np.ndarray, lowercase: bool):
+               special_ids: np.ndarray, is_word_start: np.ndarray, lowercase: bool,
+               role_ids: dict[str, int] | None = None, template: Template | None = None,
+               padding_side: str = 'right'):
     self.kind = kind
     self.path = path
     self.lowercase = lowercase
@@ -145,31 +253,43 @@ class Tokenizer:
     self._pieces = pieces
     self._piece_ids = {p: i for i, p in enumerate(pieces)}
     self.vocab_size = len(pieces)
-    if kind not in ROLE_PIECES:
+    if kind not in KINDS:
       raise ValueError(f'tokenizer kind {kind!r} for {path!r}; expected one of {list(KINDS)}')
-    ids = []
-    for role, names in zip(ROLES, ROLE_PIECES[kind]):
-      ids.append(next((self._piece_ids[a] for a in names if a in self._piece_ids), None))
-      if ids[-1] is None:
-        raise ValueError(f'Tokenizer {path!r} has no {" or ".join(names)} piece ({role}); a '
-                         f'{kind} tokenizer for encoder_jax needs all of '
-                         f'{[n[0] for n in ROLE_PIECES[kind]]}.')
-    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+    if role_ids is None:  # A fixed-layout kind: the roles by piece name.
+      role_ids = {}
+      for role, names in zip(ROLES, ROLE_PIECES[kind]):
+        role_ids[role] = next((self._piece_ids[a] for a in names if a in self._piece_ids), None)
+        if role_ids[role] is None:
+          raise ValueError(f'Tokenizer {path!r} has no {" or ".join(names)} piece ({role}); a '
+                           f'{kind} tokenizer for encoder_jax needs all of '
+                           f'{[n[0] for n in ROLE_PIECES[kind]]}.')
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+        int(role_ids[r]) for r in ROLES)
     self.special_ids = np.asarray(special_ids, np.int32)
     self.is_word_start = np.asarray(is_word_start, np.bool_)
+    if template is None:
+      template = (Template.roberta if kind == 'bytelevel_bpe' else Template.bert)(
+          self.cls_id, self.sep_id)
+    if padding_side not in ('right', 'left'):
+      raise ValueError(f'padding side {padding_side!r} for {path!r}; expected right or left')
+    self.template = template
+    self.padding_side = padding_side
 
   # ---- constructors ----
 
   @classmethod
   def from_file(cls, kind: str, path: str, lowercase: bool = True) -> 'Tokenizer':
     """A tokenizer file of ``kind``: 'sentencepiece' (.model), 'wordpiece' (vocab.txt) or
-    'bytelevel_bpe' (tokenizer.json). ``lowercase`` only matters for WordPiece."""
+    'bytelevel_bpe' (tokenizer.json), 'hf' (an encoder_jax hf_tokenizer.json). ``lowercase``
+    only matters for WordPiece."""
     if kind == 'wordpiece':
       return cls.from_wordpiece_vocab(path, lowercase=lowercase)
     if kind == 'sentencepiece':
       return cls.from_sentencepiece(path)
     if kind == 'bytelevel_bpe':
       return cls.from_bytelevel_bpe(path)
+    if kind == HF_KIND:
+      return cls.from_hf_json(path)
     raise ValueError(f'tokenizer kind {kind!r} for {path!r}; expected one of {list(KINDS)}')
 
   @classmethod
@@ -268,6 +388,57 @@ class Tokenizer:
     return cls('bytelevel_bpe', path, backend, pieces, np.array(special), word_start,
                lowercase=False)
 
+  @classmethod
+  def from_hf_json(cls, path: str) -> 'Tokenizer':
+    """An ``hf`` kind file: a Hugging Face ``tokenizer.json`` with the checkpoint's roles,
+    template and padding side (``interop.tokenizer.hf_bundle`` writes it).
+
+    Literal special-token strings in a text stay text (``encode_special_tokens``), as with the
+    other kinds; the ids of every other text equal ``AutoTokenizer``'s.
+    """
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'Hugging Face tokenizer file {path!r} does not exist.')
+    try:
+      with open(path, encoding='utf-8') as f:
+        bundle = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+      raise ValueError(f'{path!r} is not an encoder_jax hf tokenizer file: {e}') from e
+    if not isinstance(bundle, dict) or bundle.get('format') != HF_FORMAT:
+      raise ValueError(f'{path!r}: format {bundle.get("format") if isinstance(bundle, dict) else None!r}; '
+                       f'expected an encoder_jax hf tokenizer file ({HF_FORMAT!r}), as '
+                       'convert hf_to_workdir writes')
+    spec = bundle['tokenizer']
+    try:
+      backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    except Exception as e:  # The Rust loader raises its own exception type.
+      raise ValueError(f'{path!r}: its tokenizer does not load in tokenizers: {e}') from e
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = True
+    vocab = backend.get_vocab(with_added_tokens=True)
+    n = max(vocab.values()) + 1 if vocab else 0
+    pieces = [''] * n
+    for piece, i in vocab.items():
+      pieces[i] = piece
+    holes = [i for i, p in enumerate(pieces) if not p]
+    if holes:
+      raise ValueError(f'{path!r}: ids {holes[:5]} have no piece; expected ids 0..{n - 1}')
+    roles = {r: int(bundle['roles'][r]) for r in ROLES}
+    special = sorted({*roles.values(), *(int(t['id']) for t in spec.get('added_tokens') or ()
+                                          if t.get('special'))})
+    how, mark = bundle.get('word_start') or word_start_scheme(spec)
+    if how == 'prefix':
+      word_start = np.array([p.startswith(mark) for p in pieces], np.bool_)
+    elif how == 'not_prefix':
+      word_start = np.array([not p.startswith(mark) for p in pieces], np.bool_)
+    else:
+      word_start = np.ones(n, np.bool_)
+    word_start[special] = False
+    return cls(HF_KIND, path, backend, pieces, np.array(special), word_start,
+               lowercase=False, role_ids=roles, template=Template.from_json(bundle['template']),
+               padding_side=bundle.get('padding_side', 'right'))
+
   # ---- text <-> ids ----
 
   def encode(self, text: str) -> list[int]:
@@ -276,14 +447,82 @@ class Tokenizer:
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     if self.kind == 'sentencepiece':
-      return self._backend.Encode(texts)
+      return self._backend.Encode(list(texts))
     return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
+
+  def encode_matching_specials(self, text: str) -> list[int]:
+    """Ids of ``text`` (no specials added) where special-token strings in the text become
+    their ids, as Hugging Face tokenizers do (e.g. ``<mask>`` with its ``lstrip``); the hf
+    kind only (``encode`` keeps them as text)."""
+    if self.kind != HF_KIND:
+      raise ValueError(f'encode_matching_specials is for the {HF_KIND!r} kind, not {self.kind!r}')
+    self._backend.encode_special_tokens = False
+    try:
+      return self._backend.encode(text, add_special_tokens=False).ids
+    finally:
+      self._backend.encode_special_tokens = True
 
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids]
     if self.kind == 'sentencepiece':
       return self._backend.Decode(ids)
     return self._backend.decode(ids, skip_special_tokens=False)
+
+  # ---- model inputs ----
+
+  def frame(self, a, b=None) -> tuple[list[int], list[int]]:
+    """(ids, segment ids) of the ids ``a`` (and ``b``) with this tokenizer's specials."""
+    return self.template.frame(a, b)
+
+  def num_added(self, pair: bool = False) -> int:
+    """How many specials :meth:`frame` adds around one text, or two."""
+    return self.template.num_added(pair)
+
+  @property
+  def cls_index(self) -> int:
+    """Where a padded row's summary token sits: 0 when the single-text frame starts with
+    it, -1 when it ends the frame and rows are padded on the left (XLNet's ``<cls>``)."""
+    last = self.template.single[-1][0]
+    return -1 if last == self.cls_id and self.padding_side == 'left' else 0
+
+  def pad(self, rows, segments=None, length: int | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """int32 (ids, segment ids, mask) [B, length] of framed rows, padded on this tokenizer's
+    side (``length`` defaults to the longest row)."""
+    length = max((len(r) for r in rows), default=0) if length is None else length
+    ids = np.full((len(rows), length), self.pad_id, np.int32)
+    seg = np.zeros((len(rows), length), np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for i, r in enumerate(rows):
+      if len(r) > length:
+        raise ValueError(f'a row of {len(r)} tokens does not fit length {length}')
+      where = slice(length - len(r), length) if self.padding_side == 'left' else slice(0, len(r))
+      ids[i, where], mask[i, where] = r, 1
+      if segments is not None:
+        seg[i, where] = segments[i]
+    return ids, seg, mask
+
+  def encode_inputs(self, texts, pairs=None, max_len: int | None = None, length=None
+                    ) -> dict[str, np.ndarray]:
+    """The model's inputs for ``texts`` (and second texts ``pairs``), as ``AutoTokenizer(
+    texts, pairs, truncation=True, max_length=max_len, padding=True)`` gives them:
+    int32 ``input_ids``, ``segment_ids``, ``input_mask`` [B, L] and ``truncated`` [B]
+    (tokens cut per row)."""
+    a_ids = self.encode_batch(list(texts)) if len(texts) else []
+    b_ids = self.encode_batch(list(pairs)) if pairs is not None and len(pairs) else None
+    rows, segs, cut = [], [], []
+    for n, a in enumerate(a_ids):
+      b = None if b_ids is None else b_ids[n]
+      if max_len is not None:
+        cut.append(truncate_longest_first(a, b, max_len - self.num_added(b is not None)))
+      else:
+        cut.append(0)
+      r, s = self.frame(a, b)
+      rows.append(r)
+      segs.append(s)
+    ids, seg, mask = self.pad(rows, segs, length)
+    return {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask,
+            'truncated': np.asarray(cut, np.int32)}
 
   def id_to_piece(self, i: int) -> str:
     return self._pieces[int(i)]

@@ -1,9 +1,11 @@
 """Labelled examples for fine-tuning: tfds, TSV or JSONL in; padded int32 arrays out.
 
-Sequence classification: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (segment ids 0/1),
-the longer text truncated first, as BERT does. Token classification: each word is
-tokenized on its own and its label goes on its *first* piece; other pieces, [CLS], [SEP]
-and padding get label -1 (ignored by the loss and the metrics). Words past ``max_len``
+Sequence classification: the tokenizer's frame, ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b
+[SEP]`` (segment ids 0/1) for BERT, each imported checkpoint's own (``<s> a </s></s> b
+</s>``, XLNet's ``a <sep> b <sep> <cls>`` padded on the left), the longer text truncated
+first, as Hugging Face does. Token classification: each word is tokenized on its own and
+its label goes on its *first* piece; other pieces, the specials and padding get label -1
+(ignored by the loss and the metrics). Words past ``max_len``
 are dropped with their labels. Nothing is cut silently: :func:`encode_with_report`
 counts the truncated examples, the tokens and words cut, for the log and the metrics.
 """
@@ -168,15 +170,6 @@ class Truncation:
     return out
 
 
-def _truncate_pair(a: list[int], b: list[int], budget: int) -> int:
-  """Cuts the longer of ``a``/``b`` until both fit ``budget``; the number of tokens cut."""
-  cut = 0
-  while len(a) + len(b) > budget:
-    (a if len(a) >= len(b) else b).pop()
-    cut += 1
-  return cut
-
-
 def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, np.ndarray]:
   """int32 ``input_ids, segment_ids, input_mask`` [N, max_len] and ``labels`` [N] or [N, L]."""
   return encode_with_report(examples, tokenizer, task, max_len)[0]
@@ -185,47 +178,49 @@ def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, 
 def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
                        ) -> tuple[dict[str, np.ndarray], Truncation]:
   """:func:`encode`'s arrays, and what was truncated to fit ``max_len``."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   n = len(examples)
   report = Truncation(task=task, max_len=max_len, examples=n)
-  ids = np.full((n, max_len), tokenizer.pad_id, np.int32)
-  seg = np.zeros((n, max_len), np.int32)
-  mask = np.zeros((n, max_len), np.int32)
+  rows, segments = [], []
   if task == 'sequence_classification':
     labels = np.asarray(examples.labels, np.int32)
-    for i, texts in enumerate(examples.texts):
+    for texts in examples.texts:
       parts = [tokenizer.encode(t) for t in texts]
-      report.longest = max(report.longest, sum(map(len, parts)) + len(parts) + 1)
-      if len(parts) == 1:
-        cut = max(len(parts[0]) - (max_len - 2), 0)
-        row, segs = [tokenizer.cls_id, *parts[0][:max_len - 2], tokenizer.sep_id], None
-      else:
-        a, b = parts[0], parts[1]
-        cut = _truncate_pair(a, b, max_len - 3)
-        row = [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id]
-        segs = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+      a, b = parts[0], (parts[1] if len(parts) > 1 else None)
+      added = tokenizer.num_added(b is not None)
+      report.longest = max(report.longest, sum(map(len, parts)) + added)
+      cut = tokenizer_lib.truncate_longest_first(a, b, max_len - added)
       report.truncated_examples += cut > 0
       report.dropped_tokens += cut
-      ids[i, :len(row)], mask[i, :len(row)] = row, 1
-      if segs:
-        seg[i, :len(segs)] = segs
+      row, segs = tokenizer.frame(a, b)
+      rows.append(row)
+      segments.append(segs)
+    ids, seg, mask = tokenizer.pad(rows, segments, max_len)
   else:
-    labels = np.full((n, max_len), IGNORE, np.int32)
-    for i, (words, tags) in enumerate(zip(examples.words, examples.tags)):
-      row, row_labels = [tokenizer.cls_id], [IGNORE]
+    row_labels_all = []
+    added = tokenizer.num_added()
+    for words, tags in zip(examples.words, examples.tags):
+      body, body_labels = [], []
       pieces_per_word = [p or [tokenizer.unk_id]
                          for p in (tokenizer.encode_batch(list(words)) if words else [])]
       report.words += len(words)
-      report.longest = max(report.longest, sum(map(len, pieces_per_word)) + 2)
+      report.longest = max(report.longest, sum(map(len, pieces_per_word)) + added)
       for k, (pieces, tag) in enumerate(zip(pieces_per_word, tags)):
-        if len(row) + len(pieces) > max_len - 1:  # Truncated: the remaining words are dropped.
+        if len(body) + len(pieces) > max_len - added:  # Truncated: the rest are dropped.
           report.truncated_examples += 1
           report.dropped_words += len(words) - k
           break
-        row += pieces
-        row_labels += [tag] + [IGNORE] * (len(pieces) - 1)
-      row.append(tokenizer.sep_id)
-      row_labels.append(IGNORE)
-      ids[i, :len(row)], mask[i, :len(row)], labels[i, :len(row)] = row, 1, row_labels
+        body += pieces
+        body_labels += [tag] + [IGNORE] * (len(pieces) - 1)
+      row, segs = tokenizer.frame(body)
+      # The labels follow the body through the frame; the specials get IGNORE.
+      marked, _ = tokenizer.frame([-1 - k for k in range(len(body))])
+      row_labels_all.append([body_labels[-1 - m] if m < 0 else IGNORE for m in marked])
+      rows.append(row)
+      segments.append(segs)
+    ids, seg, mask = tokenizer.pad(rows, segments, max_len)
+    labels, _, _ = tokenizer.pad(row_labels_all, None, max_len)
+    labels = np.where(mask > 0, labels, IGNORE).astype(np.int32)
   arrays = {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'labels': labels}
   return arrays, report
 

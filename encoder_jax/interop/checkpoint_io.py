@@ -122,12 +122,16 @@ class Loaded:
     network, params = self.setup.masked_lm(self.params)
     return np.asarray(_mlm_apply(params, ids, seg, mask, positions, network=network))
 
-  def encode(self, texts: list[str], max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) int32 [N, L] of ``[CLS] text [SEP]`` rows, padded, cut at ``max_len``."""
-    from encoder_jax import embed  # pylint: disable=g-import-not-at-top
-    encoded = embed.encode_sentences(self.tokenizer, list(texts),
-                                     min(max_len or self.max_length, self.max_length))
-    return embed.pad_batch(encoded.rows, self.tokenizer.pad_id, self.max_length)
+  def encode(self, texts: list[str], pairs: list[str] | None = None,
+             max_len: int | None = None) -> dict[str, np.ndarray]:
+    """The model inputs of ``texts`` (and second texts ``pairs``) as ``AutoTokenizer`` gives
+    them (the tokenizer's specials, longest-first truncation at ``max_len``, padding on its
+    side): int32 ``input_ids``, ``segment_ids``, ``input_mask`` [N, L], the keyword
+    arguments of :meth:`hidden_states`, :meth:`mlm_logits` and :meth:`pooled`."""
+    inputs = self.tokenizer.encode_inputs(list(texts), None if pairs is None else list(pairs),
+                                          min(max_len or self.max_length, self.max_length))
+    inputs.pop('truncated')
+    return inputs
 
   def embed(self, texts: list[str], *, pooling: str | None = None, normalize: bool = True,
             max_len: int | None = None, batch_size: int = 32) -> np.ndarray:
@@ -468,7 +472,8 @@ DEFAULT_OBJECTIVES = {'bert': (('mlm', 'nsp'), 'nsp'), 'albert': (('mlm', 'sop')
                       'deberta': (('mlm',), 'full_sentences'),
                       'deberta_v2': (('mlm',), 'full_sentences'),
                       'electra': (('electra',), 'full_sentences'),
-                      'electra_generator': (('mlm',), 'full_sentences')}
+                      'electra_generator': (('mlm',), 'full_sentences'),
+                      'xlnet': (('plm',), 'xlnet')}
 
 
 def run_config_for(model_config: model_config_lib.EncoderConfig, tok,

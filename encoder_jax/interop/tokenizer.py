@@ -19,9 +19,18 @@ Hugging Face directories, in and out:
   ``special_tokens_map.json``, so ``AutoTokenizer`` gives RoBERTa's fast tokenizer with our
   ids. The same difference as above for a literal ``<mask>`` etc. in the text.
 
-Import reads ``vocab.txt`` first, else our ``tokenizer.model``, else a ``tokenizer.json`` (a
-BPE one is byte-level BPE, copied; a WordPiece one becomes a ``vocab.txt``), else
-``vocab.json`` + ``merges.txt`` (a RoBERTa/GPT-2 directory; written out as a tokenizer.json).
+Import takes the fixed-layout kinds where they read the directory exactly as
+``AutoTokenizer`` does: a BERT ``vocab.txt`` (WordPiece), an encoder_jax SentencePiece
+``tokenizer.model``, a RoBERTa-layout byte-level BPE (``tokenizer.json`` or ``vocab.json`` +
+``merges.txt``). Every other directory becomes the ``hf`` kind (``hf_bundle``): the
+checkpoint's ``tokenizer.json`` (any model type: WordPiece, BPE, Unigram), run by
+``tokenizers``; a directory with only a slow tokenizer's files (``spiece.model``,
+``spm.model``, ``sentencepiece.bpe.model``, ``vocab.json`` + ``merges.txt``) is converted
+to one by ``transformers`` (what ``AutoTokenizer`` does with them). The special roles come
+from its ``tokenizer_config.json`` / ``special_tokens_map.json`` (cls falls back to the
+bos token, sep to the eos token), the layout of specials from the post-processor, the
+padding side from the config or the tokenizer class (XLNet pads on the left); the
+directory's files are kept in the bundle so that export writes them back.
 """
 
 from __future__ import annotations
@@ -43,6 +52,19 @@ TOKENIZER_CONFIG = 'tokenizer_config.json'
 VOCAB_JSON = 'vocab.json'
 MERGES_TXT = 'merges.txt'
 SPECIAL_TOKENS_MAP = 'special_tokens_map.json'
+HF_TOKENIZER_FILE = 'hf_tokenizer.json'  # The hf kind's file (a bundle; see hf_bundle).
+# Slow-tokenizer files Hugging Face checkpoints ship (ALBERT/XLNet/T5, DeBERTa v2/v3,
+# XLM-R/CamemBERT, Llama-style), besides vocab.txt and vocab.json + merges.txt.
+SENTENCEPIECE_NAMES = ('spiece.model', 'spm.model', 'sentencepiece.bpe.model',
+                       SENTENCEPIECE_MODEL)
+# Tokenizer classes that pad on the left when their tokenizer_config.json says nothing
+# (a class attribute in transformers, not saved by save_pretrained).
+_LEFT_PADDING_CLASSES = frozenset({'XLNetTokenizer', 'XLNetTokenizerFast'})
+# Where each role's token is named, first found wins (tokenizer_config.json, then
+# special_tokens_map.json, for each key in order).
+_ROLE_KEYS = (('pad', ('pad_token',)), ('unk', ('unk_token',)),
+              ('cls', ('cls_token', 'bos_token')), ('sep', ('sep_token', 'eos_token')),
+              ('mask', ('mask_token',)))
 _SPECIAL_TOKENS = {'unk_token': '[UNK]', 'sep_token': '[SEP]', 'pad_token': '[PAD]',
                    'cls_token': '[CLS]', 'mask_token': '[MASK]'}
 
@@ -75,11 +97,19 @@ def from_path(kind: str, path: str, lowercase: bool = True):
 
 
 def kind_of_file(path: str) -> str:
-  """'sentencepiece' for a ``*.model`` file, 'bytelevel_bpe' for a ``*.json``
-  (a tokenizer.json), else 'wordpiece' (a ``vocab.txt``)."""
+  """'sentencepiece' for a ``*.model`` file; for a ``*.json``, 'hf' (an hf_tokenizer.json
+  bundle) or 'bytelevel_bpe' (a tokenizer.json); else 'wordpiece' (a ``vocab.txt``)."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   if path.endswith('.model'):
     return 'sentencepiece'
-  return 'bytelevel_bpe' if path.endswith('.json') else 'wordpiece'
+  if path.endswith('.json'):
+    try:
+      with open(path, encoding='utf-8') as f:
+        is_bundle = json.load(f).get('format') == tokenizer_lib.HF_FORMAT
+    except (OSError, ValueError, AttributeError):
+      is_bundle = False
+    return tokenizer_lib.HF_KIND if is_bundle else 'bytelevel_bpe'
+  return 'wordpiece'
 
 
 # ----------------------------------------------------------------------------- workdir
@@ -238,31 +268,221 @@ def write_hf_bytelevel_bpe(hf_dir: str, out_dir: str) -> str:
   return out
 
 
-def import_hf_tokenizer(hf_dir: str, out_dir: str):
-  """The HF directory's tokenizer, its file written into ``out_dir`` (vocab.txt, .model or
-  tokenizer.json)."""
+def _read_json(path: str) -> dict:
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path, encoding='utf-8') as f:
+      out = json.load(f)
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f'{path}: not readable JSON ({e}); expected the file save_pretrained '
+                     'writes') from e
+  if not isinstance(out, dict):
+    raise ValueError(f'{path}: a JSON {type(out).__name__}; expected an object')
+  return out
+
+
+def _token_text(value) -> str | None:
+  """A special token as tokenizer_config.json / special_tokens_map.json spell it: a string,
+  or an AddedToken dict with its ``content``."""
+  if isinstance(value, dict):
+    value = value.get('content')
+  return value if isinstance(value, str) and value else None
+
+
+def _fixed_kind(hf_dir: str) -> str | None:
+  """The fixed-layout kind that reads ``hf_dir`` as ``AutoTokenizer`` does, or None."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  spec_path = os.path.join(hf_dir, TOKENIZER_JSON)
+  model_type = None
+  if os.path.exists(spec_path):
+    model_type = (_read_json(spec_path).get('model') or {}).get('type')
+  if os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and model_type in (None, 'WordPiece'):
+    return 'wordpiece'
+  if os.path.exists(os.path.join(hf_dir, SENTENCEPIECE_MODEL)):
+    try:
+      tokenizer_lib.Tokenizer.from_sentencepiece(os.path.join(hf_dir, SENTENCEPIECE_MODEL))
+      return 'sentencepiece'
+    except ValueError:
+      pass  # Not our fixed ids: the hf kind reads it.
+  if _bpe_source(hf_dir):
+    try:
+      if _bpe_source(hf_dir) == TOKENIZER_JSON:
+        tokenizer_lib.Tokenizer.from_bytelevel_bpe(spec_path)
+      else:
+        write_hf_bytelevel_bpe(hf_dir, tempfile.mkdtemp(prefix='bpe_'))
+      return 'bytelevel_bpe'
+    except (ValueError, FileNotFoundError):
+      pass  # Another layout (special tokens elsewhere, added tokens): the hf kind reads it.
+  return None
+
+
+def _hf_tokenizer_spec(hf_dir: str) -> tuple[dict, str]:
+  """(the tokenizer.json dict, where it came from): the directory's own tokenizer.json, or
+  the one ``transformers`` converts a slow tokenizer's files to (as ``AutoTokenizer``)."""
+  path = os.path.join(hf_dir, TOKENIZER_JSON)
+  if os.path.exists(path):
+    return _read_json(path), path
+  slow = [f for f in (*SENTENCEPIECE_NAMES, VOCAB_JSON, VOCAB_TXT)
+          if os.path.exists(os.path.join(hf_dir, f))]
+  if not slow:
+    raise FileNotFoundError(
+        f'{hf_dir}: no tokenizer files; expected a {TOKENIZER_JSON}, a SentencePiece model '
+        f'({", ".join(SENTENCEPIECE_NAMES)}), {VOCAB_JSON} + {MERGES_TXT} or {VOCAB_TXT}, '
+        'as save_pretrained writes them')
+  if VOCAB_JSON in slow and not os.path.exists(os.path.join(hf_dir, MERGES_TXT)):
+    raise FileNotFoundError(f'{hf_dir}: {VOCAB_JSON} without {MERGES_TXT}; a BPE tokenizer '
+                            'needs both (or a tokenizer.json)')
+  if not any(os.path.exists(os.path.join(hf_dir, f)) for f in (TOKENIZER_CONFIG, 'config.json')):
+    raise ValueError(f'{hf_dir}: {" + ".join(slow)} without a {TOKENIZER_JSON}, and no '
+                     f'{TOKENIZER_CONFIG} or config.json to say which tokenizer class reads '
+                     'them (as AutoTokenizer needs); save the tokenizer with save_pretrained')
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f'{hf_dir}: {" + ".join(slow)} without a {TOKENIZER_JSON}; converting a '
+                     'slow tokenizer as AutoTokenizer does needs transformers (pip install '
+                     'transformers), or save the tokenizer with a fast tokenizer\'s '
+                     'save_pretrained') from e
+  try:
+    auto = transformers.AutoTokenizer.from_pretrained(hf_dir, use_fast=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'{hf_dir}: transformers could not load its tokenizer ({" + ".join(slow)}): '
+                     f'{e}') from e
+  backend = getattr(auto, 'backend_tokenizer', None)
+  if backend is None:
+    raise ValueError(f'{hf_dir}: transformers gives no fast tokenizer for {" + ".join(slow)}; '
+                     f'expected a {TOKENIZER_JSON} beside it')
+  return json.loads(backend.to_str()), f'{" + ".join(slow)} (converted by transformers)'
+
+
+def _template_from(spec: dict, where: str):
+  """The specials' layout (a ``data.tokenizer.Template``) of a tokenizer.json's
+  post-processor: TemplateProcessing, RobertaProcessing or BertProcessing, also inside a
+  Sequence; none (no specials added) when it has no such processor, as AutoTokenizer."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  post = spec.get('post_processor') or {}
+  nodes = post.get('processors') or [] if post.get('type') == 'Sequence' else [post]
+  for node in nodes:
+    kind = node.get('type')
+    if kind == 'TemplateProcessing':
+      specials = node.get('special_tokens') or {}
+
+      def items(seq, specials=specials):
+        out = []
+        for item in seq:
+          if 'Sequence' in item:
+            out.append((item['Sequence']['id'], int(item['Sequence'].get('type_id', 0))))
+          else:
+            name = item['SpecialToken']['id']
+            if name not in specials:
+              raise ValueError(f'{where}: the post-processor uses {name!r} but does not list '
+                               'its ids in special_tokens')
+            out += [(int(i), int(item['SpecialToken'].get('type_id', 0)))
+                    for i in specials[name]['ids']]
+        return tuple(out)
+      return tokenizer_lib.Template(items(node['single']), items(node['pair']))
+    if kind == 'RobertaProcessing':
+      return tokenizer_lib.Template.roberta(int(node['cls'][1]), int(node['sep'][1]))
+    if kind == 'BertProcessing':
+      return tokenizer_lib.Template.bert(int(node['cls'][1]), int(node['sep'][1]))
+  return tokenizer_lib.Template((('A', 0),), (('A', 0), ('B', 1)))
+
+
+def hf_bundle(hf_dir: str) -> dict:
+  """The ``hf`` kind's file content for a Hugging Face directory: its tokenizer.json (or the
+  conversion of its slow files), the special roles read from its files, the specials'
+  layout, the padding side, and its tokenizer_config.json / special_tokens_map.json as
+  they are (export writes them back). Raises, naming the file, when a role has no token."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  spec, source = _hf_tokenizer_spec(hf_dir)
+  try:
+    backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+  except Exception as e:  # The Rust loader raises its own exception type.
+    raise ValueError(f'{source}: does not load in tokenizers ({e}); expected a tokenizer.json '
+                     'as save_pretrained writes it') from e
+  config = _read_json(os.path.join(hf_dir, TOKENIZER_CONFIG))
+  special_map = _read_json(os.path.join(hf_dir, SPECIAL_TOKENS_MAP))
+  roles, pieces = {}, {}
+  for role, keys in _ROLE_KEYS:
+    named = next((t for key in keys for t in (_token_text(config.get(key)),
+                                              _token_text(special_map.get(key))) if t), None)
+    if named is None and role == 'unk':  # The model's own unknown piece, if it has one.
+      model = spec.get('model') or {}
+      named = model.get('unk_token') or (backend.id_to_token(model['unk_id'])
+                                         if model.get('unk_id') is not None else None)
+    if named is None:
+      raise ValueError(
+          f'{hf_dir}: no {role} token: neither {TOKENIZER_CONFIG} nor {SPECIAL_TOKENS_MAP} '
+          f'names a {" or ".join(keys)}; encoder_jax needs the pad, unk, cls, sep and mask '
+          'tokens of the checkpoint')
+    token_id = backend.token_to_id(named)
+    if token_id is None:
+      raise ValueError(f'{hf_dir}: the {role} token {named!r} named in {TOKENIZER_CONFIG} / '
+                       f'{SPECIAL_TOKENS_MAP} is not in the vocabulary of {source}')
+    roles[role], pieces[role] = int(token_id), named
+  tokenizer_class = str(config.get('tokenizer_class') or '')
+  padding_side = config.get('padding_side') or (
+      'left' if tokenizer_class in _LEFT_PADDING_CLASSES
+      or ((spec.get('padding') or {}).get('direction') == 'Left') else 'right')
+  keep = {k: v for k, v in config.items()
+          if k not in ('name_or_path', 'is_local', 'local_files_only', 'added_tokens_decoder')}
+  return {'format': tokenizer_lib.HF_FORMAT, 'source': source, 'tokenizer': spec,
+          'roles': roles, 'role_pieces': pieces,
+          'template': _template_from(spec, source).to_json(), 'padding_side': padding_side,
+          'word_start': list(tokenizer_lib.word_start_scheme(spec)),
+          'tokenizer_config': keep, 'special_tokens_map': special_map}
+
+
+def write_hf_bundle(hf_dir: str, out_dir: str) -> str:
+  """Writes ``<out_dir>/hf_tokenizer.json`` (see :func:`hf_bundle`); its path."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  bundle = hf_bundle(hf_dir)
   os.makedirs(out_dir, exist_ok=True)
-  spm = os.path.join(hf_dir, SENTENCEPIECE_MODEL)
-  if not os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and os.path.exists(spm):
+  out = os.path.join(os.path.abspath(out_dir), HF_TOKENIZER_FILE)
+  partial = out + '.partial'  # Checked before it takes the name: no bad file left behind.
+  try:
+    with open(partial, 'w', encoding='utf-8') as f:
+      json.dump(bundle, f, ensure_ascii=False, sort_keys=True)
+    tokenizer_lib.Tokenizer.from_hf_json(partial)
+    os.replace(partial, out)
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+  return out
+
+
+def import_hf_tokenizer(hf_dir: str, out_dir: str):
+  """The HF directory's tokenizer, its file written into ``out_dir`` (vocab.txt, .model,
+  tokenizer.json or hf_tokenizer.json)."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  kind = _fixed_kind(hf_dir)
+  if kind == 'sentencepiece':
+    spm = os.path.join(hf_dir, SENTENCEPIECE_MODEL)
     out = os.path.join(os.path.abspath(out_dir), SENTENCEPIECE_MODEL)
     if os.path.abspath(spm) != out:
       shutil.copyfile(spm, out)
     return _hf_sentencepiece(out)
-  if _bpe_source(hf_dir):
+  if kind == 'bytelevel_bpe':
     return _hf_bytelevel_bpe(write_hf_bytelevel_bpe(hf_dir, out_dir))
-  vocab = write_hf_vocab(hf_dir, out_dir)
-  return wordpiece(os.path.abspath(vocab), hf_lowercase(hf_dir))
+  if kind == 'wordpiece':
+    vocab = write_hf_vocab(hf_dir, out_dir)
+    return wordpiece(os.path.abspath(vocab), hf_lowercase(hf_dir))
+  return tokenizer_lib.Tokenizer.from_hf_json(write_hf_bundle(hf_dir, out_dir))
 
 
 def load_hf_tokenizer(hf_dir: str):
   """The HF directory's tokenizer, read in place where it can be."""
-  if os.path.exists(os.path.join(hf_dir, VOCAB_TXT)):
+  kind = _fixed_kind(hf_dir)
+  if kind == 'wordpiece':
     return wordpiece(os.path.join(hf_dir, VOCAB_TXT), hf_lowercase(hf_dir))
-  if os.path.exists(os.path.join(hf_dir, SENTENCEPIECE_MODEL)):
+  if kind == 'sentencepiece':
     return _hf_sentencepiece(os.path.join(hf_dir, SENTENCEPIECE_MODEL))
-  if _bpe_source(hf_dir) == TOKENIZER_JSON:
+  if kind == 'bytelevel_bpe' and _bpe_source(hf_dir) == TOKENIZER_JSON:
     return _hf_bytelevel_bpe(os.path.join(hf_dir, TOKENIZER_JSON))
-  return import_hf_tokenizer(hf_dir, tempfile.mkdtemp(prefix='vocab_'))
+  return import_hf_tokenizer(hf_dir, tempfile.mkdtemp(prefix='tokenizer_'))
 
 
 # --------------------------------------------------------------------------- HF export
@@ -345,6 +565,7 @@ def _write_bytelevel_bpe(tok, out_dir: str) -> None:
 
 def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
   """Writes ``tok`` so that ``AutoTokenizer.from_pretrained(out_dir)`` works; what it wrote."""
+  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   specials = {k: tok.id_to_piece(getattr(tok, k.replace('_token', '_id')))
               for k in _SPECIAL_TOKENS}
@@ -363,6 +584,26 @@ def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
     shutil.copyfile(tok.path, os.path.join(out_dir, VOCAB_TXT))
     cfg = {'tokenizer_class': 'BertTokenizer', 'do_lower_case': bool(tok.lowercase)}
     written = f'{VOCAB_TXT} + {TOKENIZER_CONFIG} (WordPiece)'
+  elif tok.kind == tokenizer_lib.HF_KIND:  # The imported checkpoint's own files, back.
+    with open(tok.path, encoding='utf-8') as f:
+      bundle = json.load(f)
+    with open(os.path.join(out_dir, TOKENIZER_JSON), 'w', encoding='utf-8') as f:
+      json.dump(bundle['tokenizer'], f, ensure_ascii=False, indent=2)
+    if bundle.get('special_tokens_map'):
+      with open(os.path.join(out_dir, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
+        json.dump(bundle['special_tokens_map'], f, ensure_ascii=False, indent=2)
+    cfg = dict(bundle.get('tokenizer_config') or {})
+    cfg.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
+    cfg.setdefault('padding_side', tok.padding_side)
+    for role, key in (('pad', 'pad_token'), ('unk', 'unk_token'), ('cls', 'cls_token'),
+                      ('sep', 'sep_token'), ('mask', 'mask_token')):
+      cfg.setdefault(key, bundle['role_pieces'][role])
+    cfg['model_max_length'] = int(max_length)
+    written = (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (the imported '
+               f'{cfg["tokenizer_class"]}, {bundle["tokenizer"]["model"]["type"]})')
+    with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
+      json.dump(cfg, f, ensure_ascii=False, indent=2)
+    return written
   elif tok.kind == 'sentencepiece':
     shutil.copyfile(tok.path, os.path.join(out_dir, SENTENCEPIECE_MODEL))
     sentencepiece_to_hf(tok).save(os.path.join(out_dir, TOKENIZER_JSON))
@@ -370,8 +611,7 @@ def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
     written = (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (fast tokenizer) + '
                f'{SENTENCEPIECE_MODEL} (SentencePiece)')
   else:
-    raise ValueError(f'tokenizer kind {tok.kind!r}; expected sentencepiece, wordpiece or '
-                     'bytelevel_bpe')
+    raise ValueError(f'tokenizer kind {tok.kind!r}; expected one of {list(tokenizer_lib.KINDS)}')
   cfg.update(specials, model_max_length=int(max_length), model_input_names=input_names)
   with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
     json.dump(cfg, f, indent=2)

@@ -42,7 +42,7 @@ def loaded(hf_dir_and_model):
 def test_fill_mask_matches_transformers(hf_dir_and_model, loaded):
   _, model = hf_dir_and_model
   text = 'The [MASK] sat on the mat in [MASK].'
-  ids, positions = fill_mask.tokenize_with_masks(loaded.tokenizer, text)
+  ids, _, positions = fill_mask.tokenize_with_masks(loaded.tokenizer, text)
   assert [ids[p] for p in positions] == [loaded.tokenizer.mask_id] * 2
   got = fill_mask.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer, text, top_k=4)
   with torch.no_grad():

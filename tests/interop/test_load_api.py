@@ -35,8 +35,11 @@ def test_load_gives_what_transformers_computes(dirs, which):
   m = encoder_jax.load(hf_dir if which == 'hf_dir' else workdir)
   assert m.kind == 'bert' and m.step == (None if which == 'hf_dir' else 0)
   assert m.config.model.hidden_size == 30 and m.tokenizer.vocab_size == m.model_config.vocab_size
-  ids, mask = m.encode(TEXTS)
+  x = m.encode(TEXTS)
+  ids, mask = x['input_ids'], x['input_mask']
   assert ids.shape == mask.shape and ids[0, 0] == m.tokenizer.cls_id
+  assert (x['segment_ids'] == 0).all()
+  np.testing.assert_allclose(m.hidden_states(**x), m.hidden_states(ids, mask), atol=0)
   theirs = _theirs(model, ids, mask)
   real = mask.astype(bool)
   h = m.hidden_states(ids, mask)
@@ -69,7 +72,7 @@ def test_load_errors_name_the_path(tmp_path, dirs):
 
 def test_loading_a_workdir_does_not_import_the_training_loop(dirs):
   code = ('import sys, encoder_jax; m = encoder_jax.load(sys.argv[1]); '
-          'm.hidden_states(*m.encode(["the cat"])); '
+          'm.hidden_states(**m.encode(["the cat"])); '
           'print(sorted(n for n in ("encoder_jax.train", "tensorflow") if n in sys.modules))')
   out = subprocess.run([sys.executable, '-c', code, dirs[1]], capture_output=True, text=True,
                        check=True, env=dict(os.environ, JAX_PLATFORMS='cpu'))
