@@ -149,7 +149,7 @@ def hf_model(kind: str, vocab_size: int, seed: int = 0):
   """A random-weight model of ``kind`` with an MLM head, of an odd shape (3 heads of 12)."""
   common = dict(vocab_size=vocab_size, num_hidden_layers=2, num_attention_heads=3,
                 intermediate_size=50, attn_implementation='eager')
-  bert_like = dict(common, hidden_size=36, max_position_embeddings=64)
+  bert_like = dict(common, hidden_size=36, max_position_embeddings=128)
   if kind == 'bert':
     model = transformers.BertForPreTraining(transformers.BertConfig(**bert_like))
   elif kind == 'electra':  # The generator: ELECTRA's masked LM.
@@ -157,7 +157,7 @@ def hf_model(kind: str, vocab_size: int, seed: int = 0):
         **bert_like, embedding_size=20))
   elif kind == 'roberta':
     model = transformers.RobertaForMaskedLM(transformers.RobertaConfig(
-        **dict(bert_like, max_position_embeddings=66), type_vocab_size=1, layer_norm_eps=1e-5,
+        **dict(bert_like, max_position_embeddings=130), type_vocab_size=1, layer_norm_eps=1e-5,
         pad_token_id=1, bos_token_id=0, eos_token_id=2))
   elif kind == 'albert':
     model = transformers.AlbertForPreTraining(transformers.AlbertConfig(
