@@ -253,9 +253,10 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
            ) -> dict[str, Any]:
   """The content stream (fine-tuning, features): 'embeddings', 'encoder' [, 'pooler'].
 
-  ``pool`` adds a dense + tanh on the first token's state (our fine-tuning rows start with
-  [CLS]; with relative positions no position is special). It is not part of the
-  pretrained network (XLNet has no pooler), so it starts fresh, as RoBERTa's.
+  ``pool`` adds a dense + tanh on the state of each row's last real token: XLNet's
+  ``<cls>``, which ends its rows (``A <sep> B <sep> <cls>``, padded on the left, as Hugging
+  Face's sequence summary reads it). It is not part of the pretrained network (XLNet has no
+  pooler), so it starts fresh, as RoBERTa's.
   """
   h_BxLxE, word = Embeddings(c, name='embeddings')(input_ids_BxL, deterministic)
   x_BxLxE, _, _, hidden = Encoder(c, name='encoder')(
@@ -267,10 +268,17 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   if pool:
     out['pooled_output'] = jnp.tanh(layers.Dense(
         (c.hidden_size,), (c.hidden_size,), ('embed',), ('embed',), c.initializer_range,
-        c.jnp_dtype, name='pooler')(x_BxLxE[:, 0]))
+        c.jnp_dtype, name='pooler')(last_real(x_BxLxE, input_mask_BxL)))
   if collect_hidden:
     out['all_hidden_states'] = _collected(h_BxLxE, hidden[0])
   return out
+
+
+def last_real(x_BxLxE, input_mask_BxL):
+  """[B, E]: each row's state at its last non-padding position (either padding side)."""
+  length = input_mask_BxL.shape[1]
+  last_B = length - 1 - jnp.argmax(input_mask_BxL[:, ::-1] > 0, axis=1)
+  return jnp.take_along_axis(x_BxLxE, last_B[:, None, None], axis=1)[:, 0]
 
 
 def masked_positions_targets(masked_positions_BxP, length: int):

@@ -102,6 +102,36 @@ def test_ids_equal_autotokenizer(kind, root):
     assert ids == auto(text)['input_ids'], text
 
 
+@pytest.mark.parametrize('kind', KINDS)
+def test_finetuning_inputs_equal_autotokenizer(kind, root):
+  """Fine-tuning's arrays (pairs and single texts, padded to max_len on the tokenizer's
+  side) are AutoTokenizer's with padding='max_length'; a tagged word's label sits on its
+  first piece wherever the frame puts the words."""
+  from encoder_jax.finetune import data as finetune_data  # pylint: disable=g-import-not-at-top
+  path, auto, _ = built(kind, root)
+  tok = tokenizer_io.load_hf_tokenizer(path)
+  pairs = [(a, b) for a, b in dirs.PAIRS] + [(t,) for t in dirs.TEXTS[:3]]
+  examples = finetune_data.Examples(texts=pairs, labels=[0] * len(pairs))
+  ours, report = finetune_data.encode_with_report(examples, tok, 'sequence_classification', 16)
+  for i, texts in enumerate(pairs):
+    theirs = auto(*texts, padding='max_length', truncation=True, max_length=16,
+                  return_token_type_ids=True)
+    assert ours['input_ids'][i].tolist() == theirs['input_ids'], texts
+    assert ours['input_mask'][i].tolist() == theirs['attention_mask'], texts
+    assert ours['segment_ids'][i].tolist() == theirs['token_type_ids'], texts
+  assert report.truncated_examples > 0
+  words = ['Naïve', 'café', 'owners', 'in', 'Zürich']
+  tagged = finetune_data.Examples(words=[words], tags=[[1, 2, 3, 4, 5]])
+  arrays = finetune_data.encode(tagged, tok, 'token_classification', 40)
+  pieces = tok.encode_batch(words)
+  first = np.cumsum([0] + [len(p) for p in pieces])[:-1]
+  row, _ = tok.frame([t for p in pieces for t in p])
+  offset = (40 - len(row) if tok.padding_side == 'left' else 0) + row.index(pieces[0][0])
+  labels = arrays['labels'][0]
+  assert labels[offset + first].tolist() == [1, 2, 3, 4, 5]
+  assert (labels >= 0).sum() == 5
+
+
 def _hf_mlm_logits(model, inputs, positions):
   """Hugging Face's logits [P, V] at ``positions`` of the one row in ``inputs``. XLNet
   predicts them as its documentation shows: targets (``target_mapping``) hidden from every
