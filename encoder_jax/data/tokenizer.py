@@ -525,7 +525,10 @@ class Tokenizer:
             'truncated': np.asarray(cut, np.int32)}
 
   def id_to_piece(self, i: int) -> str:
-    return self._pieces[int(i)]
+    """The piece of id ``i``; ``<unused:N>`` for an id past the pieces (the extra rows of
+    an imported embedding table larger than its tokenizer)."""
+    i = int(i)
+    return self._pieces[i] if 0 <= i < len(self._pieces) else f'<unused:{i}>'
 
   def piece_to_id(self, piece: str) -> int:
     """The id of ``piece``, or ``unk_id`` when it is not in the vocabulary."""
@@ -534,11 +537,20 @@ class Tokenizer:
   def sha256(self) -> str:
     return file_sha256(self.path)
 
+  def fits(self, vocab_size: int) -> bool:
+    """Whether a model with ``vocab_size`` embedding rows runs on this tokenizer's ids: the
+    same size, or for an imported Hugging Face tokenizer (``hf``) a larger table whose
+    extra rows no text produces (DeBERTa v3: 128,100 rows for 128,001 pieces)."""
+    return self.vocab_size == vocab_size or (self.kind == HF_KIND and
+                                             self.vocab_size < vocab_size)
+
   def check_vocab_size(self, vocab_size: int, setting: str = 'config.model.vocab_size'):
-    if self.vocab_size != vocab_size:
+    if not self.fits(vocab_size):
       raise ValueError(
           f'Tokenizer {self.path!r} has {self.vocab_size} pieces but {setting} = '
-          f'{vocab_size}; they must be equal (the embedding table is sized by the config).')
+          f'{vocab_size}; they must be equal (the embedding table is sized by the config'
+          + ('; an imported Hugging Face tokenizer may also have fewer' if self.kind == HF_KIND
+             else '') + ').')
 
   def __repr__(self):
     return (f'Tokenizer({self.kind}, {self.path!r}, vocab_size={self.vocab_size}, '

@@ -346,7 +346,7 @@ def load_hf_dir(hf_dir: str, seed: int = 0) -> Loaded:
   model_config, params, report = hf.load_hf(hf_dir, seed)
   logging.info('%s', report.summary())
   tok = tokenizer_io.load_hf_tokenizer(hf_dir)
-  if tok.vocab_size != model_config.vocab_size:
+  if not tok.fits(model_config.vocab_size):
     raise ValueError(f'{hf_dir}: the tokenizer ({tok.path}) has {tok.vocab_size} pieces but '
                      f'config.json says vocab_size={model_config.vocab_size}')
   config = run_config_for(model_config, tok)
@@ -520,7 +520,7 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   seed = int(base.seed) if base is not None else 0
   model_config, params, report = hf.load_hf(hf_dir, seed)
   tok = tokenizer_io.import_hf_tokenizer(hf_dir, workdir)
-  if tok.vocab_size != model_config.vocab_size:
+  if not tok.fits(model_config.vocab_size):
     raise ValueError(f'{hf_dir}: the tokenizer has {tok.vocab_size} pieces but config.json '
                      f'says vocab_size={model_config.vocab_size}; the input pipeline needs '
                      'them equal')

@@ -146,7 +146,7 @@ def for_workdir(workdir: str, config: ml_collections.ConfigDict):
     tok = from_path(t.kind, t.path, bool(t.lowercase))
   else:
     raise FileNotFoundError(no_pinned_tokenizer_message(workdir))
-  if tok.vocab_size != int(config.model.vocab_size):
+  if not tok.fits(int(config.model.vocab_size)):
     raise ValueError(f'The tokenizer of {workdir} ({tok.path}) has {tok.vocab_size} pieces but '
                      f'config.model.vocab_size={config.model.vocab_size}: the checkpoint was '
                      'not trained with it')

@@ -71,9 +71,10 @@ def build(config: ml_collections.ConfigDict, tables: masking.VocabTables | None 
 def vocab_tables(config: ml_collections.ConfigDict, tokenizer, unigram_counts,
                  where: str = 'the prepared data') -> masking.VocabTables:
   """Masking tables of ``tokenizer``, checked against ``config.model.vocab_size``."""
-  if tokenizer.vocab_size != config.model.vocab_size:
+  if not tokenizer.fits(int(config.model.vocab_size)):
     raise ValueError(
         f'config.model.vocab_size={config.model.vocab_size} but the tokenizer of {where} '
         f'({tokenizer.path}) has {tokenizer.vocab_size} pieces; set model.vocab_size to match '
         '(it is also the size prepare trains)')
-  return masking.VocabTables.from_tokenizer(tokenizer, unigram_counts)
+  return masking.VocabTables.from_tokenizer(tokenizer, unigram_counts,
+                                            int(config.model.vocab_size))

@@ -30,16 +30,24 @@ class VocabTables:
   mask_id: int
 
   @classmethod
-  def from_tokenizer(cls, tokenizer, unigram_counts) -> 'VocabTables':
-    v = tokenizer.vocab_size
-    special = np.zeros(v, bool)
+  def from_tokenizer(cls, tokenizer, unigram_counts, vocab_size: int | None = None
+                     ) -> 'VocabTables':
+    """The tables over ``vocab_size`` ids (default: the tokenizer's); ids past the
+    tokenizer's pieces (an imported embedding table larger than its tokenizer) are special:
+    never selected, never drawn."""
+    n = tokenizer.vocab_size
+    v = n if vocab_size is None else int(vocab_size)
+    special = np.ones(v, bool)
+    special[:n] = False
     special[np.asarray(tokenizer.special_ids, np.int64)] = True
     counts = np.zeros(v, np.float64) if unigram_counts is None else np.asarray(unigram_counts,
                                                                              np.float64)
-    if counts.shape != (v,):
+    if counts.shape not in ((v,), (n,)):
       raise ValueError(f'unigram counts have shape {counts.shape}; expected ({v},) '
                        '(the tokenizer size): the prepared data does not match the tokenizer')
-    return cls(special, np.asarray(tokenizer.is_word_start, bool), counts, int(tokenizer.mask_id))
+    counts = np.pad(counts, (0, v - counts.shape[0]))
+    word_start = np.pad(np.asarray(tokenizer.is_word_start, bool), (0, v - n))
+    return cls(special, word_start, counts, int(tokenizer.mask_id))
 
 
 @dataclasses.dataclass(frozen=True)

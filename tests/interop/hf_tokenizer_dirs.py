@@ -12,7 +12,7 @@ the tokenizer's.
 | roberta | vocab.json + merges.txt + tokenizer.json | byte-level BPE, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 |
 | albert | spiece.model + tokenizer.json | SentencePiece Unigram, <pad>=0 <unk>=1 [CLS] [SEP] [MASK] |
 | deberta | vocab.json + merges.txt + tokenizer.json | GPT-2 byte-level BPE, [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, [MASK] last |
-| deberta_v2 | spm.model + tokenizer.json | SentencePiece, [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, [MASK] added last |
+| deberta_v2 | spm.model + tokenizer.json | SentencePiece, [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, [MASK] added last; 7 more embedding rows than pieces, as v3 |
 | xlnet | spiece.model + tokenizer.json | SentencePiece, <unk>=0 <s> </s> <cls>=3 <sep>=4 <pad>=5 <mask>=6 |
 """
 
@@ -184,6 +184,7 @@ def hf_model(kind: str, vocab_size: int, seed: int = 0):
 def make_dir(kind: str, out_dir: str):
   """(AutoTokenizer, HF model) of ``kind`` saved into ``out_dir``."""
   tok = save_tokenizer(kind, out_dir)
-  model = hf_model(kind, len(tok))
+  # DeBERTa v3's embedding table is larger than its tokenizer (128,100 rows, 128,001 pieces).
+  model = hf_model(kind, len(tok) + (7 if kind == 'deberta_v2' else 0))
   model.save_pretrained(out_dir)
   return tok, model
