@@ -360,7 +360,8 @@ def test_short_run_loss_falls_then_loads_and_exports(tmp_path):
     losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r and r.get('split') == 'train']
   assert len(losses) == 6 and losses[-1] < losses[0] - 0.5, losses
   model = encoder_jax.load(workdir)
-  ids, mask = model.encode(['The cat sat on the mat.', 'A second, longer sentence here.'])
+  x = model.encode(['The cat sat on the mat.', 'A second, longer sentence here.'])
+  ids, mask = x['input_ids'], x['input_mask']
   hidden = model.hidden_states(ids, mask)
   assert hidden.shape == ids.shape + (32,) and np.isfinite(hidden).all()
   assert np.isfinite(model.mlm_logits(ids, mask)).all()
