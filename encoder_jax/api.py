@@ -4,14 +4,14 @@
     m = encoder_jax.load('/tmp/bert_small')          # a workdir (latest checkpoint)
     m = encoder_jax.load('/tmp/bert_small', step=200)
     m = encoder_jax.load('hf/roberta-base')           # config.json + weights + tokenizer
-    ids, mask = m.encode(['The cat sat on the mat.'])
-    h = m.hidden_states(ids, mask)                   # float32 [B, L, H]
-    logits = m.mlm_logits(ids, mask)                 # float32 [B, L, vocab]
+    x = m.encode(['The cat sat on the mat.'])        # input_ids, segment_ids, input_mask
+    h = m.hidden_states(**x)                         # float32 [B, L, H]
+    logits = m.mlm_logits(**x)                       # float32 [B, L, vocab]
     e = m.embed(['a sentence', 'another'])           # float32 [N, H], mean-pooled, L2-normed
     m.fill_mask('The capital of France is [MASK].')  # [[(piece, p), ...]]
     m.config, m.tokenizer, m.params, m.kind, m.step
 
-The result is ``interop.checkpoint_io.Loaded``. Loading never imports the training loop
+The result is ``loading.Loaded``. Loading never imports the training loop
 or the input pipeline: the checkpoint's params tree is described by the pretraining
 setup of its config (``objectives.build``), restored onto this machine's devices.
 """
@@ -24,9 +24,10 @@ import os
 import ml_collections
 
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
+from encoder_jax.interop import hf_import
 
-Loaded = checkpoint_io.Loaded
+Loaded = loading.Loaded
 
 
 def _is_hf_dir(path: str) -> bool:
@@ -44,13 +45,13 @@ def load(path: str, step: int | None = None,
          config: ml_collections.ConfigDict | None = None) -> Loaded:
   """A model from ``path``: an encoder_jax workdir (``step``: default the latest;
   ``config``: default its ``config.json``) or a Hugging Face directory of a registered kind
-  (BERT, RoBERTa, ALBERT)."""
+  (any registered kind)."""
   if _is_hf_dir(path):
     if step is not None or config is not None:
       raise ValueError(f'{path} is a Hugging Face directory: it has no steps or run config; '
                        'pass neither step nor config')
-    return checkpoint_io.load_hf_dir(path)
+    return hf_import.load_hf_dir(path)
   if not workdir_lib.path(path).is_dir():
     raise FileNotFoundError(f'{path!r} does not exist; expected an encoder_jax workdir or a '
                             'Hugging Face directory (config.json with model_type)')
-  return checkpoint_io.load_workdir(path, config, step)
+  return loading.load_workdir(path, config, step)

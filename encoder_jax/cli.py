@@ -1,4 +1,5 @@
-"""What every command line of encoder_jax shares: quiet logs and one-line user errors.
+"""What every command line of encoder_jax shares: quiet logs, one-line user errors, and the
+flags that name a model (``--workdir``/``--config``/``--step`` or ``--hf_dir``).
 
 A user error (a bad config value, a corpus that cannot be read, a refused resume, a
 checkpoint that does not fit, a missing file) prints one ``error: ...`` line naming the
@@ -9,11 +10,13 @@ thing and what was expected, and exits with status 2; a traceback is for bugs, o
 
 from __future__ import annotations
 
+import logging as std_logging
 import sys
 from typing import Callable
 
 from absl import app
 from absl import flags
+from absl import logging
 
 _TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the Python traceback of a user error '
                                '(bad config, corpus, checkpoint, refused resume).')
@@ -31,8 +34,7 @@ def run(main: Callable[[list[str]], None]) -> None:
   """``absl.app.run(main)``, with user errors as one line on stderr (exit status 2)."""
 
   def wrapped(argv):
-    from encoder_jax.interop import checkpoint_io  # pylint: disable=g-import-not-at-top
-    checkpoint_io.quiet_logging()
+    quiet_logging()
     try:
       return main(argv)
     except user_errors() as e:  # pylint: disable=catching-non-exception
@@ -44,3 +46,39 @@ def run(main: Callable[[list[str]], None]) -> None:
       sys.exit(USER_ERROR_EXIT)
 
   app.run(wrapped)
+
+
+def define_source_flags() -> None:
+  """--config/--workdir/--step or --hf_dir: where a CLI's model comes from."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file(
+      'config', None, 'Run config (default: <workdir>/config.json).', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Pretraining workdir holding checkpoints/.')
+  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+  flags.DEFINE_string('hf_dir', None, 'A Hugging Face directory of any registered kind '
+                      'instead of a workdir.')
+
+
+def load_from_flags(f, with_tokenizer: bool = True):
+  """The ``loading.Loaded`` model the source flags name."""
+  from encoder_jax import loading  # pylint: disable=g-import-not-at-top
+  from encoder_jax.interop import hf_import  # pylint: disable=g-import-not-at-top
+  if bool(f.hf_dir) == bool(f.workdir):
+    raise ValueError('Pass exactly one of --workdir (with optional --config/--step) or '
+                     '--hf_dir')
+  if f.hf_dir:
+    return hf_import.load_hf_dir(f.hf_dir)
+  return loading.load_workdir(f.workdir, f.config, f.step, with_tokenizer=with_tokenizer)
+
+
+def quiet_logging() -> None:
+  """For the CLIs' main: warnings and errors only (unless --verbosity is given), no Orbax notes.
+
+  What the user sees is the result and real problems, not library chatter.
+  """
+  from encoder_jax import loading  # pylint: disable=g-import-not-at-top
+  if 'verbosity' not in flags.FLAGS or not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  for target in (logging.get_absl_handler(), logging.get_absl_logger(), std_logging.getLogger()):
+    if loading.not_orbax_chatter not in target.filters:
+      target.addFilter(loading.not_orbax_chatter)

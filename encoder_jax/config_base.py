@@ -34,7 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
       attention_dropout_rate=0.1,
       layer_norm_eps=1e-12,
       initializer_range=0.02,  # Std of the truncated-normal init.
-      attention_kind='dot_product',  # Name in models.attention.REGISTRY.
+      attention_kind='dot_product',  # Name in models.attention_kinds.REGISTRY.
       dtype='float32',  # Activation dtype: 'float32' or 'bfloat16' (params stay float32).
       remat=False,  # Rematerialise each layer in the backward pass (saves activation memory).
       activation='gelu',  # Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh).

@@ -13,11 +13,11 @@ import sys
 import time
 from typing import Mapping
 
-# Console names of the metrics worth a glance (the rest is in metrics.jsonl / TensorBoard).
-_SHOWN = (('loss', 'loss', '{:.4f}'), ('mlm_accuracy', 'mlm_acc', '{:.1%}'),
-          ('pair_accuracy', 'pair_acc', '{:.1%}'), ('mlm_perplexity', 'ppl', '{:.2f}'),
-          ('sbo_accuracy', 'sbo_acc', '{:.1%}'), ('generator_mlm_accuracy', 'gen_acc', '{:.1%}'),
-          ('rtd_accuracy', 'rtd_acc', '{:.1%}'), ('learning_rate', 'lr', '{:.2e}'))
+# The loss first and the learning rate last; between them, the metrics the pretraining
+# setup declares (``objectives.base.Pretraining.console_metrics``: each objective names its
+# own). The rest is in metrics.jsonl / TensorBoard.
+_FIRST = (('loss', 'loss', '{:.4f}'),)
+_LAST = (('learning_rate', 'lr', '{:.2e}'),)
 
 
 def _duration(seconds: float) -> str:
@@ -35,10 +35,13 @@ def _rate(x: float) -> str:
 
 
 class Console:
-  """Prints the run's lines on process 0 (``enabled``) to ``stream`` (stdout)."""
+  """Prints the run's lines on process 0 (``enabled``) to ``stream`` (stdout); progress
+  lines show ``shown`` ((metric key, short name, format), the objectives' own)."""
 
-  def __init__(self, enabled: bool = True, stream=None):
+  def __init__(self, enabled: bool = True, stream=None,
+               shown: tuple[tuple[str, str, str], ...] = ()):
     self.enabled = enabled
+    self.shown = _FIRST + tuple(shown) + _LAST
     self.stream = stream or sys.stdout
     self.start = time.perf_counter()
 
@@ -49,7 +52,7 @@ class Console:
   def metrics_line(self, step: int, total: int, scalars: Mapping[str, float],
                    split: str = 'train', eta_s: float | None = None) -> str:
     parts = [f'{split:5s} step {step:>{len(str(total))}d}/{total}']
-    for key, name, fmt in _SHOWN:
+    for key, name, fmt in self.shown:
       if key in scalars and not (split == 'eval' and key == 'learning_rate'):
         parts.append(f'{name} {fmt.format(scalars[key])}')
     if 'tokens_per_s' in scalars:

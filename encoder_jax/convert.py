@@ -29,9 +29,11 @@ import os
 from absl import app
 from absl import flags
 
+from encoder_jax import cli
+from encoder_jax import loading
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.interop import checkpoint_io
 from encoder_jax.interop import hf
+from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
 
 COMMANDS = ('hf_to_workdir', 'workdir_to_hf', 'pin_tokenizer')
@@ -42,18 +44,17 @@ WORKDIR_CONFIG_PY = '''"""The config of this workdir (written by encoder_jax.con
 
 import os
 
-from encoder_jax import workdir as workdir_lib
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
 
 
 def get_config(arg=None):
   del arg
-  return checkpoint_io.read_run_config(os.path.dirname(os.path.abspath(__file__)))
+  return loading.read_run_config(os.path.dirname(os.path.abspath(__file__)))
 '''
 
 
-def hf_to_workdir(hf_dir: str, workdir: str, base_config=None) -> hf.ImportReport:
-  report = checkpoint_io.import_hf_to_workdir(hf_dir, workdir, base_config)
+def hf_to_workdir(hf_dir: str, workdir: str, base_config=None) -> loading.ImportReport:
+  report = hf_import.import_hf_to_workdir(hf_dir, workdir, base_config)
   with open(os.path.join(workdir, 'config.py'), 'w', encoding='utf-8') as f:
     f.write(WORKDIR_CONFIG_PY)
   return report
@@ -61,14 +62,14 @@ def hf_to_workdir(hf_dir: str, workdir: str, base_config=None) -> hf.ImportRepor
 
 def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) -> str:
   """Writes ``out`` (weights and the workdir's pinned tokenizer); returns a description."""
-  loaded = checkpoint_io.load_workdir(workdir, config, step)
+  loaded = loading.load_workdir(workdir, config, step)
   tok = loaded.tokenizer
   # The downstream network at the top; more networks in subdirectories (ELECTRA: the
   # generator as ElectraForMaskedLM in OUT/generator), each with the tokenizer.
   lines = []
   for sub, (network, params) in loaded.setup.hf_exports(loaded.params).items():
     where = os.path.join(out, sub) if sub else out
-    hf.save_hf(where, network.config, checkpoint_io.to_host(params), pad_token_id=tok.pad_id)
+    hf.save_hf(where, network.config, loading.to_host(params), pad_token_id=tok.pad_id)
     written = tokenizer_io.export_hf_tokenizer(tok, where, loaded.max_length)
     lines.append(f'Wrote {where}: config.json + model.safetensors from {loaded.source}; '
                  f'{written}')
@@ -77,7 +78,7 @@ def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) 
 
 def pin_tokenizer(workdir: str, tokenizer_path: str, config=None) -> str:
   """Pins ``tokenizer_path`` in a workdir that has none (runs from before pinning)."""
-  config = config if config is not None else checkpoint_io.read_run_config(workdir)
+  config = config if config is not None else loading.read_run_config(workdir)
   kind = tokenizer_io.kind_of_file(tokenizer_path)
   tok = tokenizer_io.from_path(kind, tokenizer_path, bool(config.tokenizer.lowercase))
   tok.check_vocab_size(int(config.model.vocab_size), f'config.model.vocab_size of {workdir}')
@@ -94,13 +95,13 @@ def main(argv):
     raise app.UsageError(f'Usage: python -m encoder_jax.convert {{{"|".join(COMMANDS)}}} '
                          f'[flags]; got {argv[1:]}')
   f = flags.FLAGS
-  checkpoint_io.quiet_logging()
+  cli.quiet_logging()
   if argv[1] == 'hf_to_workdir':
     if not f.hf_dir or not f.workdir:
       raise app.UsageError('hf_to_workdir needs --hf_dir and --workdir')
     report = hf_to_workdir(f.hf_dir, f.workdir, f.config)
     print(report.summary())
-    tokenizer_file = os.path.basename(checkpoint_io.read_run_config(f.workdir).tokenizer.path)
+    tokenizer_file = os.path.basename(loading.read_run_config(f.workdir).tokenizer.path)
     print(f'Wrote {f.workdir}: checkpoints/0, config.json, config.py, {tokenizer_file} (also '
           'pinned in tokenizer/). Continue pretraining with: python -m encoder_jax.main '
           f'--config={f.workdir}/config.py --workdir={f.workdir}')
@@ -115,9 +116,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  checkpoint_io.define_source_flags()
+  cli.define_source_flags()
   flags.DEFINE_string('out', None, 'workdir_to_hf: the Hugging Face directory to write.')
   flags.DEFINE_string('tokenizer', None, 'pin_tokenizer: the tokenizer.model (SentencePiece) '
                       'or vocab.txt (WordPiece) the run trained with.')
-  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run(main)

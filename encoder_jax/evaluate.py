@@ -31,10 +31,10 @@ from etils import epath
 from encoder_jax import checkpointing
 from encoder_jax import objectives
 from encoder_jax import schedule
+from encoder_jax import cli
+from encoder_jax import loading
 from encoder_jax import sharding
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.interop import checkpoint_io
-from encoder_jax.interop import tokenizer as tokenizer_io
 
 def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) -> schedule.Phase:
   phases = schedule.phases(config.train)
@@ -80,13 +80,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
     mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
                               devices)
   step = checkpointing.resolve_step(workdir, step)
-  mesh = mesh or checkpoint_io.local_mesh(config)
+  mesh = mesh or loading.local_mesh(config)
   sharding.check_batch(int(config.train.batch_size), mesh,
                        '--batch_size (default config.train.batch_size)')
-  pinned = tokenizer_io.for_workdir(workdir, config)  # None pinned: fail before preparing.
+  pinned = loading.tokenizer_for_workdir(workdir, config)  # None pinned: fail before preparing.
   prepared = data.load_or_prepare(config)
   check_prepared_tokenizer(workdir, pinned, prepared)
-  params, step, mesh = checkpoint_io.restore_params(config, workdir, step, mesh)
+  params, step, mesh = loading.restore_params(config, workdir, step, mesh)
   objective = objectives.build(config, train.vocab_tables(config, prepared))
   phase = _phase(config, step, seq_len)
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
@@ -121,7 +121,7 @@ def summary(metrics: dict, workdir: str) -> str:
            f'sequences of {metrics["seq_len"]} tokens (seed {metrics["seed"]}, mask rate '
            f'{metrics["mask_rate"]:.0%}).']
   lines.extend(metrics.get('report', []))
-  note = os.path.join(workdir, checkpoint_io.IMPORT_REPORT)
+  note = os.path.join(workdir, loading.IMPORT_REPORT)
   if os.path.exists(note):
     with open(note, encoding='utf-8') as f:
       fresh = [line for line in f if 'freshly initialised' in line]
@@ -144,8 +144,8 @@ def main(argv):
   f = flags.FLAGS
   if not f.workdir:
     raise app.UsageError('--workdir is required')
-  checkpoint_io.quiet_logging()
-  config = f.config if f.config is not None else checkpoint_io.read_run_config(f.workdir)
+  cli.quiet_logging()
+  config = f.config if f.config is not None else loading.read_run_config(f.workdir)
   metrics = evaluate_checkpoint(config, f.workdir, f.step, f.seq_len,
                                 batch_size=f.batch_size, eval_batches=f.eval_batches)
   if jax.process_index() == 0:
@@ -170,5 +170,4 @@ if __name__ == '__main__':
   flags.DEFINE_integer('eval_batches', None, 'Held-out batches to evaluate (default: '
                        'config.train.eval_batches).')
   flags.DEFINE_string('output', None, 'JSON path (default: <workdir>/eval_<step>.json).')
-  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run(main)

@@ -231,7 +231,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
   boxed, shards = state_shardings(config, mesh, objective, tx)
   lead = jax.process_index() == 0
-  out = console_lib.Console(enabled=lead)
+  out = console_lib.Console(enabled=lead, shown=objective.console_metrics)
   if lead:
     workdir_lib.check_pinned_tokenizer(workdir, prepared.tokenizer)  # May refuse: nothing written.
   table = sharding.describe(boxed.params, mesh)

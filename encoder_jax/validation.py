@@ -128,7 +128,7 @@ RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('model.attention_dropout_rate', number(0, 1, hi_open=True)),
     ('model.layer_norm_eps', number(0, lo_open=True)),
     ('model.initializer_range', number(0, lo_open=True)),
-    ('model.attention_kind', registry('encoder_jax.models.attention', 'REGISTRY',
+    ('model.attention_kind', registry('encoder_jax.models.attention_kinds', 'REGISTRY',
                                       'an attention kind')),
     ('model.dtype', one_of('float32', 'bfloat16')),
     ('model.remat', boolean()),

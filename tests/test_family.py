@@ -18,6 +18,7 @@ from encoder_jax import checkpointing
 from encoder_jax import objectives
 from encoder_jax import train
 from encoder_jax import train_state
+from encoder_jax import validation
 from encoder_jax.models import registry as models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,14 +95,33 @@ def prepared_root(tmp_path_factory):
   return str(tmp_path_factory.mktemp('family_prepared'))
 
 
+@pytest.mark.parametrize('kind', sorted(models.KINDS))
+def test_import_defaults_of_every_kind_build(kind, tmp_path):
+  """What a checkpoint of the kind imported from Hugging Face continues pretraining with
+  (its registry entry's import_objectives / import_pair_kind) is a valid setup."""
+  name = next(n for n in sorted(FAMILY) if FAMILY[n].get('model', {}).get('kind', 'bert') == kind)
+  c = family_config(name, str(tmp_path))
+  entry = models.get(kind)
+  c.objective.names, c.data.pair_kind = entry.import_objectives, entry.import_pair_kind
+  validation.validate(c)
+  assert objectives.build(c).downstream.__self__ is not None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(FAMILY))
-def test_trains_on_8_devices_and_resumes_exactly(name, prepared_root, tmp_path):
+def test_trains_on_8_devices_and_resumes_exactly(name, prepared_root, tmp_path, capsys):
   assert jax.device_count() == 8
   c = family_config(name, prepared_root)
   workdir = str(tmp_path / 'run')
   first = train.train_and_evaluate(c, workdir)
   assert np.isfinite(first['loss'])
+  # The progress lines show what the setup declares (each objective names its metrics).
+  progress = [l for l in capsys.readouterr().out.splitlines()
+              if l.startswith(('train step', 'eval  step'))]
+  shown = objectives.build(c).console_metrics
+  assert progress and shown, (progress, shown)
+  for _, short, _ in shown:
+    assert any(f'  {short} ' in l for l in progress), (short, progress)
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2, 2), ('data', 'fsdp', 'tensor'))
   setup = objectives.build(c)
   abstract = train_state.abstract_params(c, mesh, setup)

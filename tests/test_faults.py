@@ -81,7 +81,9 @@ def _once(tmp_path_factory, name: str, make) -> str:
     make(directory)
     return directory
   directory = tmp_path_factory.getbasetemp().parent / f'test_faults-{name}'
-  with open(f'{directory}.lock', 'w') as lock:
+  # Not '<directory>.lock': that is data preparation's own lock file for the prepared
+  # directory (prepare_once), which would wait for this empty one to go stale (180 s).
+  with open(f'{directory}.once-lock', 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
     if not os.path.exists(f'{directory}.done'):
       shutil.rmtree(directory, ignore_errors=True)

@@ -1,7 +1,7 @@
 """The fine-tuning config schema; ``configs/finetune_*.py`` start from :func:`base_config`.
 
 Each section maps onto one piece: ``init`` -> the pretrained weights
-(``interop.checkpoint_io``), ``data`` -> ``finetune.data``, ``optim`` -> the optimizer
+(``encoder_jax.loading``), ``data`` -> ``finetune.data``, ``optim`` -> the optimizer
 in ``finetune.train``, ``task`` -> ``finetune.heads.make``.
 """
 

@@ -13,8 +13,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from encoder_jax import cli
 from encoder_jax.finetune import train
-from encoder_jax.interop import checkpoint_io
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/finetune_*.py file.',
                                           lock_config=True)
@@ -25,11 +25,10 @@ flags.mark_flags_as_required(['config'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  checkpoint_io.quiet_logging()
+  cli.quiet_logging()
   result = train.finetune(_CONFIG.value, _WORKDIR.value)
   print('final: ' + ', '.join(f'{k}={v}' for k, v in result.items()))
 
 
 if __name__ == '__main__':
-  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run(main)

@@ -21,21 +21,22 @@ import numpy as np
 import optax
 from absl import logging
 
+from encoder_jax import loading
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.finetune import metrics as metrics_lib
-from encoder_jax.interop import checkpoint_io
+from encoder_jax.interop import hf_import
 
 
-def load_pretrained(config: ml_collections.ConfigDict) -> checkpoint_io.Loaded:
+def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
   i = config.init
   if bool(i.workdir) == bool(i.hf_dir):
     raise ValueError('Set exactly one of config.init.workdir and config.init.hf_dir; got '
                      f'workdir={i.workdir!r}, hf_dir={i.hf_dir!r}')
   if i.hf_dir:
-    return checkpoint_io.load_hf_dir(i.hf_dir)
-  return checkpoint_io.load_workdir(i.workdir, step=None if i.step < 0 else int(i.step))
+    return hf_import.load_hf_dir(i.hf_dir)
+  return loading.load_workdir(i.workdir, step=None if i.step < 0 else int(i.step))
 
 
 def init_params(model: nn.Module, pretrained, max_len: int, seed: int):
@@ -43,7 +44,7 @@ def init_params(model: nn.Module, pretrained, max_len: int, seed: int):
   ids = jnp.zeros((1, max_len), jnp.int32)
   fresh = nn.unbox(jax.jit(lambda r: model.init(r, ids, ids, ids))(jax.random.PRNGKey(seed)))
   params = dict(fresh['params'])
-  pretrained = checkpoint_io.to_host(pretrained)
+  pretrained = loading.to_host(pretrained)
   for part in heads.PRETRAINED_PARTS:
     if part in params and part not in pretrained:
       logging.info('The pretrained model has no %r: it starts freshly initialised.', part)

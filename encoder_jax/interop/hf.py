@@ -2,7 +2,7 @@
 
 Import reads ``config.json`` plus ``model.safetensors`` (or a sharded
 ``model.safetensors.index.json``, or ``pytorch_model.bin``); ``model_type`` picks the
-kind's table (``encoder_jax.registry.hf_spec_for_model_type``): BERT
+kind's table (``interop.registry.hf_spec_for_model_type``): BERT
 (``BertForPreTraining``/``BertForMaskedLM``/``BertModel``), RoBERTa
 (``RobertaForMaskedLM``/``RobertaModel``), ALBERT (``AlbertForPreTraining``/
 ``AlbertForMaskedLM``/``AlbertModel``), ELECTRA (``ElectraForPreTraining``/``ElectraModel``:
@@ -27,7 +27,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from encoder_jax import registry
+from encoder_jax import loading
+from encoder_jax.interop import registry
 from encoder_jax.interop import hf_table
 from encoder_jax.models import config as config_lib
 
@@ -36,28 +37,6 @@ Params = dict[str, Any]
 SAFETENSORS = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 PYTORCH_BIN = 'pytorch_model.bin'
-
-
-@dataclasses.dataclass
-class ImportReport:
-  """What an import did besides copying tensors."""
-  source: str
-  architectures: tuple[str, ...]
-  initialised_groups: list[str] = dataclasses.field(default_factory=list)  # Fresh init.
-  ignored_keys: list[str] = dataclasses.field(default_factory=list)  # HF tensors not used.
-
-  def summary(self) -> str:
-    lines = [f'Imported {self.source} (architectures={list(self.architectures)}).']
-    if self.initialised_groups:
-      lines.append('Not in the checkpoint, freshly initialised: '
-                   + ', '.join(self.initialised_groups) + '.')
-    else:
-      lines.append('Every parameter was found in the checkpoint.')
-    if self.ignored_keys:
-      lines.append(f'Ignored {len(self.ignored_keys)} checkpoint tensors: '
-                   + ', '.join(self.ignored_keys[:10])
-                   + (' ...' if len(self.ignored_keys) > 10 else ''))
-    return '\n'.join(lines)
 
 
 # ---------------------------------------------------------------------------- config
@@ -217,7 +196,7 @@ def abstract_params(config: config_lib.EncoderConfig) -> Params:
 def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderConfig,
                    seed: int = 0,
                    source: str = 'checkpoint',
-                   architectures: tuple[str, ...] = ()) -> tuple[Params, ImportReport]:
+                   architectures: tuple[str, ...] = ()) -> tuple[Params, loading.ImportReport]:
   """Our params from an (already normalised) HF state dict.
 
   Heads the checkpoint does not have get a fresh initialisation from ``seed``.
@@ -225,7 +204,7 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
   state = dict(state)
   spec = registry.hf_spec(config.kind)
   spec.check_exportable(config)  # A layout the table cannot represent cannot be imported.
-  report = ImportReport(source, architectures)
+  report = loading.ImportReport(source, architectures)
   used = set(spec.buffers) & set(state)
   by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in spec.groups}
   for entry in spec.entries(config):
@@ -304,7 +283,7 @@ def params_to_hf(params: Params, config: config_lib.EncoderConfig) -> dict[str, 
 
 
 def load_hf(hf_dir: str, seed: int = 0, **config_overrides
-            ) -> tuple[config_lib.EncoderConfig, Params, ImportReport]:
+            ) -> tuple[config_lib.EncoderConfig, Params, loading.ImportReport]:
   """Reads an HF checkpoint directory of any known kind: (our config, params, what was done)."""
   hf_config = read_hf_config(hf_dir)
   source = os.path.join(hf_dir, 'config.json')

@@ -11,7 +11,7 @@
   and whose bias is our ``mlm_head/output_bias``.
 
 Both have ``model_type='electra'``; ``config.json``'s first architecture picks the table
-(``encoder_jax.registry.hf_spec_for_model_type``). HF's ``embedding_size`` is always
+(``interop.registry.hf_spec_for_model_type``). HF's ``embedding_size`` is always
 written (our ``embedding_size=0`` exports as the hidden size and imports back as 0).
 """
 

@@ -112,47 +112,6 @@ def kind_of_file(path: str) -> str:
   return 'wordpiece'
 
 
-# ----------------------------------------------------------------------------- workdir
-
-
-def no_pinned_tokenizer_message(workdir: str) -> str:
-  info = workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR, workdir_lib.TOKENIZER_INFO)
-  return (f'{workdir} has no pinned tokenizer ({info} does not exist: runs started before '
-          'tokenizers were pinned have none) and its config has no tokenizer.path, so the '
-          'ids its checkpoints were trained on are unknown. Pin the tokenizer the run trained '
-          'with (the tokenizer.model, vocab.txt or tokenizer.json in the prepared-data '
-          'directory it used): '
-          f'python -m encoder_jax.convert pin_tokenizer --workdir={workdir} '
-          '--tokenizer=PREPARED_DIR/tokenizer.model')
-
-
-def for_workdir(workdir: str, config: ml_collections.ConfigDict):
-  """The tokenizer a workdir's checkpoints were trained with.
-
-  The pinned one (``<workdir>/tokenizer/``); for an older workdir without one,
-  ``config.tokenizer.path`` if set (with a warning: it cannot be checked); else a clear
-  error. A corpus is never prepared here.
-  """
-  if workdir_lib.has_pinned_tokenizer(workdir):
-    tok = workdir_lib.load_tokenizer(workdir)[0]
-  elif config.tokenizer.path:
-    t = config.tokenizer
-    if not os.path.exists(t.path):
-      raise FileNotFoundError(f'{workdir} has no pinned tokenizer and config.tokenizer.path='
-                              f'{t.path!r} does not exist')
-    logging.warning('%s has no pinned tokenizer (an older run): using config.tokenizer.path=%s, '
-                    'which cannot be checked against the one the run trained with.', workdir,
-                    t.path)
-    tok = from_path(t.kind, t.path, bool(t.lowercase))
-  else:
-    raise FileNotFoundError(no_pinned_tokenizer_message(workdir))
-  if not tok.fits(int(config.model.vocab_size)):
-    raise ValueError(f'The tokenizer of {workdir} ({tok.path}) has {tok.vocab_size} pieces but '
-                     f'config.model.vocab_size={config.model.vocab_size}: the checkpoint was '
-                     'not trained with it')
-  return tok
-
-
 # --------------------------------------------------------------------------- HF import
 
 

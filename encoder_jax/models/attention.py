@@ -1,6 +1,8 @@
-"""Attention kinds, looked up by ``config.model.attention_kind``.
+"""Dot-product attention, and what every attention kind shares (the fused / explicit
+softmax backends, key lengths for cuDNN).
 
-An attention kind is a Flax module ``cls(config, deterministic)`` called as
+Attention kinds are looked up by ``config.model.attention_kind`` in
+``models.attention_kinds`` (the registry). An attention kind is a Flax module ``cls(config, deterministic)`` called as
 ``(x_BxLxE, mask_Bx1x1xL, context) -> BxLxE``: it owns its parameters (projections,
 and anything else it needs, e.g. DeBERTa's relative-position projections) and returns
 the attention block's output before dropout and the residual. ``context`` is a dict the
@@ -9,13 +11,13 @@ embeddings or a second stream); plain dot-product attention ignores it.
 
 Encoder layers call a kind with ``nn.share_scope``, so its parameters sit directly in the
 layer's scope (``query``, ``key``, ``value``, ``attention_output`` for dot-product), the
-layout the checkpoints and the Hugging Face tables use. New kinds register here; the
-encoder layer never names one.
+layout the checkpoints and the Hugging Face tables use. A new kind is a module plus a line
+in ``attention_kinds``; the encoder layer never names one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from absl import logging
 import flax.linen as nn
@@ -23,24 +25,6 @@ import jax
 import jax.numpy as jnp
 
 from encoder_jax.models import layers
-
-REGISTRY: dict[str, type[nn.Module]] = {}
-
-
-def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-  def wrap(cls):
-    REGISTRY[name] = cls
-    return cls
-  return wrap
-
-
-def get(name: str) -> type[nn.Module]:
-  if name not in REGISTRY:
-    raise ValueError(
-        f'config.model.attention_kind={name!r} is not a known attention kind; '
-        f'valid: {sorted(REGISTRY)}')
-  return REGISTRY[name]
-
 
 # config.model.attention_implementation: None = per backend (cuDNN on a CUDA GPU in
 # bf16/fp16, XLA elsewhere), or one forced.
@@ -168,7 +152,6 @@ def dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropout_rate, 
                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
-@register('dot_product')
 class DotProductAttention(nn.Module):
   """Multi-head self-attention: q/k/v projections with a head axis, output projection."""
   config: Any  # models.config.EncoderConfig
@@ -195,8 +178,3 @@ class DotProductAttention(nn.Module):
                             implementation=c.attention_implementation)
     return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
                         name='attention_output')(a_BxLxHxD)
-
-
-# Kinds defined in their own modules register themselves on import (kept last: they import
-# this module's ``register``).
-from encoder_jax.models import disentangled_attention  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import

@@ -23,7 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from encoder_jax.models import attention as attention_lib
+from encoder_jax.models import attention_kinds
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
 
@@ -80,7 +80,7 @@ class AttentionBlock(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxE, mask_Bx1x1xL, context):
     c = self.config
-    attend = attention_lib.get(c.attention_kind)(c, self.deterministic)
+    attend = attention_kinds.get(c.attention_kind)(c, self.deterministic)
     nn.share_scope(self, attend)  # Its parameters live here: query/key/value/attention_output.
     a_BxLxE = attend(x_BxLxE, mask_Bx1x1xL, context)
     a_BxLxE = nn.Dropout(c.hidden_dropout_rate, name='attention_dropout')(
@@ -272,7 +272,8 @@ def _check(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='bert', pretraining=BertForPreTraining, encoder=BertModel, encode=encode, pooler=True,
     pair_head=True, check=_check,
-    description='BERT: post-LN Transformer, absolute positions, segments, MLM + NSP/SOP heads')
+    description='BERT: post-LN Transformer, absolute positions, segments, MLM + NSP/SOP heads',
+    import_objectives=('mlm', 'nsp'), import_pair_kind='nsp')
 
 
 def init_inputs(batch_size: int = 2, seq_len: int = 8, max_predictions: int = 2):

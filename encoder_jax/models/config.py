@@ -4,7 +4,7 @@
 :class:`EncoderConfig`; ``config.model.kind`` names a :class:`ModelKind` in
 ``models.registry``. A kind says which network to build from the config, which heads
 its pretraining network has, its FLOPs per token (for MFU), and which Hugging Face
-parameter table converts it (``interop.hf_<kind>``, looked up by ``encoder_jax.registry``).
+parameter table converts it (``interop.hf_<kind>``, looked up by ``interop.registry``).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class EncoderConfig:
 
   def __post_init__(self):
     from encoder_jax.models import attention as attention_lib  # pylint: disable=g-import-not-at-top
+    from encoder_jax.models import attention_kinds  # pylint: disable=g-import-not-at-top
     for name in ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
                  'max_position_embeddings'):
       if int(getattr(self, name)) < 1:
@@ -93,7 +94,7 @@ class EncoderConfig:
     for name in ('hidden_dropout_rate', 'attention_dropout_rate'):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'config.model.{name}={getattr(self, name)}; expected in [0, 1)')
-    attention_lib.get(self.attention_kind)  # Fails early, listing the valid kinds.
+    attention_kinds.get(self.attention_kind)  # Fails early, listing the valid kinds.
     if self.attention_implementation not in attention_lib.IMPLEMENTATIONS:
       raise ValueError(f'config.model.attention_implementation={self.attention_implementation!r}'
                        f'; expected one of {list(attention_lib.IMPLEMENTATIONS)}')
@@ -167,6 +168,10 @@ class ModelKind:
   check: Callable[[EncoderConfig], None] = lambda c: None  # Kind-specific constraints.
   flops_per_token: Callable[[EncoderConfig, int], float] = encoder_flops_per_token
   description: str = ''
+  # What a checkpoint of this kind imported from Hugging Face continues pretraining with by
+  # default: config.objective.names and config.data.pair_kind.
+  import_objectives: tuple[str, ...] = ('mlm',)
+  import_pair_kind: str = 'full_sentences'
 
   def init_inputs(self, batch_size: int = 2, seq_len: int = 8, max_predictions: int = 2):
     """Dummy inputs of the right shapes and dtypes, for init and ``jax.eval_shape``."""

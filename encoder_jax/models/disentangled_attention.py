@@ -137,7 +137,6 @@ class FusedQKV(nn.Module):
     return proj(q_BxLxE, 0), proj(kv_BxSxE, 1), proj(kv_BxSxE, 2)
 
 
-@attention_lib.register('disentangled')
 class DisentangledAttention(nn.Module):
   """c2c + c2p + p2c multi-head attention over relative positions (see the module doc)."""
   config: Any  # models.config.EncoderConfig

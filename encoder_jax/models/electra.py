@@ -111,7 +111,8 @@ def _check(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=bert.encode,
     pooler=False, pair_head=False, mlm_head=False, check=_check,
-    description='ELECTRA discriminator: factorized embedding, replaced-token-detection head')
+    description='ELECTRA discriminator: factorized embedding, replaced-token-detection head',
+    import_objectives=('electra',))
 
 GENERATOR_KIND = config_lib.ModelKind(
     name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=bert.encode,

@@ -2,7 +2,7 @@
 
 Everything outside ``models/`` builds networks through :func:`network` (or :func:`get`),
 never by importing a concrete model module, so a new kind is a file plus a line here
-(plus its Hugging Face table in ``encoder_jax.registry``).
+(plus its Hugging Face table in ``interop.registry``).
 """
 
 from __future__ import annotations

@@ -398,4 +398,5 @@ def _check(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='xlnet', pretraining=XLNetLMHeadModel, encoder=XLNetModel, encode=encode,
     pooler=False, pair_head=False, check=_check, flops_per_token=flops_per_token,
-    description='XLNet: two-stream relative attention (Transformer-XL), permutation LM head')
+    description='XLNet: two-stream relative attention (Transformer-XL), permutation LM head',
+    import_objectives=('plm',), import_pair_kind='xlnet')

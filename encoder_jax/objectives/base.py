@@ -51,6 +51,9 @@ class Pretraining:
   # Metrics that are means over a per-batch count, e.g. {'mlm_loss': 'mlm_predictions'}:
   # averaging over batches weights each batch by that count (a per-token mean).
   metric_weights: dict[str, str] = {}
+  # The metrics this setup shows on the console's progress line, as (metric key, short
+  # name, format), after the loss; the rest goes to metrics.jsonl / TensorBoard.
+  console_metrics: tuple[tuple[str, str, str], ...] = ()
 
   def __init__(self, dropout_rng_impl: str = 'threefry'):
     if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
@@ -92,13 +95,18 @@ class Pretraining:
     """The network (and params) whose MLM head fill-mask uses (ELECTRA: the generator)."""
     return self.downstream(params)
 
-  def from_downstream(self, params, rng: jax.Array, hf_dir: str | None = None
-                      ) -> tuple[Any, list[str]]:
+  # Subdirectories of an exported Hugging Face directory that hold more of this setup's
+  # networks (``hf_exports``' keys besides ''); an import reads them back (``exported``).
+  hf_export_dirs: tuple[str, ...] = ()
+
+  def from_downstream(self, params, rng: jax.Array, exported: dict | None = None,
+                      where: str = '') -> tuple[Any, list[str]]:
     """The whole (unboxed) params tree around imported downstream params (a Hugging Face
     import), and the names of the parts freshly initialised from ``rng`` because a
     checkpoint of the downstream network cannot hold them (an objective's own head,
-    ELECTRA's generator). ``hf_dir``: the imported directory, for parts exported beside it."""
-    del rng, hf_dir
+    ELECTRA's generator). ``exported``: subdirectory -> (EncoderConfig, params) of what the
+    import found in ``hf_export_dirs`` beside it (``where``: the directory, for messages)."""
+    del rng, exported, where
     return params, []
 
   def hf_exports(self, params) -> dict[str, tuple[models.Network, Any]]:
@@ -127,6 +135,7 @@ class Objective:
   # data.pair_kind values whose batches this objective can learn from (None = any).
   pair_kinds: tuple[str, ...] | None = None
   metric_weights: dict[str, str] = {}
+  console_metrics: tuple[tuple[str, str, str], ...] = ()  # As Pretraining.console_metrics.
   # Top-level key of this objective's own parameters in the params tree (None: it has
   # none). Composite initialises them with ``init_head`` and then calls
   # ``loss(outputs, batch, params)`` with the whole tree (the head under ``head_key``, the
@@ -187,7 +196,7 @@ class Composite(Pretraining):
       params[o.head_key] = o.init_head(jax.random.fold_in(rng, i + 1), self.network)
     return params
 
-  def from_downstream(self, params, rng, hf_dir=None):
+  def from_downstream(self, params, rng, exported=None, where=''):
     if not self.head_keys:
       return params, []
     heads = [o for o in self.objectives if o.head_key]
@@ -237,6 +246,10 @@ class Composite(Pretraining):
   @property
   def metric_weights(self) -> dict[str, str]:  # pylint: disable=invalid-overridden-method
     return {k: v for o in self.objectives for k, v in o.metric_weights.items()}
+
+  @property
+  def console_metrics(self):  # pylint: disable=invalid-overridden-method
+    return tuple(m for o in self.objectives for m in o.console_metrics)
 
   def summarize(self, metrics):
     return {k: v for o in self.objectives for k, v in o.summarize(metrics).items()}

@@ -62,6 +62,8 @@ def replace_tokens(ids_BxL, positions_BxP, weights_BxP, sampled_BxP):
 
 class Electra(base.Pretraining):
   name = 'electra'
+  console_metrics = (('generator_mlm_accuracy', 'gen_acc', '{:.1%}'),
+                     ('rtd_accuracy', 'rtd_acc', '{:.1%}'))
   metric_weights = {
       'generator_mlm_loss': 'mlm_predictions', 'generator_mlm_accuracy': 'mlm_predictions',
       'rtd_loss': 'rtd_tokens', 'rtd_accuracy': 'rtd_tokens',
@@ -113,16 +115,17 @@ class Electra(base.Pretraining):
       generator['embeddings'] = own
     return generator
 
-  def from_downstream(self, params, rng, hf_dir=None):
+  hf_export_dirs = (GENERATOR_EXPORT_DIR,)
+
+  def from_downstream(self, params, rng, exported=None, where=''):
     """Imported discriminator params + the generator: the one ``workdir_to_hf`` wrote to
-    ``<hf_dir>/generator`` when it is there and has this config's generator shapes, else a
-    fresh one (reported as initialised)."""
-    from encoder_jax.interop import hf  # pylint: disable=g-import-not-at-top
+    ``<where>/generator`` when the import found it there with this config's generator
+    shapes, else a fresh one (reported as initialised)."""
     _, k_gen = jax.random.split(rng)
     fresh = jax.tree.map(np.asarray, nn.unbox(jax.jit(self.generator.init)(k_gen)))
-    path = os.path.join(hf_dir, GENERATOR_EXPORT_DIR) if hf_dir else None
-    if path and os.path.exists(os.path.join(path, 'config.json')):
-      config, imported, _ = hf.load_hf(path)
+    path = os.path.join(where, GENERATOR_EXPORT_DIR)
+    if (exported or {}).get(GENERATOR_EXPORT_DIR) is not None:
+      config, imported = exported[GENERATOR_EXPORT_DIR]
       shapes = lambda tree: jax.tree.map(np.shape, tree)
       if config.kind == self.generator.kind.name and shapes(imported) == shapes(fresh):
         same = lambda k: all(np.array_equal(a, b) for a, b in zip(

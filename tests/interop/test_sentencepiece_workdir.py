@@ -19,7 +19,9 @@ from encoder_jax import evaluate
 from encoder_jax import fill_mask
 from encoder_jax import train
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
+from encoder_jax.interop import hf_import
+from encoder_jax import inference
 from encoder_jax.models import bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,7 +51,7 @@ def run(tmp_path_factory):
 
 
 def _ours(workdir):
-  return checkpoint_io.load_workdir(workdir)
+  return loading.load_workdir(workdir)
 
 
 def _ids(tok, text):
@@ -68,7 +70,7 @@ def test_tools_read_the_pinned_tokenizer_without_the_prepared_data(run, tmp_path
     assert loaded.tokenizer.kind == 'sentencepiece'
     assert loaded.tokenizer.sha256() == pinned['sha256']
     assert not os.path.exists(prepared)  # Nothing was prepared.
-    got = fill_mask.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer,
+    got = inference.fill_mask(loaded.params, loaded.model_config, loaded.tokenizer,
                               'The [MASK] is here.', top_k=2)
     assert len(got) == 1 and len(got[0]) == 2
   finally:
@@ -79,7 +81,7 @@ def test_evaluate_matches_the_training_time_eval(run):
   workdir, config, _ = run
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     logged = [r for r in map(json.loads, f) if r.get('split') == 'eval' and r['step'] == 2][-1]
-  got = evaluate.evaluate_checkpoint(checkpoint_io.read_run_config(workdir), workdir)
+  got = evaluate.evaluate_checkpoint(loading.read_run_config(workdir), workdir)
   assert got['step'] == 2 and got['batches'] == 2 and got['batch_size'] == 8
   for k in ('mlm_loss', 'mlm_accuracy', 'mlm_predictions', 'pair_loss'):
     assert np.isclose(got[k], logged[k], rtol=1e-6), (k, got[k], logged[k])
@@ -130,17 +132,17 @@ def test_hf_export_tokenizes_and_computes_as_we_do(run, tmp_path):
   np.testing.assert_allclose(mine['pair_logits'], theirs.seq_relationship_logits, atol=1e-4)
 
   # --hf_dir loading reads the SentencePiece model.
-  loaded = checkpoint_io.load_hf_dir(out)
+  loaded = hf_import.load_hf_dir(out)
   assert loaded.tokenizer.kind == 'sentencepiece'
   assert loaded.tokenizer.encode(SENTENCES[2]) == tok.encode(SENTENCES[2])
 
   # And back: the same params and the same tokenizer, pinned.
   back = str(tmp_path / 'back')
   convert.hf_to_workdir(out, back)
-  config = checkpoint_io.read_run_config(back)
+  config = loading.read_run_config(back)
   assert config.tokenizer.kind == 'sentencepiece'
   assert workdir_lib.has_pinned_tokenizer(back)
-  again = checkpoint_io.load_workdir(back)
+  again = loading.load_workdir(back)
   assert again.tokenizer.sha256() == tok.sha256()
   for text in SENTENCES:
     assert _ids(again.tokenizer, text) == _ids(tok, text)
@@ -155,9 +157,9 @@ def test_workdir_without_a_pinned_tokenizer(run, tmp_path):
   shutil.copytree(workdir, old)
   shutil.rmtree(os.path.join(old, 'tokenizer'))  # As written before pinning existed.
   with pytest.raises(FileNotFoundError, match=r'no pinned tokenizer.*convert pin_tokenizer'):
-    checkpoint_io.load_workdir(old)
+    loading.load_workdir(old)
   with pytest.raises(FileNotFoundError, match='no pinned tokenizer'):
-    evaluate.evaluate_checkpoint(checkpoint_io.read_run_config(old), old)
+    evaluate.evaluate_checkpoint(loading.read_run_config(old), old)
   message = convert.pin_tokenizer(old, os.path.join(prepared, 'tokenizer.model'))
   assert 'Pinned' in message
-  assert checkpoint_io.load_workdir(old).tokenizer.sha256() == _ours(workdir).tokenizer.sha256()
+  assert loading.load_workdir(old).tokenizer.sha256() == _ours(workdir).tokenizer.sha256()

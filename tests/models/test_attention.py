@@ -17,6 +17,7 @@ import pytest
 from encoder_jax import config_base
 from encoder_jax import validation
 from encoder_jax.models import attention
+from encoder_jax.models import attention_kinds
 from encoder_jax.models import config as config_lib
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=40,
@@ -67,12 +68,12 @@ def test_resolution_per_backend_and_dtype(monkeypatch):
 
 
 def _apply(cfg, deterministic=True):
-  module = attention.get('dot_product')(cfg, deterministic)
+  module = attention_kinds.get('dot_product')(cfg, deterministic)
   x = jax.random.normal(jax.random.key(1), (len(LENGTHS), 16, cfg.hidden_size))
   mask = _right_padded_mask()
   rngs = dict(params=jax.random.key(2), dropout=jax.random.key(3))
   params = module.init(rngs, x, mask)
-  return lambda c: attention.get('dot_product')(c, deterministic).apply(params, x, mask,
+  return lambda c: attention_kinds.get('dot_product')(c, deterministic).apply(params, x, mask,
                                                                        rngs=rngs)
 
 

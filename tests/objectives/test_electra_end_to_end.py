@@ -19,7 +19,8 @@ from encoder_jax import metrics as metrics_lib
 from encoder_jax import train
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
+from encoder_jax.interop import hf_import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATOL = 1e-5
@@ -78,7 +79,7 @@ def test_electra_small_trains_evaluates_exports_and_finetunes(tmp_path):
     assert json.load(f)['architectures'] == ['ElectraForPreTraining']
   with open(os.path.join(out, 'generator', 'config.json')) as f:
     assert json.load(f)['architectures'] == ['ElectraForMaskedLM']
-  loaded = checkpoint_io.load_workdir(workdir)
+  loaded = loading.load_workdir(workdir)
   ids, mask = _rows(loaded.tokenizer, ['The cat sat on the mat.', 'Python is a language.'])
   ours = loaded.network.pretraining.apply({'params': loaded.encoder_params}, ids,
                                           np.zeros_like(ids), mask)
@@ -98,7 +99,7 @@ def test_electra_small_trains_evaluates_exports_and_finetunes(tmp_path):
   assert len(predictions) == 3 and all(0 <= p <= 1 for _, p in predictions)
   assert loaded.embed(['a cat.', 'a dog.']).shape == (2, c.model.hidden_size)
   # The export loads back whole: the generator comes from OUT/generator.
-  again = checkpoint_io.load_hf_dir(out)
+  again = hf_import.load_hf_dir(out)
   assert again.kind == 'electra' and again.report.initialised_groups == []
   np.testing.assert_allclose(again.mlm_logits(ids, mask), loaded.mlm_logits(ids, mask),
                              atol=ATOL)

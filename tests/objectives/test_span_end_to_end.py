@@ -15,7 +15,7 @@ from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import metrics as metrics_lib
 from encoder_jax import train
-from encoder_jax.interop import checkpoint_io
+from encoder_jax import loading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -56,7 +56,7 @@ def test_spanbert_trains_evaluates_and_exports(tmp_path):
   convert.workdir_to_hf(workdir, out)
   model, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
   assert not info['missing_keys'] and not info['unexpected_keys'], info
-  loaded = checkpoint_io.load_workdir(workdir)
+  loaded = loading.load_workdir(workdir)
   assert 'sbo_head' in loaded.params and 'sbo_head' not in loaded.encoder_params
   tok = loaded.tokenizer
   ids = np.array([[tok.cls_id, *tok.encode('The cat sat on the mat.'), tok.sep_id]], np.int32)
