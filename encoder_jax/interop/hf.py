@@ -18,7 +18,6 @@ Params here are the *unboxed* ``'params'`` collection of the kind's pretraining 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any, Mapping

@@ -40,11 +40,6 @@ import os
 import shutil
 import tempfile
 
-import ml_collections
-from absl import logging
-
-from encoder_jax import workdir as workdir_lib
-
 VOCAB_TXT = 'vocab.txt'
 SENTENCEPIECE_MODEL = 'tokenizer.model'
 TOKENIZER_JSON = 'tokenizer.json'

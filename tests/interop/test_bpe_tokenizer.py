@@ -11,12 +11,12 @@ import tokenizers
 import transformers
 
 from encoder_jax import config_base
+from encoder_jax import loading
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_training
 from encoder_jax.interop import tokenizer as tokenizer_io
-from encoder_jax import loading
 
 VOCAB = 600
 TEXTS = [

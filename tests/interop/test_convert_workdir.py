@@ -12,11 +12,11 @@ import torch
 import transformers
 
 from encoder_jax import checkpointing
-from encoder_jax import convert
-from encoder_jax import workdir as workdir_lib
-from encoder_jax import loading
-from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax import config_base
+from encoder_jax import convert
+from encoder_jax import loading
+from encoder_jax import workdir as workdir_lib
+from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import bert
 
 import hf_fixtures

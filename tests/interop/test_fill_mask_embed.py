@@ -15,11 +15,10 @@ import torch
 import transformers
 
 from encoder_jax import convert
-from encoder_jax import embed
 from encoder_jax import fill_mask
+from encoder_jax import inference
 from encoder_jax import loading
 from encoder_jax.interop import hf_import
-from encoder_jax import inference
 
 import hf_fixtures
 

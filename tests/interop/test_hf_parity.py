@@ -19,8 +19,8 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
-from encoder_jax.interop import registry
 from encoder_jax.interop import hf
+from encoder_jax.interop import registry
 
 import hf_fixtures
 

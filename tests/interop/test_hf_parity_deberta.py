@@ -22,8 +22,8 @@ import pytest
 import torch
 import transformers
 
-from encoder_jax.interop import registry
 from encoder_jax.interop import hf
+from encoder_jax.interop import registry
 
 import hf_fixtures
 

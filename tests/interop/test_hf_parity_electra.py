@@ -19,8 +19,8 @@ import pytest
 import torch
 import transformers
 
-from encoder_jax.interop import registry
 from encoder_jax.interop import hf
+from encoder_jax.interop import registry
 
 import hf_fixtures
 

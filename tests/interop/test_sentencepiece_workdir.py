@@ -16,12 +16,11 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import evaluate
-from encoder_jax import fill_mask
+from encoder_jax import inference
+from encoder_jax import loading
 from encoder_jax import train
 from encoder_jax import workdir as workdir_lib
-from encoder_jax import loading
 from encoder_jax.interop import hf_import
-from encoder_jax import inference
 from encoder_jax.models import bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

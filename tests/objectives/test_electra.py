@@ -182,13 +182,18 @@ def test_hf_import_gets_a_generator(tmp_path):
   assert jax.tree.map(np.shape, tree) == jax.tree.map(np.shape, params)
   gen_network, gen_params = setup.masked_lm(params)
   hf.save_hf(str(tmp_path / 'generator'), gen_network.config, gen_params)
-  tree, fresh = setup.from_downstream(params['discriminator'], jax.random.key(1), str(tmp_path))
+  assert setup.hf_export_dirs == ('generator',)  # What the import reads beside the model.
+  config, exported_params, _ = hf.load_hf(str(tmp_path / 'generator'))
+  exported = {'generator': (config, exported_params)}
+  tree, fresh = setup.from_downstream(params['discriminator'], jax.random.key(1), exported,
+                                      str(tmp_path))
   assert fresh == []
   jax.tree.map(np.testing.assert_array_equal, tree, params)
   other = objectives.build(_config(), _tables())
   other.generator = models.network(electra_models.generator_config(
       other.discriminator.config, 0.5))
-  tree, fresh = other.from_downstream(params['discriminator'], jax.random.key(0), str(tmp_path))
+  tree, fresh = other.from_downstream(params['discriminator'], jax.random.key(0), exported,
+                                      str(tmp_path))
   assert fresh == ['generator']  # Shapes differ from the export: not taken.
 
 

@@ -15,11 +15,11 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import evaluate
+from encoder_jax import loading
 from encoder_jax import metrics as metrics_lib
 from encoder_jax import train
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune
-from encoder_jax import loading
 from encoder_jax.interop import hf_import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,9 +13,9 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import evaluate
+from encoder_jax import loading
 from encoder_jax import metrics as metrics_lib
 from encoder_jax import train
-from encoder_jax import loading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
