@@ -21,10 +21,11 @@ import pytest
 import torch
 import transformers
 
+import encoder_jax
 from encoder_jax import convert
 from encoder_jax import loading
-from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
+from encoder_jax.models import registry as models
 
 import hf_fixtures
 import hf_tokenizer_dirs as dirs
@@ -163,8 +164,9 @@ def loaded_dirs():
 
 
 def _loaded(kind, root, cache):
+  """``encoder_jax.load`` of the kind's directory (once per test process)."""
   if kind not in cache:
-    cache[kind] = hf_import.load_hf_dir(built(kind, root)[0])
+    cache[kind] = encoder_jax.load(built(kind, root)[0])
   return cache[kind]
 
 
@@ -172,6 +174,8 @@ def _loaded(kind, root, cache):
 def test_embeddings_and_fill_mask_equal_transformers(kind, root, loaded_dirs):
   _, auto, model = built(kind, root)
   loaded = _loaded(kind, root, loaded_dirs)
+  entry = models.get(loaded.kind)  # The kind's import defaults: XLNet continues with PLM.
+  assert tuple(loaded.config.objective.names) == entry.import_objectives
   ours = loaded.embed(list(dirs.TEXTS), pooling='mean', normalize=False)
   theirs = _hf_mean_pooled(model, auto, dirs.TEXTS)
   np.testing.assert_allclose(ours, theirs, atol=1e-4)

@@ -350,15 +350,15 @@ def test_short_run_loss_falls_then_loads_and_exports(tmp_path):
                  type_vocab_size=0, layer_norm_eps=1e-7)
   c.objective.update(names=('mlm',), whole_word_masking=True)
   c.data.update(pair_kind='full_sentences', prepared_dir=str(tmp_path / 'prepared'))
-  c.train.update(num_steps=60, seq_lens=(32,), max_predictions=(5,), phase_fractions=(1.0,),
-                 log_every_steps=10, eval_every_steps=0)
+  c.train.update(num_steps=30, seq_lens=(32,), max_predictions=(5,), phase_fractions=(1.0,),
+                 log_every_steps=5, eval_every_steps=0)
   c.optim.update(learning_rate=3e-3, warmup_steps=5)
-  c.checkpoint.update(every_steps=60, async_save=False)
+  c.checkpoint.update(every_steps=30, async_save=False)
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(c, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r and r.get('split') == 'train']
-  assert len(losses) == 6 and losses[-1] < losses[0] - 0.5, losses
+  assert len(losses) == 6 and np.mean(losses[-2:]) < losses[0] - 0.5, losses
   model = encoder_jax.load(workdir)
   x = model.encode(['The cat sat on the mat.', 'A second, longer sentence here.'])
   ids, mask = x['input_ids'], x['input_mask']

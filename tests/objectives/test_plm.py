@@ -301,17 +301,17 @@ def test_short_run_loss_falls(tmp_path):
   c.objective.update(names=('plm',), max_ngram=5, partial_prediction_k=6,
                      bidirectional_data=True)
   c.data.update(pair_kind='xlnet', prepared_dir=str(tmp_path / 'prepared'))
-  c.train.update(num_steps=60, seq_lens=(32,), max_predictions=(6,), phase_fractions=(1.0,),
-                 log_every_steps=10, eval_every_steps=0, grad_accum_steps=2)
+  c.train.update(num_steps=30, seq_lens=(32,), max_predictions=(6,), phase_fractions=(1.0,),
+                 log_every_steps=5, eval_every_steps=0, grad_accum_steps=2)
   c.optim.update(learning_rate=3e-3, warmup_steps=5)
-  c.checkpoint.update(every_steps=60, async_save=False)
+  c.checkpoint.update(every_steps=30, async_save=False)
   c.mesh.update(data=2, fsdp=2, tensor=2)  # Micro-batches of 4 rows over data x fsdp = 4.
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(c, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r]
   assert len(losses) == 6
-  assert losses[-1] < losses[0] - 0.5, losses
+  assert np.mean(losses[-2:]) < losses[0] - 0.5, losses
   # The rows it trained on were XLNet's layout: ... [SEP] [CLS], [CLS] in segment 2.
   prepared = data_lib.load_or_prepare(c)
   batch = next(iter(data_lib.make_eval_iterator(c, prepared, 32)))
