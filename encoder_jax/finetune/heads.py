@@ -18,7 +18,7 @@ from encoder_jax.models import layers
 from encoder_jax.models import registry as models
 
 TASKS = ('sequence_classification', 'token_classification')
-PRETRAINED_PARTS = ('embeddings', 'encoder', 'pooler')  # Taken from the pretrained params.
+HEAD_PARTS = ('classifier',)  # Always fresh; every other part comes from the pretrained params.
 
 
 class Classifier(nn.Module):

@@ -39,22 +39,28 @@ def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
   return loading.load_workdir(i.workdir, step=None if i.step < 0 else int(i.step))
 
 
-def init_params(model: nn.Module, pretrained, max_len: int, seed: int):
-  """The model's params: the pretrained encoder (and pooler) plus a freshly initialised head."""
+def init_params(model: nn.Module, pretrained, max_len: int, seed: int
+                ) -> tuple[dict, dict[str, list[str]]]:
+  """(params, what came from where): every top-level part of the model that the pretrained
+  params have (same shapes) is taken from them, the task head (``heads.HEAD_PARTS``) and any
+  part they lack (e.g. the pooler of a kind pretrained without one) is freshly initialised.
+  The second value lists the parts 'taken', 'fresh' and pretrained ones 'unused'."""
   ids = jnp.zeros((1, max_len), jnp.int32)
   fresh = nn.unbox(jax.jit(lambda r: model.init(r, ids, ids, ids))(jax.random.PRNGKey(seed)))
   params = dict(fresh['params'])
   pretrained = loading.to_host(pretrained)
-  for part in heads.PRETRAINED_PARTS:
-    if part in params and part not in pretrained:
-      logging.info('The pretrained model has no %r: it starts freshly initialised.', part)
-    elif part in params:
-      want = jax.tree.map(np.shape, params[part])
-      got = jax.tree.map(np.shape, pretrained[part])
-      if want != got:
-        raise ValueError(f'The pretrained {part!r} params do not fit the model: {got} vs {want}')
-      params[part] = pretrained[part]
-  return params
+  report = {'taken': [], 'fresh': [], 'unused': sorted(set(pretrained) - set(params))}
+  for part in sorted(params):
+    if part in heads.HEAD_PARTS or part not in pretrained:
+      report['fresh'].append(part)
+      continue
+    want = jax.tree.map(np.shape, params[part])
+    got = jax.tree.map(np.shape, pretrained[part])
+    if want != got:
+      raise ValueError(f'The pretrained {part!r} params do not fit the model: {got} vs {want}')
+    params[part] = pretrained[part]
+    report['taken'].append(part)
+  return params, report
 
 
 def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
@@ -107,7 +113,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
         print(f'Warning: {cut.summary(split)}', flush=True)
 
   model = heads.make(config.task, pretrained.model_config, len(names), config.dropout_rate)
-  params = init_params(model, pretrained.encoder_params, max_len, config.seed)
+  params, parts = init_params(model, pretrained.encoder_params, max_len, config.seed)
+  print(f'Fine-tuning {config.task} from {pretrained.source}: taken from the checkpoint: '
+        f'{", ".join(parts["taken"]) or "nothing"}; freshly initialised: '
+        f'{", ".join(parts["fresh"])}'
+        + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.',
+        flush=True)
   steps_per_epoch = math.ceil(len(train_ex) / o.batch_size)
   total = steps_per_epoch * int(o.epochs)
   tx = make_optimizer(o, total)

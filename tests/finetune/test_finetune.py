@@ -170,7 +170,7 @@ def test_optimizer_is_pretrainings_schedule_and_decay_mask():
 
 
 @pytest.mark.slow  # ~25 s on a loaded 2-core CPU: an import into a workdir, then a compile.
-def test_from_a_pretraining_workdir(tmp_path):
+def test_from_a_pretraining_workdir(tmp_path, capsys):
   _, workdir, _ = hf_fixtures.make_workdir(str(tmp_path), hidden_size=16, num_layers=1,
                                            num_heads=2, intermediate_size=20, max_positions=40)
   path = tmp_path / 'sst.tsv'
@@ -181,6 +181,29 @@ def test_from_a_pretraining_workdir(tmp_path):
   config.optim.epochs = 1
   result = train.finetune(config)
   assert result['step'] == 2 and result['labels'] == ['0', '1']
+  # The header names what came from the checkpoint and what starts fresh.
+  header = next(l for l in capsys.readouterr().out.splitlines() if 'taken from' in l)
+  assert ('taken from the checkpoint: embeddings, encoder, pooler; freshly initialised: '
+          'classifier; not used: ') in header, header
+
+
+def test_every_part_the_checkpoint_has_is_taken_and_the_rest_named():
+  """A RoBERTa-like trunk without a pooler: the pooler is named as fresh, never silently."""
+  from encoder_jax.finetune import heads  # pylint: disable=g-import-not-at-top
+  from encoder_jax.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.EncoderConfig(kind='roberta', vocab_size=40, hidden_size=8, num_layers=1,
+                                    num_heads=2, intermediate_size=12,
+                                    max_position_embeddings=20, position_offset=2,
+                                    type_vocab_size=1, layer_norm_eps=1e-5)
+  model = heads.make('sequence_classification', config, 2, 0.0)
+  full, _ = train.init_params(model, {}, 8, 0)
+  pretrained = {k: v for k, v in full.items() if k != 'pooler'}
+  pretrained['mlm_head'] = {'bias': np.zeros(40, np.float32)}
+  params, parts = train.init_params(model, pretrained, 8, 1)
+  assert parts == {'taken': ['embeddings', 'encoder'], 'fresh': ['classifier', 'pooler'],
+                   'unused': ['mlm_head']}
+  for part in ('embeddings', 'encoder'):  # The very arrays of the checkpoint.
+    jax.tree.map(np.testing.assert_array_equal, params[part], pretrained[part])
 
 
 @pytest.mark.slow  # ~30 s: importing tensorflow and building the dataset dominate.
