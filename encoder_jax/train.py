@@ -10,6 +10,7 @@ params, optimizer state and data-iterator state are saved together.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from typing import Any
@@ -219,8 +220,46 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return _train_and_evaluate(config, workdir, preempted)
 
 
+@dataclasses.dataclass
+class _Run:
+  """What one training session works with, built once by :func:`_setup`."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  mesh: jax.sharding.Mesh
+  phases: tuple[schedule.Phase, ...]
+  prepared: Any  # data.Prepared
+  tx: optax.GradientTransformation
+  objective: Any  # objectives.base.Pretraining
+  schedule_fn: Any
+  shards: Any  # TrainState of shardings
+  console: console_lib.Console
+  ckpt: checkpointing.Checkpointer
+  iterator: Any  # data iterator with get/set_state
+  lead: bool  # Process 0: prints and writes the workdir.
+  table: str  # The parameter table (parameters.txt).
+  n_params: int
+
+
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         preempted: '_Preempted') -> dict[str, float]:
+  run = _setup(config, workdir)
+  restored = _restore(run)
+  _header(run, restored)
+  state = _state(run, restored)
+  writer = metrics_lib.MetricWriter(workdir, enabled=run.lead,
+                                    resume_step=0 if restored is None else restored[3])
+  flusher = _MetricsFlusher(run, writer)
+  try:
+    step = _loop(run, state, preempted, writer, flusher)
+  finally:
+    run.ckpt.close()
+    writer.close()
+  _summary(run, step, flusher)
+  return flusher.last
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
+  """Checks and builds everything; refuses (raises) before the workdir is written."""
   mesh = sharding.make_mesh(config.mesh)
   phases = validate(config, mesh)
   for change in workdir_lib.check_resume_config(workdir, config):
@@ -231,55 +270,138 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
   boxed, shards = state_shardings(config, mesh, objective, tx)
   lead = jax.process_index() == 0
-  out = console_lib.Console(enabled=lead, shown=objective.console_metrics)
   if lead:
     workdir_lib.check_pinned_tokenizer(workdir, prepared.tokenizer)  # May refuse: nothing written.
   table = sharding.describe(boxed.params, mesh)
   logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape), table)
-  n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
+  return _Run(config=config, workdir=workdir, mesh=mesh, phases=phases, prepared=prepared,
+              tx=tx, objective=objective, schedule_fn=schedule_fn, shards=shards,
+              console=console_lib.Console(enabled=lead, shown=objective.console_metrics),
+              ckpt=checkpointing.Checkpointer(workdir, config.checkpoint),
+              iterator=data_lib.make_train_iterator(config, prepared, jax.process_index(),
+                                                    jax.process_count()),
+              lead=lead, table=table,
+              n_params=sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params))))
 
-  ckpt = checkpointing.Checkpointer(workdir, config.checkpoint)
-  iterator = data_lib.make_train_iterator(config, prepared, jax.process_index(),
-                                          jax.process_count())
-  restored = ckpt.restore(abstract_state(config, mesh, objective))
+
+def _restore(run: _Run):
+  """The newest restorable checkpoint (params, opt_state, data_state, step), or None; its
+  data state is applied to the iterator. Then, every refusal behind us, the workdir is
+  written: pinned tokenizer, config, parameter table."""
+  restored = run.ckpt.restore(abstract_state(run.config, run.mesh, run.objective))
   if restored is not None and restored[2]:
     try:  # The data state must fit this config too, before anything is written.
-      iterator.set_state(restored[2])
+      run.iterator.set_state(restored[2])
     except ValueError as e:
       raise checkpointing.CheckpointError(
-          f'checkpoint step {restored[3]} in {checkpointing.checkpoint_dir(workdir)}: its '
+          f'checkpoint step {restored[3]} in {checkpointing.checkpoint_dir(run.workdir)}: its '
           f'data-iterator state ({restored[3]}/data) does not fit this config: {e}') from e
-  if lead:  # Every refusal is behind us: now the workdir may be written.
-    workdir_lib.pin_tokenizer(workdir, prepared.tokenizer, prepared.unigram_counts)
-    workdir_lib.write_config(workdir, config)
-    workdir_lib.path(workdir, PARAMETERS_TXT).write_text(table + '\n')
+  if run.lead:
+    workdir_lib.pin_tokenizer(run.workdir, run.prepared.tokenizer, run.prepared.unigram_counts)
+    workdir_lib.write_config(run.workdir, run.config)
+    workdir_lib.path(run.workdir, PARAMETERS_TXT).write_text(run.table + '\n')
+  return restored
+
+
+def _header(run: _Run, restored) -> None:
+  """The console's header: what runs, on what, with which data, from where."""
+  config, out, prepared = run.config, run.console, run.prepared
   m_cfg, train_split = config.model, prepared.manifest['splits']['train']
   out.say(f'encoder_jax: pretraining {m_cfg.kind} ({m_cfg.num_layers} x {m_cfg.hidden_size}, '
-          f'{n_params:,} parameters; table in {workdir_lib.path(workdir, PARAMETERS_TXT)}) '
-          f'with {" + ".join(config.objective.names)} in {workdir}')
-  out.say(f'  mesh {dict(mesh.shape)} over {jax.device_count()} x {jax.devices()[0].device_kind}'
-          f'; batch {config.train.batch_size}; phases '
-          + ', '.join(f'{p.end_step - p.start_step} steps at {p.seq_len}' for p in phases))
+          f'{run.n_params:,} parameters; table in '
+          f'{workdir_lib.path(run.workdir, PARAMETERS_TXT)}) '
+          f'with {" + ".join(config.objective.names)} in {run.workdir}')
+  out.say(f'  mesh {dict(run.mesh.shape)} over {jax.device_count()} x '
+          f'{jax.devices()[0].device_kind}; batch {config.train.batch_size}; phases '
+          + ', '.join(f'{p.end_step - p.start_step} steps at {p.seq_len}' for p in run.phases))
   out.say(f'  data {prepared.directory}: {train_split["documents"]:,} documents, '
           f'{train_split["tokens"]:,} tokens; {prepared.tokenizer.kind} tokenizer, '
           f'{prepared.tokenizer.vocab_size:,} pieces')
-  for step_aside, reason, where in getattr(ckpt, 'set_aside', []):
+  for step_aside, reason, where in getattr(run.ckpt, 'set_aside', []):
     out.say(f'  checkpoint step {step_aside} is damaged ({reason}); set aside in {where}')
-  if restored is None:
-    state = create_train_state(config, mesh, setup=objective, tx=tx)
-    out.say('  starting from scratch')
-  else:
-    params, opt_state, data_state, step = restored
-    extra = ckpt.restored_extra  # None: the setup carries none, or the checkpoint has none.
-    if extra is None:
-      extra = train_state.initial_extra(config, mesh, objective, shards)
-    state = TrainState(step=jax.device_put(jnp.int32(step), shards.step), params=params,
-                       opt_state=opt_state, extra=extra)
-    out.say(f'  resuming from checkpoint step {step}')
+  out.say('  starting from scratch' if restored is None else
+          f'  resuming from checkpoint step {restored[3]}')
 
-  writer = metrics_lib.MetricWriter(workdir, enabled=lead,
-                                    resume_step=0 if restored is None else restored[3])
-  peak = metrics_lib.peak_tflops_per_device(config.train.peak_tflops_per_device)
+
+def _state(run: _Run, restored) -> TrainState:
+  """A fresh sharded state, or the restored one (with the setup's extra state)."""
+  if restored is None:
+    return create_train_state(run.config, run.mesh, setup=run.objective, tx=run.tx)
+  params, opt_state, _, step = restored
+  extra = run.ckpt.restored_extra  # None: the setup carries none, or the checkpoint has none.
+  if extra is None:
+    extra = train_state.initial_extra(run.config, run.mesh, run.objective, run.shards)
+  return TrainState(step=jax.device_put(jnp.int32(step), run.shards.step), params=params,
+                    opt_state=opt_state, extra=extra)
+
+
+class _MetricsFlusher:
+  """Pending step metrics -> host: checked for non-finite values (the policy), averaged,
+  timed (tokens/s, MFU), written and printed at each log step."""
+
+  def __init__(self, run: _Run, writer):
+    self.run, self.writer = run, writer
+    self.peak = metrics_lib.peak_tflops_per_device(run.config.train.peak_tflops_per_device)
+    self.pending: list[dict] = []
+    self.last: dict[str, float] = {}
+    self.timer_start, self.timer_steps = None, 0
+    self.skipped = self.run_steps = 0  # Non-finite updates dropped (policy 'skip'), steps run.
+
+  def add(self, metrics, state) -> None:
+    """One step's (device) metrics; the first step after a (re)start starts the timer."""
+    self.pending.append(metrics)
+    if self.timer_start is None:
+      jax.block_until_ready(state.step)
+      self.timer_start, self.timer_steps = time.perf_counter(), 0
+    else:
+      self.timer_steps += 1
+
+  def restart_timer(self) -> None:
+    """After a compile, an evaluation or a save: time from the next step on."""
+    self.timer_start = None
+
+  def flush(self, step: int, phase, state) -> None:
+    if not self.pending:
+      return
+    run, t = self.run, self.run.config.train
+    host = jax.device_get(self.pending)
+    # host[i] holds the metrics of the update that produced step (step - len(host) + i + 1),
+    # the step number it is logged under.
+    bad = [step - len(host) + i + 1 for i, m in enumerate(host) if m['nonfinite']]
+    if bad and t.nonfinite_policy == 'stop':
+      good = run.ckpt.latest_step()
+      raise FloatingPointError(
+          f'Non-finite loss or gradient at step {bad[0]} (its logged metrics; step '
+          f'{bad[0] - 1} was finite); stopping. ' + (
+              f'Last good checkpoint: step {good} in '
+              f'{checkpointing.checkpoint_dir(run.workdir)}; rerun to resume from it (e.g. '
+              'with a lower config.optim.learning_rate), or set '
+              "config.train.nonfinite_policy='skip'." if good is not None else
+              'No checkpoint was saved yet. Lower config.optim.learning_rate or set '
+              "config.train.nonfinite_policy='skip'."))
+    self.skipped += len(bad)
+    self.run_steps += len(host)
+    last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+    last['nonfinite'] = float(sum(m['nonfinite'] for m in host))
+    if self.timer_start is not None and self.timer_steps:  # Steps since the timer started.
+      jax.block_until_ready(state.step)
+      dt = (time.perf_counter() - self.timer_start) / self.timer_steps
+      flops = run.objective.flops_per_sequence(phase) * t.batch_size
+      last.update(step_time_s=dt, tokens_per_s=t.batch_size * phase.seq_len / dt,
+                  model_tflops_per_s_per_device=flops / dt / 1e12 / jax.device_count())
+      if self.peak:
+        last['mfu'] = last['model_tflops_per_s_per_device'] / self.peak
+    self.writer.write(step, last)
+    eta = (t.num_steps - step) * last['step_time_s'] if 'step_time_s' in last else None
+    run.console.metrics(step, t.num_steps, last, 'train', eta)
+    self.last, self.pending = last, []
+    self.timer_start, self.timer_steps = time.perf_counter(), 0
+
+
+def _loop(run: _Run, state, preempted: '_Preempted', writer, flusher: _MetricsFlusher) -> int:
+  """Steps until ``train.num_steps`` or preemption: train, log, evaluate, save. The step
+  reached."""
+  config, t, out = run.config, run.config.train, run.console
   step_fns: dict[int, Any] = {}
   eval_fns: dict[int, Any] = {}
   eval_sets: dict[int, list] = {}
@@ -288,118 +410,72 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     """The held-out batches at a phase's length: built once, the same at every eval."""
     if phase.index not in eval_sets:
       eval_sets[phase.index] = list(data_lib.make_eval_iterator(
-          config, prepared, phase.seq_len, jax.process_index(), jax.process_count()))
+          config, run.prepared, phase.seq_len, jax.process_index(), jax.process_count()))
     return eval_sets[phase.index]
 
-  if config.train.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
-    eval_set(schedule.phase_at(phases, int(jax.device_get(state.step))))
-  feed = feeding.Prefetcher(iterator)
-  batch_shard = sharding.batch_sharding(mesh)
-  t = config.train
   step = int(jax.device_get(state.step))
-  data_state: dict = {}
-  pending: list[dict] = []
-  last: dict[str, float] = {}
-  timer_start, timer_steps = None, 0
-  skipped, run_steps = 0, 0  # Non-finite updates dropped (policy 'skip'), steps run here.
-
-  def flush_metrics(phase):
-    """Pulls pending step metrics to the host, checks them, logs their mean."""
-    nonlocal pending, timer_start, timer_steps, last, skipped, run_steps
-    if not pending:
-      return
-    host = jax.device_get(pending)
-    # host[i] holds the metrics of the update that produced step (step - len(host) + i + 1),
-    # the step number it is logged under.
-    bad = [step - len(host) + i + 1 for i, m in enumerate(host) if m['nonfinite']]
-    if bad and t.nonfinite_policy == 'stop':
-      good = ckpt.latest_step()
-      raise FloatingPointError(
-          f'Non-finite loss or gradient at step {bad[0]} (its logged metrics; step '
-          f'{bad[0] - 1} was finite); stopping. ' + (
-              f'Last good checkpoint: step {good} in {checkpointing.checkpoint_dir(workdir)}; '
-              'rerun to resume from it (e.g. with a lower config.optim.learning_rate), or set '
-              "config.train.nonfinite_policy='skip'." if good is not None else
-              'No checkpoint was saved yet. Lower config.optim.learning_rate or set '
-              "config.train.nonfinite_policy='skip'."))
-    skipped += len(bad)
-    run_steps += len(host)
-    last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-    last['nonfinite'] = float(sum(m['nonfinite'] for m in host))
-    if timer_start is not None and timer_steps:  # Steps since the timer (re)started.
-      jax.block_until_ready(state.step)
-      dt = (time.perf_counter() - timer_start) / timer_steps
-      flops = objective.flops_per_sequence(phase) * t.batch_size
-      last.update(step_time_s=dt, tokens_per_s=t.batch_size * phase.seq_len / dt,
-                  model_tflops_per_s_per_device=flops / dt / 1e12 / jax.device_count())
-      if peak:
-        last['mfu'] = last['model_tflops_per_s_per_device'] / peak
-    writer.write(step, last)
-    eta = (t.num_steps - step) * last['step_time_s'] if 'step_time_s' in last else None
-    out.metrics(step, t.num_steps, last, 'train', eta)
-    pending = []
-    timer_start, timer_steps = time.perf_counter(), 0
-
+  if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
+    eval_set(schedule.phase_at(run.phases, step))
+  if preempted.at(step):
+    out.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the same '
+            'command to resume.')
+    return step
+  feed = feeding.Prefetcher(run.iterator)
+  batch_shard = sharding.batch_sharding(run.mesh)
   try:
-    if preempted.at(step):
-      out.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the same '
-              'command to resume.')
-    else:
-      while step < t.num_steps:
-        phase = schedule.phase_at(phases, step)
-        if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
-          flush_metrics(schedule.phase_at(phases, max(step - 1, 0)))
-          step_fns[phase.index] = make_train_step(config, objective, tx, schedule_fn, mesh,
-                                                  shards, phase)
-          timer_start = None
-        batch, data_state = next(feed)
-        if batch['input_ids'].shape[1] != phase.seq_len:
-          raise RuntimeError(f'Step {step}: the data iterator gave length '
-                             f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
-                             f'{phase.seq_len}')
-        state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard))
-        step += 1
-        pending.append(m)
-        if timer_start is None:
-          jax.block_until_ready(state.step)
-          timer_start, timer_steps = time.perf_counter(), 0
-        else:
-          timer_steps += 1
-        if step % t.log_every_steps == 0 or step == t.num_steps:
-          flush_metrics(phase)
-        if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.num_steps):
-          if phase.index not in eval_fns:
-            eval_fns[phase.index] = make_eval_step(config, objective, mesh, shards.params, phase)
-          held_out = evaluate(eval_fns[phase.index], state.params, eval_set(phase), mesh,
-                              objective)
-          writer.write(step, held_out, prefix='eval')
-          out.metrics(step, t.num_steps, held_out, 'eval')
-          timer_start = None
-        stop = preempted.at(step)
-        if step % ckpt.every_steps == 0 or step == t.num_steps or stop:
-          flush_metrics(phase)  # Never save over a non-finite step.
-          ckpt.save(step, state, data_state)
-          out.say(f'saving step {step} in {checkpointing.checkpoint_dir(workdir)}')
-          timer_start = None
-        if stop:
-          out.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
-                  'command to resume.')
-          break
+    while step < t.num_steps:
+      phase = schedule.phase_at(run.phases, step)
+      if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
+        flusher.flush(step, schedule.phase_at(run.phases, max(step - 1, 0)), state)
+        step_fns[phase.index] = make_train_step(config, run.objective, run.tx, run.schedule_fn,
+                                                run.mesh, run.shards, phase)
+        flusher.restart_timer()
+      batch, data_state = next(feed)
+      if batch['input_ids'].shape[1] != phase.seq_len:
+        raise RuntimeError(f'Step {step}: the data iterator gave length '
+                           f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
+                           f'{phase.seq_len}')
+      state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard))
+      step += 1
+      flusher.add(m, state)
+      if step % t.log_every_steps == 0 or step == t.num_steps:
+        flusher.flush(step, phase, state)
+      if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.num_steps):
+        if phase.index not in eval_fns:
+          eval_fns[phase.index] = make_eval_step(config, run.objective, run.mesh,
+                                                 run.shards.params, phase)
+        held_out = evaluate(eval_fns[phase.index], state.params, eval_set(phase), run.mesh,
+                            run.objective)
+        writer.write(step, held_out, prefix='eval')
+        out.metrics(step, t.num_steps, held_out, 'eval')
+        flusher.restart_timer()
+      stop = preempted.at(step)
+      if step % run.ckpt.every_steps == 0 or step == t.num_steps or stop:
+        flusher.flush(step, phase, state)  # Never save over a non-finite step.
+        run.ckpt.save(step, state, data_state)
+        out.say(f'saving step {step} in {checkpointing.checkpoint_dir(run.workdir)}')
+        flusher.restart_timer()
+      if stop:
+        out.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
+                'command to resume.')
+        break
   finally:
     feed.close()
-    ckpt.close()
-    writer.close()
-  if step >= t.num_steps:
+  return step
+
+
+def _summary(run: _Run, step: int, flusher: _MetricsFlusher) -> None:
+  """The closing lines: where things are and what to run next; dropped updates warned."""
+  out = run.console
+  if step >= run.config.train.num_steps:
     out.say(f'done: step {step} in {out.elapsed()}; checkpoints in '
-            f'{checkpointing.checkpoint_dir(workdir)}, metrics in '
-            f'{workdir_lib.path(workdir, "metrics.jsonl")}. Next:')
-    for command in console_lib.next_commands(workdir):
+            f'{checkpointing.checkpoint_dir(run.workdir)}, metrics in '
+            f'{workdir_lib.path(run.workdir, "metrics.jsonl")}. Next:')
+    for command in console_lib.next_commands(run.workdir):
       out.say(f'  {command}')
-  if skipped:
+  if flusher.skipped:
     logging.warning(
         '%d of the %d updates run in this session had a non-finite loss or gradient and were '
-        "dropped (config.train.nonfinite_policy='skip')%s.", skipped, run_steps,
+        "dropped (config.train.nonfinite_policy='skip')%s.", flusher.skipped, flusher.run_steps,
         ': most of the run did not train; lower config.optim.learning_rate' if
-        skipped * 2 > run_steps else '')
-  return last
-
+        flusher.skipped * 2 > flusher.run_steps else '')
