@@ -244,6 +244,31 @@ def _token_text(value) -> str | None:
   return value if isinstance(value, str) and value else None
 
 
+def _plain_bert_wordpiece(hf_dir: str) -> bool:
+  """Whether the wordpiece kind (BERT's basic + WordPiece tokenizer: clean text, Chinese
+  characters split, accents stripped when lowercasing, BERT's special tokens) reads the
+  directory as AutoTokenizer does; other settings go to the hf kind."""
+  config = _read_json(os.path.join(hf_dir, TOKENIZER_CONFIG))
+  special_map = _read_json(os.path.join(hf_dir, SPECIAL_TOKENS_MAP))
+  for key, piece in _SPECIAL_TOKENS.items():
+    named = _token_text(config.get(key)) or _token_text(special_map.get(key))
+    if named not in (None, piece):
+      return False
+  if config.get('strip_accents') is not None or not config.get('tokenize_chinese_chars', True):
+    return False
+  spec_path = os.path.join(hf_dir, TOKENIZER_JSON)
+  if not os.path.exists(spec_path):
+    return True
+  spec = _read_json(spec_path)
+  norm, pre = spec.get('normalizer') or {}, spec.get('pre_tokenizer') or {}
+  model = spec.get('model') or {}
+  return (norm.get('type') == 'BertNormalizer' and norm.get('clean_text', True)
+          and norm.get('handle_chinese_chars', True) and norm.get('strip_accents') is None
+          and bool(norm.get('lowercase', True)) == hf_lowercase(hf_dir)
+          and pre.get('type') == 'BertPreTokenizer'
+          and model.get('continuing_subword_prefix', '##') == '##')
+
+
 def _fixed_kind(hf_dir: str) -> str | None:
   """The fixed-layout kind that reads ``hf_dir`` as ``AutoTokenizer`` does, or None."""
   from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
@@ -251,7 +276,8 @@ def _fixed_kind(hf_dir: str) -> str | None:
   model_type = None
   if os.path.exists(spec_path):
     model_type = (_read_json(spec_path).get('model') or {}).get('type')
-  if os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and model_type in (None, 'WordPiece'):
+  if (os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and model_type in (None, 'WordPiece')
+      and _plain_bert_wordpiece(hf_dir)):
     return 'wordpiece'
   if os.path.exists(os.path.join(hf_dir, SENTENCEPIECE_MODEL)):
     try:

@@ -251,6 +251,22 @@ def test_unusable_tokenizers_are_refused_with_the_file_named(root, tmp_path):
     tokenizer_io.load_hf_tokenizer(str(bare))
 
 
+def test_a_bert_tokenizer_with_other_settings_is_read_as_autotokenizer_does(root, tmp_path):
+  """Lowercasing without stripping accents (strip_accents=False) is not BERT's default: the
+  directory is read through its tokenizer.json (the hf kind), with AutoTokenizer's ids."""
+  path, _, _ = built('bert', root)
+  other = tmp_path / 'bert_keep_accents'
+  transformers.BertTokenizer.from_pretrained(path, strip_accents=False).save_pretrained(other)
+  for name in ('vocab.txt',):
+    if not (other / name).exists():
+      (other / name).write_bytes(open(os.path.join(path, name), 'rb').read())
+  auto = transformers.AutoTokenizer.from_pretrained(str(other))
+  tok = tokenizer_io.load_hf_tokenizer(str(other))
+  assert tok.kind == 'hf'
+  assert _compare_ids(tok, auto, dirs.TEXTS) == 0
+  assert tokenizer_io.load_hf_tokenizer(path).kind == 'wordpiece'  # BERT's defaults.
+
+
 def test_slow_files_alone_are_converted_as_autotokenizer_does(root, tmp_path):
   """A directory with only spiece.model (+ its tokenizer_config.json): converted by
   transformers, the ids equal AutoTokenizer's on the same directory."""
