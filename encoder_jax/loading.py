@@ -431,7 +431,8 @@ def read_import_report(workdir: str) -> ImportReport | None:
       initialised_groups=[g.strip() for g in fresh[1].split(',')] if fresh else [])
 
 
-def _read_json(path: str, what: str):
+def read_json_or_warn(path: str, what: str):
+  """The JSON in ``path``; None (with a warning naming the file and ``what``) if unreadable."""
   try:
     with open(path, encoding='utf-8') as f:
       return json.load(f)
@@ -445,7 +446,7 @@ def read_workdir_sentence_settings(workdir: str) -> dict | None:
   path = workdir_lib.path(workdir, SENTENCE_SETTINGS)
   if not path.exists():
     return None
-  return _read_json(str(path), 'the sentence-transformers settings kept at import')
+  return read_json_or_warn(str(path), 'the sentence-transformers settings kept at import')
 
 
 def not_orbax_chatter(record) -> bool:

@@ -222,6 +222,16 @@ def word_start_scheme(spec: dict) -> tuple[str, str]:
   return 'all', ''
 
 
+def _read_tokenizer_json(path: str, what: str, expected: str):
+  """The JSON of a tokenizer file; a clear error when it is missing or not JSON."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{what} {path!r} does not exist.')
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f'{path!r} is not {expected}: {e}') from e
+
 class Tokenizer:
   """Text <-> ids, the special ids, and per-piece tables for masking.
 
@@ -351,13 +361,7 @@ class Tokenizer:
     ``decode(encode(text)) == text`` for every text; HF's own tokenizer does match them.
     """
     import tokenizers  # pylint: disable=g-import-not-at-top
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f'Byte-level BPE tokenizer {path!r} does not exist.')
-    try:
-      with open(path, encoding='utf-8') as f:
-        spec = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-      raise ValueError(f'{path!r} is not a tokenizers tokenizer.json: {e}') from e
+    spec = _read_tokenizer_json(path, 'Byte-level BPE tokenizer', 'a tokenizers tokenizer.json')
     check_bytelevel_bpe(spec, path)
     try:
       backend = tokenizers.Tokenizer.from_file(path)
@@ -397,17 +401,12 @@ class Tokenizer:
     other kinds; the ids of every other text equal ``AutoTokenizer``'s.
     """
     import tokenizers  # pylint: disable=g-import-not-at-top
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f'Hugging Face tokenizer file {path!r} does not exist.')
-    try:
-      with open(path, encoding='utf-8') as f:
-        bundle = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-      raise ValueError(f'{path!r} is not an encoder_jax hf tokenizer file: {e}') from e
-    if not isinstance(bundle, dict) or bundle.get('format') != HF_FORMAT:
-      raise ValueError(f'{path!r}: format {bundle.get("format") if isinstance(bundle, dict) else None!r}; '
-                       f'expected an encoder_jax hf tokenizer file ({HF_FORMAT!r}), as '
-                       'convert hf_to_workdir writes')
+    bundle = _read_tokenizer_json(path, 'Hugging Face tokenizer file',
+                                  'an encoder_jax hf tokenizer file')
+    found = bundle.get('format') if isinstance(bundle, dict) else None
+    if found != HF_FORMAT:
+      raise ValueError(f'{path!r}: format {found!r}; expected an encoder_jax hf tokenizer file '
+                       f'({HF_FORMAT!r}), as convert hf_to_workdir writes')
     spec = bundle['tokenizer']
     try:
       backend = tokenizers.Tokenizer.from_str(json.dumps(spec))

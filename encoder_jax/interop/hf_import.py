@@ -41,15 +41,6 @@ def load_hf_dir(hf_dir: str, seed: int = 0) -> loading.Loaded:
                         setup=setup, sentence_settings=read_sentence_settings(hf_dir))
 
 
-def _read_json(path: str, what: str):
-  try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    logging.warning('%s: cannot read %s (%s); ignoring it.', path, what, e)
-    return None
-
-
 def _pooling_mode(pooling_config: dict) -> str | None:
   """sentence-transformers' Pooling config -> its mode: 'mean', 'cls', 'max', ... ('+'-joined
   when several are concatenated). New files say ``pooling_mode``; older ones one bool each."""
@@ -81,13 +72,13 @@ def read_sentence_settings(hf_dir: str) -> dict | None:
   settings = dict(max_seq_length=None, do_lower_case=False, pooling=None, normalize=False,
                   files=[])
   if os.path.exists(st_config):
-    raw = _read_json(st_config, 'the sentence-transformers settings')
+    raw = loading.read_json_or_warn(st_config, 'the sentence-transformers settings')
     if isinstance(raw, dict):
       settings['files'].append('sentence_bert_config.json')
       if raw.get('max_seq_length'):
         settings['max_seq_length'] = int(raw['max_seq_length'])
       settings['do_lower_case'] = bool(raw.get('do_lower_case', False))
-  modules = _read_json(modules_json, 'the sentence-transformers modules') if os.path.exists(
+  modules = loading.read_json_or_warn(modules_json, 'the sentence-transformers modules') if os.path.exists(
       modules_json) else None
   if isinstance(modules, list):
     settings['files'].append('modules.json')
@@ -97,7 +88,7 @@ def read_sentence_settings(hf_dir: str) -> dict | None:
         settings['normalize'] = True
       elif kind.endswith('.Pooling'):
         where = os.path.join(module.get('path', ''), 'config.json')
-        pooling = _read_json(os.path.join(hf_dir, where), 'the sentence-transformers pooling')
+        pooling = loading.read_json_or_warn(os.path.join(hf_dir, where), 'the sentence-transformers pooling')
         if isinstance(pooling, dict):
           settings['files'].append(where)
           settings['pooling'] = _pooling_mode(pooling) or 'mean'
