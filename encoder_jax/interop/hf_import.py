@@ -140,8 +140,9 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
                          base: ml_collections.ConfigDict | None = None) -> loading.ImportReport:
   """HF directory -> ``workdir``: config.json, the tokenizer (pinned), a step-0 checkpoint.
 
-  The tokenizer file (``vocab.txt``, or the ``tokenizer.model`` of an encoder_jax
-  SentencePiece export) is copied into the workdir, named by ``config.tokenizer.path``
+  The tokenizer file (``vocab.txt``, an encoder_jax ``tokenizer.model``, a RoBERTa-layout
+  ``tokenizer.json``, or the ``hf_tokenizer.json`` of any other Hugging Face tokenizer; see
+  ``interop.tokenizer``) is written into the workdir, named by ``config.tokenizer.path``
   for continued pretraining, and pinned in ``<workdir>/tokenizer/``.
   """
   ckpt_dir = checkpointing.checkpoint_dir(workdir)
