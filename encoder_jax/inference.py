@@ -12,10 +12,8 @@ tokens, the specials included (as sentence-transformers does). Batches are padde
 multiple of 16 tokens; padding never changes an embedding.
 
 Fill-mask: ``[MASK]`` marks a mask for every kind, as does the model's own mask token
-(``<mask>``...). With a fixed-layout tokenizer the text is split at the masks, the pieces
-between are tokenized as usual and one mask token goes where each was; an imported Hugging
-Face tokenizer (the ``hf`` kind) reads the text with its mask token in place, as
-``AutoTokenizer`` does.
+(``<mask>``...); the tokenizer reads the masks its own way (``Tokenizer.encode_with_masks``:
+an imported Hugging Face tokenizer as ``AutoTokenizer`` does).
 """
 
 from __future__ import annotations
@@ -168,23 +166,9 @@ def mask_literals(tokenizer) -> tuple[str, ...]:
 def tokenize_with_masks(tokenizer, text: str) -> tuple[list[int], list[int], list[int]]:
   """(ids with the tokenizer's specials, their segment ids, positions of the masks)."""
   literals = mask_literals(tokenizer)
-  own = tokenizer.id_to_piece(tokenizer.mask_id)
-  if tokenizer.kind == 'hf':  # The checkpoint's own tokenizer matches its mask token, as HF.
-    for literal in literals:
-      text = text.replace(literal, own)
-    body = tokenizer.encode_matching_specials(text)
-  else:
-    for literal in literals[1:]:
-      text = text.replace(literal, MASK)
-    parts = text.split(MASK)
-    byte_level = tokenizer.kind == 'bytelevel_bpe'
-    body = []
-    for i, part in enumerate(parts):
-      if byte_level and i < len(parts) - 1:
-        part = part.rstrip(' ')  # As RoBERTa's <mask> (lstrip): the space goes with the mask.
-      body.extend(tokenizer.encode(part) if part.strip() else [])
-      if i < len(parts) - 1:
-        body.append(tokenizer.mask_id)
+  for literal in literals[1:]:
+    text = text.replace(literal, MASK)
+  body = tokenizer.encode_with_masks(text, MASK)
   if tokenizer.mask_id not in body:
     raise ValueError(f'The text has no {" or ".join(literals)}: {text!r}')
   ids, segments = tokenizer.frame(body)

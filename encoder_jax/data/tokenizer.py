@@ -449,17 +449,29 @@ class Tokenizer:
       return self._backend.Encode(list(texts))
     return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
 
-  def encode_matching_specials(self, text: str) -> list[int]:
-    """Ids of ``text`` (no specials added) where special-token strings in the text become
-    their ids, as Hugging Face tokenizers do (e.g. ``<mask>`` with its ``lstrip``); the hf
-    kind only (``encode`` keeps them as text)."""
-    if self.kind != HF_KIND:
-      raise ValueError(f'encode_matching_specials is for the {HF_KIND!r} kind, not {self.kind!r}')
-    self._backend.encode_special_tokens = False
-    try:
-      return self._backend.encode(text, add_special_tokens=False).ids
-    finally:
-      self._backend.encode_special_tokens = True
+  def encode_with_masks(self, text: str, mask_literal: str) -> list[int]:
+    """Ids of ``text`` (no specials added) with ``mask_id`` where ``mask_literal`` stands.
+
+    An hf tokenizer reads it as Hugging Face does: the literal becomes the model's own mask
+    token, matched by the tokenizer with its rules (e.g. ``<mask>``'s ``lstrip``). The other
+    kinds tokenize the pieces between the masks; byte-level BPE gives the space before a
+    mask to the mask, as RoBERTa's ``<mask>`` (lstrip) does.
+    """
+    if self.kind == HF_KIND:
+      self._backend.encode_special_tokens = False
+      try:
+        return self._backend.encode(text.replace(mask_literal, self._pieces[self.mask_id]),
+                                    add_special_tokens=False).ids
+      finally:
+        self._backend.encode_special_tokens = True
+    parts, ids = text.split(mask_literal), []
+    for i, part in enumerate(parts):
+      if self.kind == 'bytelevel_bpe' and i < len(parts) - 1:
+        part = part.rstrip(' ')
+      ids.extend(self.encode(part) if part.strip() else [])
+      if i < len(parts) - 1:
+        ids.append(self.mask_id)
+    return ids
 
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids]

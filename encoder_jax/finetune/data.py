@@ -21,6 +21,8 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
+from encoder_jax.data import tokenizer as tokenizer_lib
+
 IGNORE = -1
 
 
@@ -178,7 +180,6 @@ def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, 
 def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
                        ) -> tuple[dict[str, np.ndarray], Truncation]:
   """:func:`encode`'s arrays, and what was truncated to fit ``max_len``."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   n = len(examples)
   report = Truncation(task=task, max_len=max_len, examples=n)
   rows, segments = [], []

@@ -244,6 +244,13 @@ def _token_text(value) -> str | None:
   return value if isinstance(value, str) and value else None
 
 
+def _named_token(config: dict, special_map: dict, keys) -> str | None:
+  """The token the first of ``keys`` names, in tokenizer_config.json, then
+  special_tokens_map.json; None if neither names one."""
+  return next((t for key in keys for t in (_token_text(config.get(key)),
+                                           _token_text(special_map.get(key))) if t), None)
+
+
 def _plain_bert_wordpiece(hf_dir: str) -> bool:
   """Whether the wordpiece kind (BERT's basic + WordPiece tokenizer: clean text, Chinese
   characters split, accents stripped when lowercasing, BERT's special tokens) reads the
@@ -251,8 +258,7 @@ def _plain_bert_wordpiece(hf_dir: str) -> bool:
   config = _read_json(os.path.join(hf_dir, TOKENIZER_CONFIG))
   special_map = _read_json(os.path.join(hf_dir, SPECIAL_TOKENS_MAP))
   for key, piece in _SPECIAL_TOKENS.items():
-    named = _token_text(config.get(key)) or _token_text(special_map.get(key))
-    if named not in (None, piece):
+    if _named_token(config, special_map, (key,)) not in (None, piece):
       return False
   if config.get('strip_accents') is not None or not config.get('tokenize_chinese_chars', True):
     return False
@@ -290,7 +296,8 @@ def _fixed_kind(hf_dir: str) -> str | None:
       if _bpe_source(hf_dir) == TOKENIZER_JSON:
         tokenizer_lib.Tokenizer.from_bytelevel_bpe(spec_path)
       else:
-        write_hf_bytelevel_bpe(hf_dir, tempfile.mkdtemp(prefix='bpe_'))
+        with tempfile.TemporaryDirectory(prefix='bpe_') as scratch:
+          write_hf_bytelevel_bpe(hf_dir, scratch)
       return 'bytelevel_bpe'
     except (ValueError, FileNotFoundError):
       pass  # Another layout (special tokens elsewhere, added tokens): the hf kind reads it.
@@ -386,8 +393,7 @@ def hf_bundle(hf_dir: str) -> dict:
   special_map = _read_json(os.path.join(hf_dir, SPECIAL_TOKENS_MAP))
   roles, pieces = {}, {}
   for role, keys in _ROLE_KEYS:
-    named = next((t for key in keys for t in (_token_text(config.get(key)),
-                                              _token_text(special_map.get(key))) if t), None)
+    named = _named_token(config, special_map, keys)
     if named is None and role == 'unk':  # The model's own unknown piece, if it has one.
       model = spec.get('model') or {}
       named = model.get('unk_token') or (backend.id_to_token(model['unk_id'])
