@@ -1,11 +1,13 @@
 """The one schema every config starts from.
 
 Each section maps onto one constructor (``model`` -> ``models.config.EncoderConfig`` of the
-kind ``model.kind`` names in ``models.registry``,
-``objective`` -> the objective registry, ``data``/``tokenizer`` -> ``encoder_jax.data``,
-``optim`` -> ``optimizer.make``, ``mesh`` -> ``sharding.make_mesh``, ``checkpoint`` ->
-``checkpointing.Checkpointer``), so no field is copied by hand into another object.
-Configs in ``configs/`` call :func:`base_config` and override what they change; the
+kind ``model.kind`` names in ``models.registry``, ``objective`` -> the objective registry,
+``data``/``tokenizer`` -> ``encoder_jax.data``, ``optim`` -> ``optimizer.make``, ``mesh``
+-> ``sharding.make_mesh``, ``checkpoint`` -> ``checkpointing.Checkpointer``), so no field is
+copied by hand into another object. The ``model`` and ``objective`` sections are not
+written here: they are the fields the registry entries declare (``encoder_jax.fields``;
+``fields_table()`` prints them), so a new kind or objective adds its fields in its own
+module. Configs in ``configs/`` call :func:`base_config` and override what they change; the
 command line may only override keys that exist here (configs are locked).
 """
 
@@ -13,79 +15,20 @@ from __future__ import annotations
 
 import ml_collections
 
+from encoder_jax import fields as fields_lib
+from encoder_jax import objectives
 from encoder_jax.data import config as data_config
+from encoder_jax.models import registry as models
 
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # Seeds parameter init, data order and the per-step masks.
 
-  # ---- model: fields of models.config.EncoderConfig (BERT-base defaults). ----
-  c.model = ml_collections.ConfigDict(dict(
-      kind='bert',  # Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ...
-      vocab_size=30522,  # Also the size of the tokenizer trained by prepare; checked at start-up.
-      hidden_size=768,  # d_model.
-      num_layers=12,
-      num_heads=12,
-      intermediate_size=3072,  # d_ff of the feed-forward block.
-      max_position_embeddings=512,  # Learned absolute positions.
-      type_vocab_size=2,  # Segment (A/B) embeddings.
-      hidden_dropout_rate=0.1,
-      attention_dropout_rate=0.1,
-      layer_norm_eps=1e-12,
-      initializer_range=0.02,  # Std of the truncated-normal init.
-      attention_kind='dot_product',  # Name in models.attention_kinds.REGISTRY.
-      dtype='float32',  # Activation dtype: 'float32' or 'bfloat16' (params stay float32).
-      remat=False,  # Rematerialise each layer in the backward pass (saves activation memory).
-      activation='gelu',  # Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh).
-      embedding_size=0,  # Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).
-      share_layers='none',  # Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'.
-      position_offset=0,  # First position id (RoBERTa: padding id + 1 = 2).
-      # jax.nn.dot_product_attention backend: 'xla', 'cudnn' (fused flash attention; bf16,
-      # right-padded masks given as key lengths), or None: cuDNN on GPUs in bf16, else XLA.
-      # Training with attention_dropout_rate > 0 always runs the explicit XLA softmax.
-      attention_implementation=ml_collections.config_dict.placeholder(str),
-      # XLNet: Transformer-XL memory of mem_len cached states per layer, carried across steps
-      # in the training state (0 = none); relative distances clipped to +-clamp_len (-1 = no).
-      mem_len=0,
-      clamp_len=-1,
-      # DeBERTa only (kinds 'deberta', 'deberta_v2'; attention_kind='disentangled'):
-      position_biased_input=True,  # Absolute positions in the input (DeBERTa: False, EMD).
-      max_relative_positions=-1,  # Relative span k (distances clipped at k); < 1 = max_position_embeddings.
-      position_buckets=0,  # deberta_v2: log buckets of relative positions (v2/v3: 256); 0 = off.
-      share_att_key=False,  # deberta_v2: position keys/queries use the content projections.
-      norm_rel_ebd=False,  # deberta_v2: LayerNorm on the relative-position embeddings.
-      pos_att_type='c2p|p2c',  # Disentangled terms beside c2c: 'c2p|p2c', 'c2p', 'p2c' or ''.
-      emd_layers=0,  # Enhanced mask decoder: layers sharing the last layer's weights (2); 0 = off.
-  ))
-
-  # ---- objective: names in objectives.REGISTRY, summed; masking recipe. ----
-  c.objective = ml_collections.ConfigDict(dict(
-      # Losses to add up; 'nsp'/'sop' need matching data.pair_kind; 'sbo' (SpanBERT's span
-      # boundary objective) needs 'mlm'; 'electra' (generator + discriminator) stands alone.
-      names=('mlm', 'nsp'),
-      mask_rate=0.15,  # Fraction of maskable tokens per sequence selected for prediction.
-      mask_token_rate=0.8,  # Of the selected: replaced by [MASK].
-      random_token_rate=0.1,  # Of the selected: replaced by a random token (rest unchanged).
-      random_token_distribution='uniform',  # 'uniform' over the vocabulary or 'unigram' counts.
-      whole_word_masking=False,  # Select whole words (all their pieces) instead of pieces.
-      max_ngram=1,  # ALBERT n-gram masking: spans of 1..max_ngram words, p(n) ~ 1/n; 1 = off.
-      # SpanBERT span masking: span lengths (words) ~ Geometric(span_p) truncated at
-      # max_span_length, 80/10/10 decided per span; 0 = off (SpanBERT: 0.2 and 10).
-      span_p=0.0,
-      max_span_length=10,
-      # ELECTRA ('electra' objective, model.kind='electra'): the generator's hidden size and
-      # depth as fractions of the discriminator's (small/large: 1/4, base: 1/3; layers 1.0),
-      # and the weight of the replaced-token-detection loss (loss = MLM_gen + rtd_weight * RTD).
-      generator_hidden_fraction=0.25,
-      generator_layers_fraction=1.0,
-      rtd_weight=50.0,
-      # XLNet ('plm'): about 1/K of each sequence is predicted, spans of 1..max_ngram tokens
-      # each in a context of K x its length (XLNet: K=6, max_ngram=5); bidirectional_data
-      # makes the second half of each batch the backward stream (the paper's bi_data).
-      partial_prediction_k=6,
-      bidirectional_data=False,
-  ))
+  # ---- model and objective: the fields the registries declare (name, default, range and
+  # meaning next to the code that reads them; `fields_table()` lists them). ----
+  c.model = section(models.model_fields())  # -> models.config.EncoderConfig.
+  c.objective = section(objectives.objective_fields())  # -> objectives.build.
 
   # ---- data and tokenizer: owned by encoder_jax.data. ----
   c.data = data_config.data_config()
@@ -135,6 +78,26 @@ def base_config() -> ml_collections.ConfigDict:
       async_save=True,  # Write in the background while training continues.
   ))
   return c
+
+
+def section(declared: dict[str, fields_lib.Field]) -> ml_collections.ConfigDict:
+  """A config section of declared fields at their defaults (None: a typed placeholder, so
+  the command line can still set it)."""
+  values = {}
+  for name, f in declared.items():
+    values[name] = (ml_collections.config_dict.placeholder(str) if f.default is None
+                    else f.default)
+  return ml_collections.ConfigDict(values)
+
+
+def fields_table() -> str:
+  """Every registry-declared field as Markdown: key, default, allowed values, meaning."""
+  rows = ['| key | default | allowed | meaning |', '|---|---|---|---|']
+  for sec, declared in (('model', models.model_fields()),
+                        ('objective', objectives.objective_fields())):
+    for name, f in declared.items():
+      rows.append(f'| `{sec}.{name}` | `{f.default!r}` | {f.expected()} | {f.doc} |')
+  return '\n'.join(rows)
 
 
 def parse_arg(arg: str | None, **defaults):

@@ -167,7 +167,7 @@ def vocab_tables(config, prepared) -> masking.VocabTables:
                                  str(prepared.directory))
 
 
-class _Preempted:
+class Preempted:
   """Tells the loop when to save and exit because the machine is being preempted.
 
   One process: our SIGTERM handler (how TPU VMs are preempted) sets a flag. Several
@@ -216,7 +216,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir_lib.check_workdir_writable(workdir)
   # SIGTERM (preemption) is heard from the start: during preparation, restore or compile
   # it ends the run cleanly before its first step instead of killing it.
-  with workdir_lib.run_lock(workdir), _Preempted() as preempted:
+  with workdir_lib.run_lock(workdir), Preempted() as preempted:
     return _train_and_evaluate(config, workdir, preempted)
 
 
@@ -241,7 +241,7 @@ class _Run:
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        preempted: '_Preempted') -> dict[str, float]:
+                        preempted: 'Preempted') -> dict[str, float]:
   run = _setup(config, workdir)
   restored = _restore(run)
   _header(run, restored)
@@ -398,7 +398,7 @@ class _MetricsFlusher:
     self.timer_start, self.timer_steps = time.perf_counter(), 0
 
 
-def _loop(run: _Run, state, preempted: '_Preempted', writer, flusher: _MetricsFlusher) -> int:
+def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlusher) -> int:
   """Steps until ``train.num_steps`` or preemption: train, log, evaluate, save. The step
   reached."""
   config, t, out = run.config, run.config.train, run.console

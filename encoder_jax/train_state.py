@@ -52,9 +52,9 @@ def state_shardings(config: ml_collections.ConfigDict, mesh, setup=None, tx=None
   return boxed, sharding.shardings_of(boxed, mesh)
 
 
-def abstract_state(config: ml_collections.ConfigDict, mesh, setup=None) -> TrainState:
+def abstract_state(config: ml_collections.ConfigDict, mesh, setup=None, tx=None) -> TrainState:
   """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
-  boxed, shards = state_shardings(config, mesh, setup)
+  boxed, shards = state_shardings(config, mesh, setup, tx)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       nn.unbox(boxed), shards)
 

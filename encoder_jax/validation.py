@@ -3,10 +3,14 @@
 Without this, bad values surfaced late and far from their cause: a negative learning rate
 trained (loss up), a dropout rate of 1.5 trained into NaN, ``log_every_steps=0`` was a
 ZeroDivisionError after compiling, ``batch_size=0`` an IndexError in the iterator. The
-checks are a table (``RULES``: one line per key) plus the few that involve two keys
+checks are one rule per key (:func:`rules`) plus the few that involve several keys
 (``CROSS_RULES``); a rule whose key the config does not have is skipped, so one table
-serves configs from before and after a field was added. Adding a field to
-``config_base`` means adding its line here; ``test_validation`` fails until it has one.
+serves configs from before and after a field was added. The ``model`` and ``objective``
+rules are not written here: they are the ranges the registry entries declare with their
+fields (``encoder_jax.fields``), and the cross-checks of those sections are the kind's
+``check`` and the objective entries' declarations (``objectives.problems``). The other
+sections' rules are ``OWN_RULES``: adding a field to ``config_base`` or ``data.config``
+means adding its line there; ``test_validation`` fails until it has one.
 
 ``validate(config)`` raises ``ConfigError`` listing every problem at once;
 ``workdir.check_workdir_writable`` is the workdir's counterpart.
@@ -15,11 +19,13 @@ serves configs from before and after a field was added. Adding a field to
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import ml_collections
+
+from encoder_jax import fields as fields_lib
+from encoder_jax import objectives
+from encoder_jax.models import registry as models
 
 
 class ConfigError(ValueError):
@@ -36,74 +42,10 @@ class Rule:
     return self.expected() if callable(self.expected) else self.expected
 
 
-# ---- value checks: each returns (check, expected) ----
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def integer(lo: int | None = None, also: Sequence[int] = ()):
-  """An int >= lo (or one of ``also``, e.g. -1 for 'all remaining devices')."""
-  text = 'an integer' + (f' >= {lo}' if lo is not None else '')
-  text += ''.join(f', or {a}' for a in also)
-  return (lambda v: _is_int(v) and (v in also or lo is None or v >= lo)), text
-
-
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           hi_open: bool = False):
-  """A finite int or float in the interval; open ends excluded."""
-  def check(v):
-    if not _is_number(v):
-      return False
-    if lo is not None and (v <= lo if lo_open else v < lo):
-      return False
-    return not (hi is not None and (v >= hi if hi_open else v > hi))
-  if hi is not None:
-    text = f'a number in {"(" if lo_open else "["}{lo}, {hi}{")" if hi_open else "]"}'
-  else:
-    text = f'a number {">" if lo_open else ">="} {lo}'
-  return check, text
-
-
-def one_of(*values):
-  return (lambda v: v in values), 'one of ' + ', '.join(repr(v) for v in values)
-
-
-def registry(module: str, attribute: str, what: str):
-  """A name in a registry, read when checked (registries fill in as modules import)."""
-  def names():
-    try:
-      return sorted(getattr(importlib.import_module(module), attribute))
-    except (ImportError, AttributeError):
-      return None  # No such registry in this version: the builder checks the name.
-  def check(v):
-    known = names()
-    return isinstance(v, str) and bool(v) and (known is None or v in known)
-  def expected():
-    known = names()
-    return f'{what}, one of {known}' if known else f'{what} (a non-empty string)'
-  return check, expected
-
-
-def boolean():
-  return (lambda v: isinstance(v, bool)), 'True or False'
-
-
-def string(non_empty: bool = False):
-  return ((lambda v: isinstance(v, str) and (bool(v.strip()) or not non_empty)),
-          'a non-empty string' if non_empty else 'a string')
-
-
-def sequence_of(item):
-  check, text = item
-  def expected():
-    return f'a non-empty tuple, each {text() if callable(text) else text}'
-  return (lambda v: isinstance(v, tuple) and len(v) > 0 and all(check(x) for x in v)), expected
+# The check builders live with the field declarations (one vocabulary for both).
+integer, number, one_of, registry = (fields_lib.integer, fields_lib.number, fields_lib.one_of,
+                                     fields_lib.registry)
+boolean, string, sequence_of = fields_lib.boolean, fields_lib.string, fields_lib.sequence_of
 
 
 def _rule(key, spec) -> Rule:
@@ -111,57 +53,10 @@ def _rule(key, spec) -> Rule:
   return Rule(key, check, expected)
 
 
-# ---- the table: one line per config_base / data.config field ----
+# ---- the table: one line per field that no registry declares ----
 
-RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
+OWN_RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('seed', integer()),
-    # model
-    ('model.kind', registry('encoder_jax.models.registry', 'KINDS', 'a model kind')),
-    ('model.vocab_size', integer(1)),
-    ('model.hidden_size', integer(1)),
-    ('model.num_layers', integer(1)),
-    ('model.num_heads', integer(1)),
-    ('model.intermediate_size', integer(1)),
-    ('model.max_position_embeddings', integer(1)),
-    ('model.type_vocab_size', integer(0)),  # 0: no segment embeddings (DeBERTa).
-    ('model.hidden_dropout_rate', number(0, 1, hi_open=True)),
-    ('model.attention_dropout_rate', number(0, 1, hi_open=True)),
-    ('model.layer_norm_eps', number(0, lo_open=True)),
-    ('model.initializer_range', number(0, lo_open=True)),
-    ('model.attention_kind', registry('encoder_jax.models.attention_kinds', 'REGISTRY',
-                                      'an attention kind')),
-    ('model.dtype', one_of('float32', 'bfloat16')),
-    ('model.remat', boolean()),
-    ('model.activation', one_of('gelu', 'gelu_new', 'relu')),
-    ('model.embedding_size', integer(0)),
-    ('model.share_layers', one_of('none', 'all', 'attention', 'ffn')),
-    ('model.position_offset', integer(0)),
-    ('model.attention_implementation', one_of(None, 'xla', 'cudnn')),
-    ('model.mem_len', integer(0)),
-    ('model.clamp_len', integer(1, also=(-1,))),
-    ('model.position_biased_input', boolean()),
-    ('model.max_relative_positions', integer(-1)),
-    ('model.position_buckets', integer(0)),
-    ('model.share_att_key', boolean()),
-    ('model.norm_rel_ebd', boolean()),
-    ('model.pos_att_type', one_of('c2p|p2c', 'p2c|c2p', 'c2p', 'p2c', '')),
-    ('model.emd_layers', integer(0)),
-    # objective
-    ('objective.names', sequence_of(registry('encoder_jax.objectives', 'REGISTRY',
-                                             'an objective name'))),
-    ('objective.mask_rate', number(0, 1, lo_open=True, hi_open=True)),
-    ('objective.mask_token_rate', number(0, 1)),
-    ('objective.random_token_rate', number(0, 1)),
-    ('objective.random_token_distribution', one_of('uniform', 'unigram')),
-    ('objective.whole_word_masking', boolean()),
-    ('objective.max_ngram', integer(1)),
-    ('objective.span_p', number(0, 1, hi_open=True)),
-    ('objective.max_span_length', integer(1)),
-    ('objective.generator_hidden_fraction', number(0, 1, lo_open=True)),
-    ('objective.generator_layers_fraction', number(0, 1, lo_open=True)),
-    ('objective.rtd_weight', number(0)),
-    ('objective.partial_prediction_k', integer(1)),
-    ('objective.bidirectional_data', boolean()),
     # data
     ('data.sources', string(non_empty=True)),
     ('data.mixing_alpha', number(0, lo_open=True)),
@@ -216,6 +111,18 @@ RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
 ])
 
 
+def declared_rules() -> tuple[Rule, ...]:
+  """The rules of the fields the model and objective registries declare."""
+  return tuple(Rule(f'{section}.{f.name}', f.spec[0], f.spec[1])
+               for section, declared in (('model', models.model_fields()),
+                                         ('objective', objectives.objective_fields()))
+               for f in declared.values())
+
+
+def rules() -> tuple[Rule, ...]:
+  return declared_rules() + OWN_RULES
+
+
 # ---- rules over several keys: each returns a message, or None when satisfied ----
 
 
@@ -261,13 +168,6 @@ def _batch(c) -> str | None:
   return None
 
 
-def _heads(c) -> str | None:
-  d, h = _get(c, 'model.hidden_size'), _get(c, 'model.num_heads')
-  if d and h and d % h:
-    return f'config.model.hidden_size={d}: expected a multiple of model.num_heads={h}'
-  return None
-
-
 def _positions(c) -> str | None:
   limit, offset = _get(c, 'model.max_position_embeddings'), _get(c, 'model.position_offset', 0)
   seq = _get(c, 'train.seq_lens')
@@ -279,27 +179,6 @@ def _positions(c) -> str | None:
   if seq and max(seq) > limit - offset:
     return (f'config.train.seq_lens={tuple(seq)}: expected each <= model.max_position_embeddings'
             f' - position_offset = {limit - offset}')
-  return None
-
-
-def _masking(c) -> str | None:
-  mask, rand = _get(c, 'objective.mask_token_rate'), _get(c, 'objective.random_token_rate')
-  if mask is not None and rand is not None and mask + rand > 1.0 + 1e-9:
-    return (f'config.objective.mask_token_rate={mask} + random_token_rate={rand}: expected a '
-            'sum <= 1 (the rest of the selected tokens stay unchanged)')
-  return None
-
-
-def _pairs(c) -> str | None:
-  names, kind = _get(c, 'objective.names'), _get(c, 'data.pair_kind')
-  types = _get(c, 'model.type_vocab_size')
-  pair = [n for n in (names or ()) if n in ('nsp', 'sop')]
-  if pair and kind is not None and kind not in ('nsp', 'sop'):
-    return (f'config.objective.names={tuple(names)} has {pair[0]!r}, which needs sentence pairs: '
-            f"expected config.data.pair_kind 'nsp' or 'sop', got {kind!r}")
-  if pair and types is not None and types < 2:
-    return (f'config.model.type_vocab_size={types}: expected >= 2 for the pair objective '
-            f'{pair[0]!r} (segments A and B)')
   return None
 
 
@@ -329,34 +208,32 @@ def _sources(c) -> str | None:
   return None
 
 
-def _span_objectives(c) -> str | None:
-  """SpanBERT's SBO reads MLM's spans; ELECTRA's setup stands alone on its own kind."""
-  names, kind = tuple(_get(c, 'objective.names') or ()), _get(c, 'model.kind')
-  if 'sbo' in names and 'mlm' not in names:
-    return (f"config.objective.names={names} has 'sbo', which predicts the tokens of the "
-            "spans 'mlm' masks: expected 'mlm' in the names too")
-  if 'electra' in names and len(names) > 1:
-    return (f"config.objective.names={names}: 'electra' is a whole pretraining setup "
-            "(generator + discriminator) and must stand alone: expected ('electra',)")
-  if kind is not None and ('electra' in names) != (kind == 'electra'):
-    return (f"config.model.kind={kind!r} with config.objective.names={names}: ELECTRA's "
-            "discriminator (kind 'electra') trains with names=('electra',), and only it")
-  span_p, ngram = _get(c, 'objective.span_p'), _get(c, 'objective.max_ngram')
-  if span_p and ngram is not None and ngram > 1:
-    return (f'config.objective.span_p={span_p} (SpanBERT spans) and max_ngram={ngram} (ALBERT '
-            'n-grams) select spans two ways: expected one of them off (0 / 1)')
-  return None
+def _model(c) -> list[str]:
+  """The model's checks over several fields and its kind's own (``ModelKind.check``)."""
+  if not isinstance(_get(c, 'model'), ml_collections.ConfigDict):
+    return []
+  try:
+    models.make_config(c.model)
+  except ValueError as e:
+    return [str(e)]
+  return []
 
 
-CROSS_RULES: tuple[Callable[[Any], str | None], ...] = (
-    _phases, _warmup, _batch, _heads, _positions, _masking, _pairs, _eval, _mesh, _sources,
-    _span_objectives)
+def _objectives(c) -> list[str]:
+  """What the chosen objectives declare they need (``objectives.Entry``)."""
+  if _get(c, 'objective.names') is None or _get(c, 'model.kind') is None:
+    return []
+  return objectives.problems(c)
+
+
+CROSS_RULES: tuple[Callable[[Any], str | None | list[str]], ...] = (
+    _phases, _warmup, _batch, _positions, _eval, _mesh, _sources, _model, _objectives)
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:
   """Every problem found, one message each (naming the key and what was expected)."""
   out, bad_keys = [], set()
-  for rule in RULES:
+  for rule in rules():
     value = _get(config, rule.key, _MISSING)
     if value is _MISSING:
       continue
@@ -366,7 +243,9 @@ def problems(config: ml_collections.ConfigDict) -> list[str]:
       out.append(f'config.{rule.key}={value!r}: expected {rule.describe()}')
       bad_keys.add(rule.key)
   if not bad_keys:  # Cross rules assume each value is in its own range.
-    out.extend(m for m in (r(config) for r in CROSS_RULES) if m)
+    for r in CROSS_RULES:
+      found = r(config)
+      out.extend([found] if isinstance(found, str) else found or [])
   return out
 
 

@@ -6,7 +6,8 @@
       tokenizer.json (kind, sha256, ...)
   <workdir>/checkpoints/<step>/  Orbax checkpoints (see checkpointing.py)
   <workdir>/metrics.jsonl, <workdir>/tensorboard/
-  <workdir>/.lock                the run using the workdir now (see WorkdirLock)
+  <workdir>/.lock                the run using the workdir now (see WorkdirLock, built on
+                                 encoder_jax.filelock, the package's one lock helper)
 
 Pinning the tokenizer makes a workdir self-contained: evaluation, fill-mask, embeddings
 and export read the ids the checkpoint was trained on, whatever the prepared-data cache
@@ -16,16 +17,11 @@ holds now, and a resumed run whose prepared tokenizer differs stops with both fi
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import errno
 import hashlib
 import io
 import json
 import os
-import socket
-import sys
 import tempfile
-import threading
 import time
 import uuid
 
@@ -33,6 +29,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
+
+from encoder_jax import filelock
 
 TOKENIZER_DIR = 'tokenizer'
 TOKENIZER_INFO = 'tokenizer.json'
@@ -116,81 +114,59 @@ def check_workdir_writable(workdir: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The lock: one run per workdir.
+# The lock: one run per workdir (on encoder_jax.filelock, the package's one lock helper).
 
 LOCK_FILE = '.lock'
 HEARTBEAT_S = 60.0  # The holder rewrites the lock this often...
 STALE_AFTER_S = 15 * 60.0  # ...so a lock from another host not rewritten for this long is
 # taken over: that run is dead (or hung). On the same host the pid is checked instead.
 
-
-@dataclasses.dataclass(frozen=True)
-class LockInfo:
-  """Who holds a workdir: written as JSON into ``<workdir>/.lock``."""
-  host: str
-  pid: int
-  start_time: str  # ISO 8601, UTC, for people.
-  started: float  # time.time() at acquisition.
-  heartbeat: float  # time.time() of the last rewrite.
-  token: str  # Random: tells our lock from a successor's.
-  proc_start: int | None = None  # /proc/<pid>/stat start time: detects a reused pid.
-  argv: str = ''
-
-  def describe(self) -> str:
-    return f'host {self.host}, pid {self.pid}, started {self.start_time}'
-
-  @classmethod
-  def from_text(cls, text: str) -> 'LockInfo':
-    raw = json.loads(text)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in raw.items() if k in fields})
+LockInfo = filelock.LockInfo  # Who holds a workdir: written as JSON into <workdir>/.lock.
 
 
-def _proc_start(pid: int) -> int | None:
-  """The process's start time in clock ticks since boot (Linux); None where unknown."""
-  try:
-    with open(f'/proc/{pid}/stat', 'rb') as f:
-      stat = f.read()
-    return int(stat[stat.rindex(b')') + 2:].split()[19])
-  except (OSError, ValueError, IndexError):
-    return None
+class _BucketLock(filelock.FileLock):
+  """The lock of a ``gs://`` workdir: no O_EXCL there, so it is written, then read back."""
 
+  def _create(self, text: str) -> bool:
+    target = epath.Path(self.path)
+    if target.exists():
+      return False
+    target.write_text(text)
+    return self._read_text() == text
 
-def _pid_alive(pid: int, proc_start: int | None) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass  # Alive, owned by another user.
-  now = _proc_start(pid)
-  return proc_start is None or now is None or now == proc_start
+  def _read_text(self) -> str | None:
+    try:
+      return epath.Path(self.path).read_text()
+    except FileNotFoundError:
+      return None
 
+  def _mtime(self) -> float | None:
+    try:
+      return epath.Path(self.path).stat().mtime
+    except FileNotFoundError:
+      return None
 
-def _lock_is_stale(info: LockInfo, now: float, stale_after_s: float) -> str | None:
-  """Why a lock may be taken over, or None if its holder may still be running."""
-  if info.host == socket.gethostname():
-    if not _pid_alive(info.pid, info.proc_start):
-      return f'process {info.pid} on this host is no longer running'
-    return None
-  age = now - info.heartbeat
-  if age > stale_after_s:
-    return (f'it was last refreshed {age / 60:.0f} min ago (a live run refreshes it every '
-            f'{HEARTBEAT_S:.0f} s; the horizon is {stale_after_s / 60:.0f} min)')
-  return None
+  def _rewrite(self, text: str) -> None:
+    _write_atomically(epath.Path(self.path), text)
+
+  def _remove_if(self, text: str) -> bool:
+    if self._read_text() != text:
+      return False
+    epath.Path(self.path).unlink(missing_ok=True)
+    return True
 
 
 class WorkdirLock:
   """``with WorkdirLock(workdir): ...``: only one run uses a workdir at a time.
 
-  Taking it creates ``<workdir>/.lock`` (JSON: host, pid, start time) with O_EXCL, so of
-  two runs started together exactly one wins; the other raises WorkdirError naming the
-  holder. A lock whose holder is gone is taken over with a warning: on the same host when
-  its pid no longer runs (or now belongs to another process); from another host when it
-  was not refreshed for ``stale_after_s`` (the holder rewrites it every ``heartbeat_s`` from
-  a daemon thread; a pid on another machine cannot be checked). Released on exit, also on
-  an exception. ``enabled=False`` (every process but 0 of a multi-host run) does nothing,
-  so a run holds the lock once.
+  Taking it creates ``<workdir>/.lock`` (JSON: host, pid, start time; see filelock) with
+  O_EXCL, so of two runs started together exactly one wins; the other raises WorkdirError
+  naming the holder. A lock whose holder is gone is taken over with a warning: on the same
+  host when its pid no longer runs (or now belongs to another process); from another host
+  when it was not refreshed for ``stale_after_s`` (the holder rewrites it every
+  ``heartbeat_s`` from a daemon thread; a pid on another machine cannot be checked).
+  Released on exit, also on an exception. ``enabled=False`` (every process but 0 of a
+  multi-host run) does nothing, so a run holds the lock once.
 
   ``gs://`` workdirs have no O_EXCL: there the lock is written, then read back to check it
   is ours; two runs started within the same second may both get it.
@@ -203,10 +179,15 @@ class WorkdirLock:
     self.path = path(workdir, LOCK_FILE)
     self.heartbeat_s = heartbeat_s
     self.stale_after_s = stale_after_s
-    self.info: LockInfo | None = None
     self.took_over: LockInfo | None = None  # The dead run's lock, if one was taken over.
-    self._stop = threading.Event()
-    self._thread: threading.Thread | None = None
+    kind = _BucketLock if '://' in workdir else filelock.FileLock
+    self._lock = kind(str(self.path), heartbeat_s=heartbeat_s, horizon_s=stale_after_s,
+                      on_lost=self._lost, thread_name='workdir-lock-heartbeat')
+
+  @property
+  def info(self) -> LockInfo | None:
+    """Our lock, while we hold it."""
+    return self._lock.info
 
   def __enter__(self) -> 'WorkdirLock':
     if self.enabled:
@@ -216,133 +197,45 @@ class WorkdirLock:
   def __exit__(self, *exc) -> None:
     self.release()
 
-  def _new_info(self) -> LockInfo:
-    now = time.time()
-    return LockInfo(
-        host=socket.gethostname(), pid=os.getpid(),
-        start_time=datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(
-            timespec='seconds'),
-        started=now, heartbeat=now, token=uuid.uuid4().hex, proc_start=_proc_start(os.getpid()),
-        argv=' '.join(sys.argv)[:500])
-
-  def _read(self) -> tuple[LockInfo | None, str]:
-    """(holder, raw text); holder None when the file is unreadable (a crash mid-write)."""
-    try:
-      text = self.path.read_text()
-    except FileNotFoundError:
-      return None, ''
-    try:
-      return LockInfo.from_text(text), text
-    except (ValueError, TypeError):
-      return None, text
-
   def acquire(self) -> None:
     """Takes the lock or raises WorkdirError naming its holder; a no-op if already held."""
     if self.info is not None:
       return
     path(self.workdir).mkdir(parents=True, exist_ok=True)
     for _ in range(20):  # Retries only while another run is creating or taking over it.
-      info = self._new_info()
-      if self._create(info):
-        self.info = info
-        self._start_heartbeat()
+      if self._lock.try_acquire():
         if self.took_over:
           logging.warning('Took over the lock %s of a run that is gone (%s).', self.path,
                           self.took_over.describe())
         return
-      holder, text = self._read()
+      holder = self._lock.read()
       if holder is None:
-        try:
-          age = time.time() - self.path.stat().mtime
-        except FileNotFoundError:
-          continue  # Removed since our create: try again.
-        if age < 60:  # Being written right now (created, not yet filled): look again.
-          time.sleep(0.2)
-          continue
-        logging.warning('The lock %s is unreadable (%r) and %d s old: a run died while '
-                        'writing it; taking it over.', self.path, text[:80], age)
-        self._remove_if(text)
+        continue  # Removed since our create: try again.
+      why = self._lock.stale_reason(holder)
+      if why is None and holder.info is None:  # Being written right now: look again.
+        time.sleep(0.2)
         continue
-      why = _lock_is_stale(holder, time.time(), self.stale_after_s)
       if why is None:
         raise WorkdirError(
-            f'{self.workdir} is in use by another run ({holder.describe()}; lock file '
+            f'{self.workdir} is in use by another run ({holder.info.describe()}; lock file '
             f'{self.path}). Wait for it to finish, stop it, or use another --workdir. If that '
             'run is gone, delete the lock file.')
-      logging.warning('The lock %s is held by a run that is gone (%s): %s.', self.path,
-                      holder.describe(), why)
-      self._remove_if(text)
-      self.took_over = holder
+      if holder.info is None:
+        logging.warning('The lock %s is %s; taking it over.', self.path, why)
+      else:
+        logging.warning('The lock %s is held by a run that is gone (%s): %s.', self.path,
+                        holder.info.describe(), why)
+        self.took_over = holder.info
+      self._lock.take_over(holder)
     raise WorkdirError(f'Could not take the lock {self.path}: another run keeps replacing it.')
 
-  def _create(self, info: LockInfo) -> bool:
-    text = json.dumps(dataclasses.asdict(info), indent=1)
-    if '://' in self.workdir:
-      if self.path.exists():
-        return False
-      self.path.write_text(text)
-      return self._read()[0] == info
-    try:
-      fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-      return False
-    with os.fdopen(fd, 'w') as f:
-      f.write(text)
-    return True
-
-  def _remove_if(self, text: str) -> None:
-    """Removes the lock only if it still holds ``text`` (not a successor's new lock)."""
-    if '://' in self.workdir:
-      if self._read()[1] == text:
-        self.path.unlink(missing_ok=True)
-      return
-    # Rename first: of several runs taking over, one gets the file; check it is the old one.
-    aside = self.path.with_name(f'{LOCK_FILE}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}')
-    try:
-      os.rename(self.path, aside)
-    except FileNotFoundError:
-      return
-    if aside.read_text() != text:  # A successor's fresh lock: put it back.
-      try:
-        os.link(aside, self.path)
-      except OSError as e:
-        if e.errno != errno.EEXIST:
-          raise
-    os.unlink(aside)
-
-  def _start_heartbeat(self) -> None:
-    if self.heartbeat_s <= 0:
-      return
-    self._stop.clear()
-    self._thread = threading.Thread(target=self._beat, name='workdir-lock-heartbeat',
-                                    daemon=True)
-    self._thread.start()
-
-  def _beat(self) -> None:
-    while not self._stop.wait(self.heartbeat_s):
-      holder, _ = self._read()
-      if holder is None or holder.token != self.info.token:
-        logging.error('The lock %s is no longer ours (now: %s); another run may be writing to '
-                      '%s.', self.path, holder.describe() if holder else 'missing', self.workdir)
-        return
-      self.info = dataclasses.replace(self.info, heartbeat=time.time())
-      try:
-        _write_atomically(self.path, json.dumps(dataclasses.asdict(self.info), indent=1))
-      except OSError as e:
-        logging.warning('Could not refresh the lock %s: %s', self.path, e)
+  def _lost(self, holder: LockInfo | None) -> None:
+    logging.error('The lock %s is no longer ours (now: %s); another run may be writing to %s.',
+                  self.path, holder.describe() if holder else 'missing', self.workdir)
 
   def release(self) -> None:
     """Stops the heartbeat and removes the lock if it is still ours; safe to call twice."""
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-      self._thread = None
-    if self.info is None:
-      return
-    holder, _ = self._read()
-    if holder is not None and holder.token == self.info.token:
-      self.path.unlink(missing_ok=True)
-    self.info = None
+    self._lock.release()
 
 
 def run_lock(workdir: str) -> WorkdirLock:

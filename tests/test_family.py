@@ -11,10 +11,12 @@ import shutil
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from encoder_jax import checkpointing
+from encoder_jax import config_base
 from encoder_jax import objectives
 from encoder_jax import train
 from encoder_jax import train_state
@@ -88,6 +90,40 @@ def family_config(name: str, prepared_root: str):
 def test_every_kind_is_registered_in_the_family_table():
   kinds = {FAMILY[n].get('model', {}).get('kind', 'bert') for n in FAMILY}
   assert kinds == set(models.KINDS), set(models.KINDS) - kinds
+
+
+def test_every_objective_is_trained_by_a_family_row():
+  names = {n for row in FAMILY.values()
+           for n in row.get('objective', {}).get('names', ('mlm', 'nsp'))}
+  assert names == set(objectives.REGISTRY), set(objectives.REGISTRY) - names
+
+
+ENTRIES = ([('model', k) for k in sorted(models.KINDS)]
+           + [('objective', n) for n in sorted(objectives.REGISTRY)])
+
+
+@pytest.mark.parametrize('section,name', ENTRIES, ids=[f'{s}-{n}' for s, n in ENTRIES])
+def test_every_registry_entry_declares_sound_fields(section, name):
+  """Each entry's fields are in the schema at their documented, in-range defaults, and a
+  value of the wrong kind is refused by validation naming the key and its range."""
+  entry = models.get(name) if section == 'model' else objectives.REGISTRY[name]
+  assert entry.description, f'{section} {name!r} has no description'
+  schema = config_base.base_config()[section]
+  row = next(n for n in sorted(FAMILY) if (
+      FAMILY[n].get('model', {}).get('kind', 'bert') == name if section == 'model' else
+      name in FAMILY[n].get('objective', {}).get('names', ('mlm', 'nsp'))))
+  for f in entry.fields:
+    assert f.doc and f.ok(f.default), f
+    assert f.name in schema and schema[f.name] == f.default, f.name
+    c = ml_collections.ConfigDict(family_config(row, '/unused').to_dict(), type_safe=False)
+    c[section][f.name] = '<wrong>'
+    found = validation.problems(c)
+    assert found and found[0].startswith(f"config.{section}.{f.name}='<wrong>': expected "
+                                         f'{f.expected()}'), found
+  # The family row itself is valid, and its setup shows console metrics of its own.
+  c = family_config(row, '/unused')
+  validation.validate(c)
+  assert objectives.build(c).console_metrics
 
 
 @pytest.fixture(scope='module')

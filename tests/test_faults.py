@@ -12,7 +12,6 @@ rename of checkpoint ``STEP`` (its temporary directory fully written, not yet co
 replaced by a wait, so the run is caught mid-save, alive and holding the workdir's lock.
 """
 
-import fcntl
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ from encoder_jax import sharding
 from encoder_jax import train
 from encoder_jax import validation
 from encoder_jax import workdir as workdir_lib
+from encoder_jax.data import prepare_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -81,15 +81,18 @@ def _once(tmp_path_factory, name: str, make) -> str:
     make(directory)
     return directory
   directory = tmp_path_factory.getbasetemp().parent / f'test_faults-{name}'
-  # Not '<directory>.lock': that is data preparation's own lock file for the prepared
-  # directory (prepare_once), which would wait for this empty one to go stale (180 s).
-  with open(f'{directory}.once-lock', 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
-    if not os.path.exists(f'{directory}.done'):
-      shutil.rmtree(directory, ignore_errors=True)
-      directory.mkdir()
-      make(str(directory))
-      open(f'{directory}.done', 'w').close()
+  done = f'{directory}.done'
+
+  def fill():
+    shutil.rmtree(directory, ignore_errors=True)  # A worker that died while filling it.
+    directory.mkdir()
+    make(str(directory))
+    open(done, 'w').close()
+
+  # The first worker fills it, the others wait for `done` (prepare_once, under its lock
+  # '<directory>.once.lock'; not '<directory>.lock', which make() may take to prepare data
+  # into the directory).
+  prepare_once.prepare_once(f'{directory}.once', done, fill)
   return str(directory)
 
 

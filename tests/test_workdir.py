@@ -200,6 +200,22 @@ def test_heartbeat_refreshes_the_lock(tmp_path):
   assert not (tmp_path / workdir_lib.LOCK_FILE).exists()
 
 
+
+def test_the_bucket_lock_written_then_read_back_keeps_the_same_rules(tmp_path):
+  # The gs:// variant, run on a local path (etils.epath reads and writes both alike).
+  lock_file = str(tmp_path / workdir_lib.LOCK_FILE)
+  ours = workdir_lib._BucketLock(lock_file, heartbeat_s=0.05, horizon_s=60.0)
+  other = workdir_lib._BucketLock(lock_file, heartbeat_s=0, horizon_s=60.0)
+  assert ours.try_acquire() and not other.try_acquire()
+  holder = other.read()
+  assert holder.info.token == ours.info.token and other.stale_reason(holder) is None
+  deadline = time.time() + 10
+  while other.read().info.heartbeat == holder.info.heartbeat and time.time() < deadline:
+    time.sleep(0.02)
+  assert other.read().info.heartbeat > holder.info.heartbeat
+  assert not other.take_over(holder)  # Refreshed since it was judged: left alone.
+  assert ours.release() and not (tmp_path / workdir_lib.LOCK_FILE).exists()
+
 _RACER = '''
 import glob, os, sys, time
 from encoder_jax import workdir
@@ -231,7 +247,7 @@ def test_of_runs_started_together_exactly_one_gets_the_lock(tmp_path):
 
 
 def test_lock_info_round_trips():
-  info = workdir_lib.WorkdirLock('/tmp/unused')._new_info()
+  info = workdir_lib.LockInfo.new()
   text = json.dumps(dataclasses.asdict(info))
   assert workdir_lib.LockInfo.from_text(text) == info
 

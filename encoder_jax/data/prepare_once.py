@@ -7,23 +7,23 @@ others wait for the manifest. So a shared file system prepares once, and hosts w
 disks (TPU VM workers) each prepare once, which each of them needs. No JAX is involved: the
 lock also serialises unrelated runs (or test workers) that share a prepared directory.
 
-The owner touches the lock every ``HEARTBEAT_S`` while it works. A lock whose owner died
-(its pid is gone on this host, or nobody touched it for ``STALE_S``) is taken over, so a
-run killed mid-preparation never blocks the next one; two waiters taking over at once both
-prepare, which ``prepare`` tolerates (the first complete directory wins). A lock released
-without a manifest means the owner's preparation failed: waiters stop with that, instead
-of repeating the failure one after another. A waiter gives up after ``timeout_s``.
+The lock is encoder_jax.filelock's (the package's one lock helper; WorkdirLock uses it
+too): its owner refreshes it every ``HEARTBEAT_S`` while it works. A lock whose owner died
+(its pid is gone on this host, or a waiter saw it unrefreshed for ``STALE_S``) is taken
+over, so a run killed mid-preparation never blocks the next one; two waiters taking over at
+once both prepare, which ``prepare`` tolerates (the first complete directory wins). A lock
+released without a manifest means the owner's preparation failed: waiters stop with that,
+instead of repeating the failure one after another. A waiter gives up after ``timeout_s``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
-import threading
 import time
 from typing import Callable
+
+from encoder_jax import filelock
 
 HEARTBEAT_S = 10.0
 STALE_S = 180.0  # Several missed heartbeats, with room for slow network file systems.
@@ -36,69 +36,6 @@ def lock_path(directory: str) -> str:
   return directory.rstrip('/') + '.lock'
 
 
-def _owner() -> dict:
-  return dict(host=socket.gethostname(), pid=os.getpid(), started=time.time())
-
-
-def _try_lock(path: str) -> bool:
-  try:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-  except FileExistsError:
-    return False
-  with os.fdopen(fd, 'w') as f:
-    json.dump(_owner(), f)
-  return True
-
-
-def _read_owner(path: str) -> dict | None:
-  """The lock's owner, {} while it is being written, None once it is gone."""
-  try:
-    with open(path) as f:
-      text = f.read()
-  except FileNotFoundError:
-    return None
-  try:
-    return json.loads(text)
-  except ValueError:
-    return {}
-
-
-def _pid_dead_here(owner: dict) -> bool:
-  if owner.get('host') != socket.gethostname() or not isinstance(owner.get('pid'), int):
-    return False
-  try:
-    os.kill(owner['pid'], 0)
-  except ProcessLookupError:
-    return True
-  except PermissionError:
-    return False
-  return False
-
-
-class _Heartbeat:
-  """Touches the lock in a thread while the owner prepares (the owner's sign of life)."""
-
-  def __init__(self, path: str, every_s: float):
-    self.path, self.every_s = path, every_s
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True, name='prepare-heartbeat')
-
-  def _run(self):
-    while not self._stop.wait(self.every_s):
-      try:
-        os.utime(self.path)
-      except OSError:
-        pass  # Taken over or removed: nothing left to keep alive.
-
-  def __enter__(self):
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
-
-
 def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *,
                  timeout_s: float = TIMEOUT_S, stale_s: float = STALE_S,
                  heartbeat_s: float = HEARTBEAT_S) -> bool:
@@ -108,10 +45,19 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
   """
   path = lock_path(directory)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  start = time.monotonic()
-  seen = None  # The lock's (owner, mtime) as last observed, and since when (our clock).
-  seen_since = reported = start
-  told = None  # The owner last reported as being waited for.
+
+  def lost(holder):
+    logging.warning('The lock %s is no longer ours (now: %s): %s may be preparing %s too '
+                    '(the first complete directory wins).', path,
+                    holder.describe() if holder else 'missing', _who(holder), directory)
+
+  lock = filelock.FileLock(path, heartbeat_s=heartbeat_s, horizon_s=stale_s,
+                           horizon_on_this_host=True, on_lost=lost,
+                           thread_name='prepare-heartbeat')
+  idle = filelock.IdleClock()  # Host clocks may disagree: staleness is timed with ours.
+  start = reported = time.monotonic()
+  seen = None  # The lock as last observed.
+  told = ()  # The owner last reported as being waited for (none yet).
   while True:
     if os.path.exists(manifest):
       return False
@@ -119,56 +65,43 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
       time.sleep(1.0)  # A take-over recreates the lock at once.
       if not os.path.exists(manifest) and not os.path.exists(path):
         raise FileNotFoundError(
-            f'{_who(seen[0])} stopped preparing {directory} without writing {manifest} '
+            f'{_who(seen.info)} stopped preparing {directory} without writing {manifest} '
             "(its preparation failed: see that process's log). Fix the cause and rerun.")
       seen = None
       continue
-    if _try_lock(path):
+    if lock.try_acquire():
       logging.info('No prepared data in %s: preparing it now (lock %s).', directory, path)
       try:
-        with _Heartbeat(path, heartbeat_s):
-          prepare()
+        prepare()
       finally:
-        try:
-          os.remove(path)
-        except FileNotFoundError:
-          pass
+        lock.release()
       return True
-    owner = _read_owner(path)
-    if owner is None:  # Released since our attempt.
+    seen = lock.read()
+    if seen is None:  # Released since our attempt.
       continue
-    try:
-      mtime = os.stat(path).st_mtime
-    except FileNotFoundError:
-      continue
-    now = time.monotonic()
-    if seen != (owner, mtime):  # Host clocks may disagree: time staleness with ours.
-      seen, seen_since = (owner, mtime), now
-    idle = now - seen_since
-    if _pid_dead_here(owner) or idle > stale_s:
-      logging.warning('Taking over the preparation of %s from %s (%s).', directory,
-                      _who(owner), f'lock {path} untouched for {idle:.0f} s'
-                      if idle > stale_s else 'that process is not running')
-      try:
-        os.remove(path)
-      except FileNotFoundError:
-        pass
+    why = lock.stale_reason(seen, idle(seen))
+    if why is not None:
+      logging.warning('Taking over the preparation of %s from %s (lock %s: %s).', directory,
+                      _who(seen.info), path, why)
+      lock.take_over(seen)
       seen = None
       continue
+    now = time.monotonic()
     if now - start > timeout_s:
       raise TimeoutError(
-          f'Waited {timeout_s:.0f} s for {_who(owner)} to prepare {directory} (lock {path}, '
-          f'still alive) and no {os.path.basename(manifest)} appeared. Prepare the data '
-          'once beforehand with python -m encoder_jax.prepare --config=... (the same '
+          f'Waited {timeout_s:.0f} s for {_who(seen.info)} to prepare {directory} (lock '
+          f'{path}, still alive) and no {os.path.basename(manifest)} appeared. Prepare the '
+          'data once beforehand with python -m encoder_jax.prepare --config=... (the same '
           f'config), or delete {path} if that process is stuck.')
+    owner = seen.info and (seen.info.host, seen.info.pid, seen.info.token)
     if now - reported >= _REPORT_EVERY_S or owner != told:  # Printed: shown at any verbosity.
-      print(f'Waiting for {_who(owner)} to prepare {directory} ({now - start:.0f} s so far).',
+      print(f'Waiting for {_who(seen.info)} to prepare {directory} ({now - start:.0f} s so far).',
             flush=True)
       reported, told = now, owner
     time.sleep(_POLL_S)
 
 
-def _who(owner: dict) -> str:
-  if not owner:
+def _who(owner: filelock.LockInfo | None) -> str:
+  if owner is None:
     return 'another process'
-  return f"process {owner.get('pid')} on {owner.get('host')}"
+  return f'process {owner.pid} on {owner.host}'

@@ -2,7 +2,8 @@
 
 Each section maps onto one piece: ``init`` -> the pretrained weights
 (``encoder_jax.loading``), ``data`` -> ``finetune.data``, ``optim`` -> the optimizer
-in ``finetune.train``, ``task`` -> ``finetune.heads.make``.
+in ``finetune.train``, ``task`` -> ``finetune.heads.make``; ``mesh``, ``dtype``,
+``nonfinite_policy`` and ``checkpoint_keep`` -> the training engine (as in pretraining).
 """
 
 from __future__ import annotations
@@ -46,4 +47,10 @@ def base_config() -> ml_collections.ConfigDict:
       eval_batch_size=64,
   ))
   c.dropout_rate = 0.1  # Head dropout; the encoder keeps its config's dropout rates.
+
+  # ---- the training engine's settings (as in pretraining) ----
+  c.dtype = ''  # Activations: '' = the checkpoint's model.dtype, 'float32' or 'bfloat16'.
+  c.nonfinite_policy = 'stop'  # On a NaN/inf loss: 'stop' or 'skip' the update.
+  c.checkpoint_keep = 1  # Checkpoints kept in <workdir>/checkpoints (one per epoch end).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # As pretraining's.
   return c

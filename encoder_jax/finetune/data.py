@@ -226,11 +226,14 @@ def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
   return arrays, report
 
 
-def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator | None):
-  """Fixed-size batches; the last one padded with weight-0 rows (shuffled if ``rng``)."""
+def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator | None,
+            order: np.ndarray | None = None, first: int = 0):
+  """Fixed-size batches; the last one padded with weight-0 rows. In ``order`` if given
+  (else shuffled if ``rng``), from batch number ``first`` on (a resumed epoch)."""
   n = len(arrays['labels'])
-  order = rng.permutation(n) if rng is not None else np.arange(n)
-  for start in range(0, n, batch_size):
+  if order is None:
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+  for start in range(first * batch_size, n, batch_size):
     idx = order[start:start + batch_size]
     batch = {k: v[idx] for k, v in arrays.items()}
     batch['weights'] = np.ones(len(idx), np.float32)

@@ -1,9 +1,15 @@
-"""Fine-tuning loop: pretrained encoder + new head, all layers trained, evaluated per epoch.
+"""Fine-tuning on the training engine: pretrained encoder + new head, evaluated per epoch.
 
 ``finetune(config, workdir)`` loads the encoder (a pretraining workdir or an HF directory),
-reads and encodes the data, trains with AdamW (warmup then linear decay) and returns the
-metrics of the last evaluation; the fine-tuned params go to ``<workdir>/params``
-(Orbax) and every epoch's metrics to ``<workdir>/metrics.jsonl``.
+reads and encodes the data, and trains the task (``finetune.task.Task``: head + loss +
+metrics) with the pretraining engine's pieces: the mesh and its sharded state
+(``train_state``), the train step (``train.make_train_step``: the model's dtype, e.g.
+``config.dtype='bfloat16'``, and the non-finite policy), the workdir lock, Orbax
+checkpoints with exact resume (``checkpointing.Checkpointer``: params, optimizer state and
+the data position, saved at every epoch's end and on SIGTERM), the console and
+``metrics.jsonl``. AdamW warms up then decays linearly. It returns the metrics of the last
+evaluation; the final params also go to ``<workdir>/params`` with ``labels.json`` and
+``finetune_config.json``, for evaluation scripts.
 """
 
 from __future__ import annotations
@@ -21,12 +27,22 @@ import numpy as np
 import optax
 from absl import logging
 
+from encoder_jax import checkpointing
+from encoder_jax import console as console_lib
+from encoder_jax import feeding
 from encoder_jax import loading
+from encoder_jax import metrics as metrics_writer
 from encoder_jax import optimizer as optimizer_lib
+from encoder_jax import sharding
+from encoder_jax import train as engine
+from encoder_jax import train_state
+from encoder_jax import workdir as workdir_lib
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.finetune import metrics as metrics_lib
+from encoder_jax.finetune import task as task_lib
 from encoder_jax.interop import hf_import
+from encoder_jax.models import registry as models
 
 
 def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
@@ -63,6 +79,13 @@ def init_params(model: nn.Module, pretrained, max_len: int, seed: int
   return params, report
 
 
+def learning_rate_schedule(o: ml_collections.ConfigDict, total_steps: int):
+  warmup = int(round(float(o.warmup_fraction) * total_steps))
+  return optimizer_lib.learning_rate_schedule(
+      ml_collections.ConfigDict(dict(learning_rate=float(o.learning_rate), warmup_steps=warmup)),
+      total_steps)
+
+
 def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
   """AdamW with the pretraining schedule and decay mask (``encoder_jax.optimizer``).
 
@@ -74,28 +97,51 @@ def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
                      'of the steps in [0, 1]')
   if o.grad_clip_norm < 0:
     raise ValueError(f'config.optim.grad_clip_norm={o.grad_clip_norm}; expected >= 0')
-  warmup = int(round(float(o.warmup_fraction) * total_steps))
-  schedule = optimizer_lib.learning_rate_schedule(
-      ml_collections.ConfigDict(dict(learning_rate=float(o.learning_rate), warmup_steps=warmup)),
-      total_steps)
-  tx = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=o.weight_decay,
+  tx = optax.adamw(learning_rate_schedule(o, total_steps), b1=0.9, b2=0.999, eps=1e-6, weight_decay=o.weight_decay,
                    mask=optimizer_lib.decay_mask)
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
   return tx
 
 
-def _loss(logits, labels, weights):
-  """Mean cross-entropy over real examples / labelled tokens (label -1 = ignored)."""
-  if labels.ndim == 2:
-    weights = weights[:, None] * (labels != data_lib.IGNORE)
-  safe = jnp.maximum(labels, 0)
-  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), safe[..., None], -1)[..., 0]
-  return (nll * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+def engine_config(config: ml_collections.ConfigDict, total_steps: int,
+                  steps_per_epoch: int) -> ml_collections.ConfigDict:
+  """The sections of a pretraining config the engine's pieces read, from a fine-tuning
+  config: one optimizer step per batch, a checkpoint at every epoch's end."""
+  o = config.optim
+  return ml_collections.ConfigDict(dict(
+      seed=int(config.seed),
+      train=dict(batch_size=int(o.batch_size), grad_accum_steps=1, num_steps=total_steps,
+                 nonfinite_policy=config.nonfinite_policy, dropout_rng_impl='threefry'),
+      mesh=config.mesh.to_dict(),
+      checkpoint=dict(every_steps=steps_per_epoch, keep=int(config.checkpoint_keep),
+                      async_save=False)))
+
+
+def _check(config: ml_collections.ConfigDict) -> None:
+  o = config.optim
+  for key in ('epochs', 'batch_size', 'eval_batch_size'):
+    if not isinstance(o[key], int) or o[key] < 1:
+      raise ValueError(f'config.optim.{key}={o[key]!r}; expected an integer >= 1')
+  if config.nonfinite_policy not in ('stop', 'skip'):
+    raise ValueError(f'config.nonfinite_policy={config.nonfinite_policy!r}; expected one of '
+                     "'stop', 'skip'")
+  if config.dtype not in ('', 'float32', 'bfloat16'):
+    raise ValueError(f"config.dtype={config.dtype!r}; expected '' (the checkpoint's), "
+                     "'float32' or 'bfloat16'")
+  if int(config.checkpoint_keep) < 1:
+    raise ValueError(f'config.checkpoint_keep={config.checkpoint_keep}; expected >= 1')
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
+  """Fine-tunes (or resumes fine-tuning) into ``workdir`` (None: in memory, no checkpoints).
+
+  Returns the last epoch's metrics (``eval_*`` from the eval split), the truncation counts
+  and the label names."""
+  _check(config)
   d, o = config.data, config.optim
+  if workdir:
+    workdir_lib.check_workdir_writable(workdir)
   pretrained = load_pretrained(config)
   tok = pretrained.tokenizer
   max_len = min(int(d.max_len), pretrained.max_length)
@@ -112,72 +158,178 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
       if cut.truncated_examples:
         print(f'Warning: {cut.summary(split)}', flush=True)
 
-  model = heads.make(config.task, pretrained.model_config, len(names), config.dropout_rate)
-  params, parts = init_params(model, pretrained.encoder_params, max_len, config.seed)
-  print(f'Fine-tuning {config.task} from {pretrained.source}: taken from the checkpoint: '
-        f'{", ".join(parts["taken"]) or "nothing"}; freshly initialised: '
-        f'{", ".join(parts["fresh"])}'
-        + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.',
-        flush=True)
+  model_config = pretrained.model_config
+  if config.dtype:
+    model_config = model_config.replace(dtype=config.dtype)
+  model = heads.make(config.task, model_config, len(names), config.dropout_rate)
+  task = task_lib.Task(config.task, model, models.network(model_config), max_len)
   steps_per_epoch = math.ceil(len(train_ex) / o.batch_size)
   total = steps_per_epoch * int(o.epochs)
+  ec = engine_config(config, total, steps_per_epoch)
+  mesh = sharding.make_mesh(ec.mesh)
+  sharding.check_batch(int(o.batch_size), mesh, 'config.optim.batch_size')
+  sharding.check_batch(int(o.eval_batch_size), mesh, 'config.optim.eval_batch_size')
   tx = make_optimizer(o, total)
-  opt_state = tx.init(params)
-  base_key = jax.random.PRNGKey(config.seed)
-
-  @jax.jit
-  def train_step(params, opt_state, batch, step):
-    def loss_fn(p):
-      logits = model.apply({'params': p}, batch['input_ids'], batch['segment_ids'],
-                           batch['input_mask'], deterministic=False,
-                           rngs={'dropout': jax.random.fold_in(base_key, step)})
-      return _loss(logits, batch['labels'], batch['weights'])
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  @jax.jit
-  def predict(params, batch):
-    logits = model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
-                         batch['input_mask'], deterministic=True)
-    return jnp.argmax(logits, -1)
-
-  def evaluate(params) -> dict:
-    preds = []
-    for batch in data_lib.batches(evals, int(o.eval_batch_size), None):
-      keep = batch['weights'] > 0
-      preds.append(np.asarray(predict(params, batch))[keep])
-    pred = np.concatenate(preds)
-    if config.task == 'sequence_classification':
-      return metrics_lib.sequence_metrics(pred, evals['labels'], len(names))
-    return metrics_lib.token_metrics(pred, evals['labels'], names)
-
-  if workdir:
-    os.makedirs(workdir, exist_ok=True)
-  rng = np.random.default_rng(config.seed)
-  step, result = 0, {}
-  for epoch in range(1, int(o.epochs) + 1):
-    start, losses = time.perf_counter(), []
-    for batch in data_lib.batches(train, int(o.batch_size), rng):
-      params, opt_state, loss = train_step(params, opt_state, batch, step)
-      losses.append(loss)
-      step += 1
-    result = {'epoch': epoch, 'step': step, 'train_loss': float(np.mean(jax.device_get(losses))),
-              'epoch_time_s': time.perf_counter() - start}
-    if evals is not None:
-      result.update({f'eval_{k}': v for k, v in evaluate(params).items()})
-      result.update({f'eval_{k}': v for k, v in eval_cut.metrics().items()})
-    logging.info('epoch %d: %s', epoch, result)
-    print(' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
-                   for k, v in result.items()), flush=True)
-    if workdir:
-      with open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8') as f:
-        f.write(json.dumps(result) + '\n')
-  if workdir:
-    _save(workdir, params, config, names)
+  lock = workdir_lib.run_lock(workdir) if workdir else _NoLock()
+  with lock, engine.Preempted() as preempted:
+    run = _Run(config, workdir, pretrained, task, ec, mesh, tx, train, evals, names, total,
+               steps_per_epoch, max_len)
+    result = run.go(preempted)
+  if evals is not None:
+    result.update({f'eval_{k}': v for k, v in eval_cut.metrics().items()})
   result.update({f'train_{k}': v for k, v in train_cut.metrics().items()})
   result['labels'] = list(names)
   return result
+
+
+class _NoLock:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+class _Run:
+  """One fine-tuning session on the engine: state, header, epochs, checkpoints."""
+
+  def __init__(self, config, workdir, pretrained, task, ec, mesh, tx, train, evals, names,
+               total, steps_per_epoch, max_len):
+    self.config, self.workdir, self.pretrained, self.task = config, workdir, pretrained, task
+    self.ec, self.mesh, self.tx = ec, mesh, tx
+    self.train, self.evals, self.names = train, evals, names
+    self.total, self.steps_per_epoch, self.max_len = total, steps_per_epoch, max_len
+    self.lead = jax.process_index() == 0
+    self.console = console_lib.Console(enabled=self.lead, shown=task.console_metrics)
+    self.ckpt = (checkpointing.Checkpointer(workdir, ec.checkpoint) if workdir else None)
+
+  def _state(self):
+    """(state, data position, what came from where or None when resumed)."""
+    _, shards = train_state.state_shardings(self.ec, self.mesh, self.task, self.tx)
+    restored = None
+    if self.ckpt is not None:
+      restored = self.ckpt.restore(train_state.abstract_state(self.ec, self.mesh, self.task,
+                                                              self.tx))
+    if restored is not None:
+      params, opt_state, data_state, step = restored
+      state = train_state.TrainState(step=jax.device_put(jnp.int32(step), shards.step),
+                                     params=params, opt_state=opt_state)
+      return state, shards, data_state or {'epoch': 1, 'batch': 0}, None
+    params, parts = init_params(self.task.model, self.pretrained.encoder_params, self.max_len,
+                                int(self.config.seed))
+    state = train_state.create_train_state(self.ec, self.mesh, params=params, setup=self.task,
+                                           tx=self.tx)
+    return state, shards, {'epoch': 1, 'batch': 0}, parts
+
+  def _header(self, parts, state) -> None:
+    c, o, out = self.config, self.config.optim, self.console
+    n = sum(x.size for x in jax.tree.leaves(state.params))
+    out.say(f'encoder_jax: fine-tuning {c.task} from {self.pretrained.source} '
+            f'({self.task.network.config.kind}, {n:,} parameters, labels {list(self.names)})'
+            + (f' in {self.workdir}' if self.workdir else ''))
+    out.say(f'  mesh {dict(self.mesh.shape)} over {jax.device_count()} x '
+            f'{jax.devices()[0].device_kind}; batch {o.batch_size}; {o.epochs} epochs x '
+            f'{self.steps_per_epoch} steps at {self.max_len} tokens; dtype '
+            f'{self.task.network.config.dtype}')
+    if parts is None:
+      out.say(f'  resuming from checkpoint step {int(jax.device_get(state.step))}')
+    else:
+      out.say(f'  taken from the checkpoint: {", ".join(parts["taken"]) or "nothing"}; '
+              f'freshly initialised: {", ".join(parts["fresh"])}'
+              + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.')
+
+  def evaluate(self, params, predict) -> dict:
+    preds = []
+    shard = sharding.batch_sharding(self.mesh)
+    for batch in data_lib.batches(self.evals, int(self.config.optim.eval_batch_size), None):
+      keep = batch['weights'] > 0
+      preds.append(np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))
+                   [keep])
+    pred = np.concatenate(preds)
+    if self.config.task == 'sequence_classification':
+      return metrics_lib.sequence_metrics(pred, self.evals['labels'], len(self.names))
+    return metrics_lib.token_metrics(pred, self.evals['labels'], self.names)
+
+  def go(self, preempted) -> dict:
+    c, o = self.config, self.config.optim
+    state, shards, position, parts = self._state()
+    self._header(parts, state)
+    if self.workdir and self.lead:
+      os.makedirs(self.workdir, exist_ok=True)
+    step = int(jax.device_get(state.step))
+    writer = metrics_writer.MetricWriter(self.workdir, enabled=bool(self.workdir) and self.lead,
+                                         resume_step=step) if self.workdir else None
+    phase = task_lib.phase(self.max_len)
+    schedule_fn = learning_rate_schedule(o, self.total)
+    train_step = engine.make_train_step(self.ec, self.task, self.tx, schedule_fn, self.mesh,
+                                        shards, phase)
+    predict = jax.jit(self.task.predict, in_shardings=(shards.params,
+                                                       sharding.batch_sharding(self.mesh)))
+    shard = sharding.batch_sharding(self.mesh)
+    n = len(self.train['labels'])
+    result: dict = {}
+    try:
+      for epoch in range(int(position['epoch']), int(o.epochs) + 1):
+        start, metrics = time.perf_counter(), []
+        first = int(position['batch']) if epoch == int(position['epoch']) else 0
+        order = task_lib.epoch_order(n, int(c.seed), epoch)
+        stopped = False
+        for i, batch in enumerate(data_lib.batches(self.train, int(o.batch_size), None, order,
+                                                   first), start=first):
+          state, m = train_step(state, feeding.to_global(batch, shard))
+          metrics.append(m)
+          step += 1
+          stopped = preempted.at(step)
+          if stopped:
+            self._save(step, state, {'epoch': epoch, 'batch': i + 1})
+            self.console.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the '
+                             'same command to resume.')
+            return {'epoch': epoch, 'step': step, 'preempted': True}
+        host = jax.device_get(metrics)
+        self._check_finite(host, step)
+        result = {'epoch': epoch, 'step': step,
+                  'train_loss': float(np.mean([x['loss'] for x in host])) if host else 0.0,
+                  'train_accuracy': float(np.mean([x['accuracy'] for x in host])) if host
+                  else 0.0,
+                  'epoch_time_s': time.perf_counter() - start}
+        self.console.metrics(step, self.total, {'loss': result['train_loss'],
+                                                'accuracy': result['train_accuracy']}, 'train')
+        if writer:
+          writer.write(step, {k: v for k, v in result.items() if k != 'step'}, 'train')
+        if self.evals is not None:
+          held_out = self.evaluate(state.params, predict)
+          result.update({f'eval_{k}': v for k, v in held_out.items()})
+          self.console.metrics(step, self.total, held_out, 'eval')
+          if writer:
+            writer.write(step, held_out, 'eval')
+        self._save(step, state, {'epoch': epoch + 1, 'batch': 0})
+      if self.workdir and self.lead:
+        _save(self.workdir, jax.device_get(state.params), c, self.names)
+    finally:
+      if self.ckpt is not None:
+        self.ckpt.close()
+      if writer:
+        writer.close()
+    if not result and self.evals is not None:  # Resumed after the last epoch: report it.
+      result = {f'eval_{k}': v for k, v in self.evaluate(state.params, predict).items()}
+      result['step'] = step
+    self.console.say(f'done: step {step} in {self.console.elapsed()}'
+                     + (f'; fine-tuned params in {os.path.join(self.workdir, "params")}'
+                        if self.workdir else ''))
+    return result
+
+  def _save(self, step, state, position) -> None:
+    if self.ckpt is not None:
+      self.ckpt.save(step, state, position)
+
+  def _check_finite(self, host, step) -> None:
+    bad = sum(int(m['nonfinite']) for m in host)
+    if bad and self.config.nonfinite_policy == 'stop':
+      raise FloatingPointError(
+          f'Non-finite loss or gradient in the epoch ending at step {step}; stopping. Lower '
+          "config.optim.learning_rate or set config.nonfinite_policy='skip'.")
+    if bad:
+      logging.warning('%d updates with a non-finite loss or gradient were dropped', bad)
 
 
 def _save(workdir: str, params, config: ml_collections.ConfigDict, names) -> None:

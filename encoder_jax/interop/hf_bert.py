@@ -20,7 +20,7 @@ def _layer(ours: str, hf: str, transform: T.Transform) -> T.Entry:
   return T.Entry('encoder/layers/' + ours, 'bert.encoder.layer.{i}.' + hf, transform, ENCODER)
 
 
-PARAMS: tuple[Entry, ...] = (
+PARAMS: tuple[T.Entry, ...] = (
     T.Entry('embeddings/word_embeddings/embedding', 'bert.embeddings.word_embeddings.weight',
           T.IDENTITY, ENCODER),
     T.Entry('embeddings/position_embeddings/embedding',

@@ -106,7 +106,7 @@ def run_config_for(model_config: model_config_lib.EncoderConfig, tok,
   """``base`` (default: the schema defaults) with the imported model and tokenizer file."""
   config = ml_collections.ConfigDict(base.to_dict()) if base is not None else (
       config_base.base_config())
-  config.model.update(dataclasses.asdict(model_config))
+  config.model.update(model_config.to_dict())
   if base is None:  # The kind's own defaults (models.registry).
     kind = models.get(model_config.kind)
     config.objective.names, config.data.pair_kind = kind.import_objectives, kind.import_pair_kind

@@ -17,6 +17,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from encoder_jax import fields as fields_lib
+from encoder_jax.models import attention as attention_lib
+from encoder_jax.models import attention_kinds
+
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # HF names: 'gelu' is the exact erf GELU (BERT, RoBERTa); 'gelu_new' the tanh
 # approximation (ALBERT's released models, GPT-2).
@@ -27,89 +31,128 @@ ACTIVATIONS = {
 }
 SHARE_LAYERS = ('none', 'all', 'attention', 'ffn')
 
+F = fields_lib.Field
+# The fields every kind reads (the BERT trunk and its options); BERT-base defaults. A kind
+# with fields of its own declares them in its module (``declare``), e.g. XLNet's memory.
+FIELDS: tuple[fields_lib.Field, ...] = (
+    F('kind', 'bert', fields_lib.registry('encoder_jax.models.registry', 'KINDS', 'a model kind'),
+      "Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ..."),
+    F('vocab_size', 30522, fields_lib.integer(1),
+      'Also the size of the tokenizer trained by prepare; checked at start-up.'),
+    F('hidden_size', 768, fields_lib.integer(1), 'd_model.'),
+    F('num_layers', 12, fields_lib.integer(1)),
+    F('num_heads', 12, fields_lib.integer(1)),
+    F('intermediate_size', 3072, fields_lib.integer(1), 'd_ff of the feed-forward block.'),
+    F('max_position_embeddings', 512, fields_lib.integer(1), 'Learned absolute positions.'),
+    F('type_vocab_size', 2, fields_lib.integer(0),
+      'Segment (A/B) embeddings; 0 = none (the released DeBERTa models).'),
+    F('hidden_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True)),
+    F('attention_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True)),
+    F('layer_norm_eps', 1e-12, fields_lib.number(0, lo_open=True)),
+    F('initializer_range', 0.02, fields_lib.number(0, lo_open=True),
+      'Std of the truncated-normal init.'),
+    F('attention_kind', 'dot_product',
+      fields_lib.registry('encoder_jax.models.attention_kinds', 'REGISTRY', 'an attention kind'),
+      'Name in models.attention_kinds.REGISTRY.'),
+    F('dtype', 'float32', fields_lib.one_of(*DTYPES),
+      "Activation dtype: 'float32' or 'bfloat16' (params stay float32)."),
+    F('remat', False, fields_lib.boolean(),
+      'Rematerialise each layer in the backward pass (saves activation memory).'),
+    F('activation', 'gelu', fields_lib.one_of(*ACTIVATIONS),
+      "Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh), 'relu'."),
+    F('embedding_size', 0, fields_lib.integer(0),
+      'Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).'),
+    F('share_layers', 'none', fields_lib.one_of(*SHARE_LAYERS),
+      "Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'."),
+    F('position_offset', 0, fields_lib.integer(0),
+      'First position id (RoBERTa: padding id + 1 = 2).'),
+    F('attention_implementation', None, fields_lib.one_of(*attention_lib.IMPLEMENTATIONS),
+      "jax.nn.dot_product_attention backend: 'xla', 'cudnn' (fused flash attention; bf16, "
+      'right-padded masks given as key lengths), or None: cuDNN on GPUs in bf16, else XLA. '
+      'Training with attention_dropout_rate > 0 always runs the explicit XLA softmax.'),
+)
 
-@dataclasses.dataclass(frozen=True)
+# Every declared field by name: FIELDS plus what each imported kind module declares.
+_DECLARED: dict[str, fields_lib.Field] = fields_lib.merge([FIELDS], 'model')
+_OWNERS: dict[str, str] = {}  # Field name -> the kind module that declared it.
+
+
+def declare(owner: str, *kind_fields: fields_lib.Field) -> tuple[fields_lib.Field, ...]:
+  """Adds a kind's own fields to ``config.model`` (called by the kind's module at import)."""
+  _DECLARED.update(fields_lib.merge([tuple(_DECLARED.values()), kind_fields], 'model'))
+  for f in kind_fields:
+    _OWNERS.setdefault(f.name, owner)
+  return kind_fields
+
+
+def declared_fields() -> dict[str, fields_lib.Field]:
+  return dict(_DECLARED)
+
+
 class EncoderConfig:
-  """Shapes and options of a Transformer encoder (BERT-base defaults)."""
-  kind: str = 'bert'
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  hidden_dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  layer_norm_eps: float = 1e-12
-  initializer_range: float = 0.02
-  attention_kind: str = 'dot_product'
-  dtype: str = 'float32'
-  remat: bool = False
-  activation: str = 'gelu'
-  embedding_size: int = 0  # 0 = hidden_size; else factorized embeddings (ALBERT, ELECTRA).
-  share_layers: str = 'none'  # Cross-layer sharing (ALBERT): none, all, attention, ffn.
-  position_offset: int = 0  # First position id (RoBERTa: padding id + 1 = 2).
-  attention_implementation: str | None = None  # 'xla', 'cudnn'; None: cuDNN on GPUs.
-  mem_len: int = 0  # XLNet: Transformer-XL memory, cached states per layer; 0 = none.
-  clamp_len: int = -1  # XLNet: relative distances clipped to +-clamp_len; -1 = no clipping.
-  # DeBERTa (models/deberta.py; attention_kind='disentangled'), read by no other kind.
-  position_biased_input: bool = True  # Absolute positions added to the input embeddings.
-  max_relative_positions: int = -1  # Relative span k; < 1 = max_position_embeddings.
-  position_buckets: int = 0  # v2: log-bucketed relative positions (256); 0 = off.
-  share_att_key: bool = False  # v2: position projections are the content q/k projections.
-  norm_rel_ebd: bool = False  # v2: LayerNorm on the relative embeddings.
-  pos_att_type: str = 'c2p|p2c'  # Position terms beside content-to-content.
-  emd_layers: int = 0  # Enhanced mask decoder layers (shared with the last layer); 0 = off.
+  """Shapes and options of a Transformer encoder: the values of ``config.model``.
 
-  def __post_init__(self):
-    from encoder_jax.models import attention as attention_lib  # pylint: disable=g-import-not-at-top
-    from encoder_jax.models import attention_kinds  # pylint: disable=g-import-not-at-top
-    for name in ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-                 'max_position_embeddings'):
-      if int(getattr(self, name)) < 1:
-        raise ValueError(f'config.model.{name}={getattr(self, name)}; expected >= 1')
-    if self.type_vocab_size < 0:
-      raise ValueError(f'config.model.type_vocab_size={self.type_vocab_size}; expected >= 0 '
-                       '(0 = no segment embeddings, as in the released DeBERTa models)')
+  Its attributes are the declared fields (:data:`FIELDS` and each kind's own), each
+  defaulted and range-checked when the config is built, so a bad value is named here
+  whichever way the config was made. Immutable and hashable (a static argument of jit and
+  a Flax module attribute).
+  """
+  __slots__ = ('_values',)
+
+  def __init__(self, **values):
+    unknown = sorted(set(values) - set(_DECLARED))
+    if unknown:
+      raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(_DECLARED)}')
+    full = {name: f.default for name, f in _DECLARED.items()}
+    full.update(values)
+    for name, f in _DECLARED.items():
+      problem = f.problem('model', full[name])
+      if problem:
+        raise ValueError(problem)
+    object.__setattr__(self, '_values', full)
+    self._cross_check()
+
+  def _cross_check(self) -> None:
     if self.hidden_size % self.num_heads:
-      raise ValueError(f'config.model.hidden_size={self.hidden_size} is not divisible by '
-                       f'num_heads={self.num_heads}')
-    if self.dtype not in DTYPES:
-      raise ValueError(f'config.model.dtype={self.dtype!r}; expected one of {sorted(DTYPES)}')
-    if self.activation not in ACTIVATIONS:
-      raise ValueError(f'config.model.activation={self.activation!r}; expected one of '
-                       f'{sorted(ACTIVATIONS)}')
-    if self.share_layers not in SHARE_LAYERS:
-      raise ValueError(f'config.model.share_layers={self.share_layers!r}; expected one of '
-                       f'{list(SHARE_LAYERS)}')
-    if self.embedding_size < 0:
-      raise ValueError(f'config.model.embedding_size={self.embedding_size}; expected >= 0 '
-                       '(0 = hidden_size)')
-    if not 0 <= self.position_offset < self.max_position_embeddings:
+      raise ValueError(f'config.model.hidden_size={self.hidden_size}: expected a multiple of '
+                       f'model.num_heads={self.num_heads}')
+    if not self.position_offset < self.max_position_embeddings:
       raise ValueError(f'config.model.position_offset={self.position_offset}; expected in '
                        f'[0, max_position_embeddings={self.max_position_embeddings})')
-    if self.mem_len < 0:
-      raise ValueError(f'config.model.mem_len={self.mem_len}; expected >= 0 (0 = no memory)')
-    for name in ('hidden_dropout_rate', 'attention_dropout_rate'):
-      if not 0.0 <= getattr(self, name) < 1.0:
-        raise ValueError(f'config.model.{name}={getattr(self, name)}; expected in [0, 1)')
     attention_kinds.get(self.attention_kind)  # Fails early, listing the valid kinds.
-    if self.attention_implementation not in attention_lib.IMPLEMENTATIONS:
-      raise ValueError(f'config.model.attention_implementation={self.attention_implementation!r}'
-                       f'; expected one of {list(attention_lib.IMPLEMENTATIONS)}')
+
+  def __getattr__(self, name: str):
+    try:
+      return object.__getattribute__(self, '_values')[name]
+    except KeyError:
+      raise AttributeError(f'config.model has no field {name!r} (declared: {sorted(_DECLARED)}; '
+                           "a kind's own fields exist once its module is imported)") from None
+
+  def __setattr__(self, name, value):
+    raise AttributeError(f'EncoderConfig is immutable; use .replace({name}=...)')
+
+  def __eq__(self, other):
+    return isinstance(other, EncoderConfig) and self._values == other._values
+
+  def __hash__(self):
+    return hash(tuple(sorted((k, v) for k, v in self._values.items())))
+
+  def __repr__(self):
+    return 'EncoderConfig(' + ', '.join(f'{k}={v!r}' for k, v in self._values.items()) + ')'
+
+  def __reduce__(self):
+    return _rebuild, (dict(self._values),)
 
   @classmethod
   def from_config(cls, model_config: ml_collections.ConfigDict | dict) -> 'EncoderConfig':
     values = dict(model_config.to_dict() if hasattr(model_config, 'to_dict') else model_config)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(known)}')
     return cls(**values)
 
+  def to_dict(self) -> dict[str, Any]:
+    return dict(self._values)
+
   def replace(self, **kw) -> 'EncoderConfig':
-    return dataclasses.replace(self, **kw)
+    return EncoderConfig(**{**self._values, **kw})
 
   @property
   def head_dim(self) -> int:
@@ -128,6 +171,10 @@ class EncoderConfig:
   @property
   def jnp_dtype(self):
     return DTYPES[self.dtype]
+
+
+def _rebuild(values: dict[str, Any]) -> EncoderConfig:
+  return EncoderConfig(**values)
 
 
 def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
@@ -172,6 +219,8 @@ class ModelKind:
   # default: config.objective.names and config.data.pair_kind.
   import_objectives: tuple[str, ...] = ('mlm',)
   import_pair_kind: str = 'full_sentences'
+  # The kind's own config.model fields (beside FIELDS), declared by its module.
+  fields: tuple[fields_lib.Field, ...] = ()
 
   def init_inputs(self, batch_size: int = 2, seq_len: int = 8, max_predictions: int = 2):
     """Dummy inputs of the right shapes and dtypes, for init and ``jax.eval_shape``."""

@@ -41,8 +41,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from encoder_jax import fields as fields_lib
 from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import disentangled_attention as da
@@ -236,6 +236,27 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
   return float(flops)
 
 
+F = fields_lib.Field
+# DeBERTa's own config.model fields (read here and by the 'disentangled' attention kind).
+FIELDS = config_lib.declare(
+    'deberta',
+    F('position_biased_input', True, fields_lib.boolean(),
+      'Absolute positions added to the input embeddings (DeBERTa: False, with the EMD).'),
+    F('max_relative_positions', -1, fields_lib.integer(-1),
+      'Relative span k (distances clipped at k); < 1 = max_position_embeddings.'),
+    F('position_buckets', 0, fields_lib.integer(0),
+      'deberta_v2: log buckets of relative positions (v2/v3: 256); 0 = off.'),
+    F('share_att_key', False, fields_lib.boolean(),
+      'deberta_v2: position keys/queries use the content projections.'),
+    F('norm_rel_ebd', False, fields_lib.boolean(),
+      'deberta_v2: LayerNorm on the relative-position embeddings.'),
+    F('pos_att_type', 'c2p|p2c', fields_lib.one_of('c2p|p2c', 'p2c|c2p', 'c2p', 'p2c', ''),
+      "Disentangled terms beside c2c: 'c2p|p2c', 'c2p', 'p2c' or ''."),
+    F('emd_layers', 0, fields_lib.integer(0),
+      'Enhanced mask decoder: layers sharing the last layer\'s weights (2); 0 = off.'),
+)
+
+
 def _check(c: config_lib.EncoderConfig) -> None:
   kind = c.kind
   if c.attention_kind != 'disentangled':
@@ -278,10 +299,10 @@ def _check_v1(c: config_lib.EncoderConfig) -> None:
 
 KIND = config_lib.ModelKind(
     name='deberta', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
-    pair_head=True, check=_check_v1, flops_per_token=flops_per_token,
+    pair_head=True, check=_check_v1, flops_per_token=flops_per_token, fields=FIELDS,
     description='DeBERTa v1: disentangled attention (relative span k), enhanced mask decoder')
 KIND_V2 = config_lib.ModelKind(
     name='deberta_v2', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
-    pair_head=True, check=_check, flops_per_token=flops_per_token,
+    pair_head=True, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
     description='DeBERTa v2/v3: + log-bucketed positions, shared keys, normalised relative '
                 'embeddings')

@@ -2,7 +2,8 @@
 
 Everything outside ``models/`` builds networks through :func:`network` (or :func:`get`),
 never by importing a concrete model module, so a new kind is a file plus a line here
-(plus its Hugging Face table in ``interop.registry``).
+(plus its Hugging Face table in ``interop.registry``). A kind's own config fields are
+declared in its module (``ModelKind.fields``); ``config.model`` is :func:`model_fields`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from encoder_jax import fields as fields_lib
 from encoder_jax.models import albert
 from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
@@ -35,6 +37,11 @@ KINDS: dict[str, ModelKind] = {
     'electra_generator': electra.GENERATOR_KIND,
     'xlnet': xlnet.KIND,
 }
+
+
+def model_fields() -> dict:
+  """Every ``config.model`` field: the shared ones, then each registered kind's own."""
+  return fields_lib.merge([config_lib.FIELDS, *(k.fields for k in KINDS.values())], 'model')
 
 
 def get(kind: str) -> ModelKind:

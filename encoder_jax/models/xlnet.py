@@ -50,6 +50,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from encoder_jax import fields as fields_lib
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
 
@@ -382,6 +383,17 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
   return float(3 * n_layers * forward)
 
 
+# XLNet's own config.model fields.
+FIELDS = config_lib.declare(
+    'xlnet',
+    fields_lib.Field('mem_len', 0, fields_lib.integer(0),
+                     'Transformer-XL memory: cached states per layer, carried across steps in the '
+                     'training state (0 = none).'),
+    fields_lib.Field('clamp_len', -1, fields_lib.integer(1, also=(-1,)),
+                     'Relative distances clipped to +-clamp_len (-1 = no clipping).'),
+)
+
+
 def _check(c: config_lib.EncoderConfig) -> None:
   if c.attention_kind != 'dot_product':
     raise ValueError(f'config.model.kind=xlnet has its own two-stream relative attention '
@@ -397,6 +409,6 @@ def _check(c: config_lib.EncoderConfig) -> None:
 
 KIND = config_lib.ModelKind(
     name='xlnet', pretraining=XLNetLMHeadModel, encoder=XLNetModel, encode=encode,
-    pooler=False, pair_head=False, check=_check, flops_per_token=flops_per_token,
+    pooler=False, pair_head=False, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
     description='XLNet: two-stream relative attention (Transformer-XL), permutation LM head',
     import_objectives=('plm',), import_pair_kind='xlnet')

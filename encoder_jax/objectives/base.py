@@ -22,7 +22,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from encoder_jax import schedule
@@ -132,8 +131,6 @@ class Pretraining:
 class Objective:
   """A composable head objective (``objectives.REGISTRY``): corrupts, then reads outputs."""
   name: str = ''
-  # data.pair_kind values whose batches this objective can learn from (None = any).
-  pair_kinds: tuple[str, ...] | None = None
   metric_weights: dict[str, str] = {}
   console_metrics: tuple[tuple[str, str, str], ...] = ()  # As Pretraining.console_metrics.
   # Top-level key of this objective's own parameters in the params tree (None: it has
@@ -256,11 +253,3 @@ class Composite(Pretraining):
 
   def report_lines(self, metrics):
     return [line for o in self.objectives for line in o.report_lines(metrics)]
-
-
-def check_pair_kind(objectives: list[Objective], data_config: ml_collections.ConfigDict):
-  for o in objectives:
-    if o.pair_kinds is not None and data_config.pair_kind not in o.pair_kinds:
-      raise ValueError(
-          f'config.objective.names includes {o.name!r}, which needs config.data.pair_kind in '
-          f'{list(o.pair_kinds)}; got {data_config.pair_kind!r}')

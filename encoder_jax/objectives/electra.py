@@ -41,12 +41,23 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from encoder_jax import fields as fields_lib
 from encoder_jax.models import electra as electra_models
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking
 
 GENERATOR_EXPORT_DIR = 'generator'  # workdir_to_hf writes the generator under OUT/generator.
+# ELECTRA's own config.objective fields (it also reads masking's recipe).
+FIELDS: tuple[fields_lib.Field, ...] = (
+    fields_lib.Field('generator_hidden_fraction', 0.25, fields_lib.number(0, 1, lo_open=True),
+                     "The generator's hidden size as a fraction of the discriminator's "
+                     '(small/large: 1/4, base: 1/3).'),
+    fields_lib.Field('generator_layers_fraction', 1.0, fields_lib.number(0, 1, lo_open=True),
+                     "The generator's depth as a fraction of the discriminator's."),
+    fields_lib.Field('rtd_weight', 50.0, fields_lib.number(0),
+                     'Weight of replaced-token detection: loss = MLM_gen + rtd_weight * RTD.'),
+)
 
 
 def replace_tokens(ids_BxL, positions_BxP, weights_BxP, sampled_BxP):
@@ -75,10 +86,6 @@ class Electra(base.Pretraining):
                recipe: masking.MaskingRecipe):
     super().__init__(config.train.dropout_rng_impl)
     self.discriminator = models.network(config.model)
-    if self.discriminator.kind.name != electra_models.KIND.name:
-      raise ValueError(f"config.objective.names=('electra',) trains ELECTRA's discriminator; "
-                       f"expected config.model.kind='electra', got "
-                       f'{self.discriminator.kind.name!r}')
     o = config.objective
     self.generator = models.network(electra_models.generator_config(
         self.discriminator.config, float(o.generator_hidden_fraction),

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from encoder_jax import fields as fields_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class VocabTables:
@@ -50,44 +52,80 @@ class VocabTables:
     return cls(special, word_start, counts, int(tokenizer.mask_id))
 
 
+F = fields_lib.Field
+# The masking recipe's config.objective fields (read by 'mlm', hence SpanBERT and ALBERT,
+# and by ELECTRA's generator input); MaskingRecipe is built from them.
+MAX_NGRAM = F('max_ngram', 1, fields_lib.integer(1),
+              'ALBERT n-gram masking: spans of 1..max_ngram words, p(n) ~ 1/n; 1 = off '
+              "(XLNet's 'plm' reads it as its longest span).")
+FIELDS: tuple[fields_lib.Field, ...] = (
+    F('mask_rate', 0.15, fields_lib.number(0, 1, lo_open=True, hi_open=True),
+      'Fraction of maskable tokens per sequence selected for prediction.'),
+    F('mask_token_rate', 0.8, fields_lib.number(0, 1), 'Of the selected: replaced by [MASK].'),
+    F('random_token_rate', 0.1, fields_lib.number(0, 1),
+      'Of the selected: replaced by a random token (the rest stay unchanged).'),
+    F('random_token_distribution', 'uniform', fields_lib.one_of('uniform', 'unigram'),
+      "'uniform' over the vocabulary or 'unigram' counts."),
+    F('whole_word_masking', False, fields_lib.boolean(),
+      'Select whole words (all their pieces) instead of pieces.'),
+    MAX_NGRAM,
+    F('span_p', 0.0, fields_lib.number(0, 1, hi_open=True),
+      'SpanBERT span masking: span lengths (words) ~ Geometric(span_p) truncated at '
+      'max_span_length, 80/10/10 decided per span; 0 = off (SpanBERT: 0.2 and 10).'),
+    F('max_span_length', 10, fields_lib.integer(1), 'Longest SpanBERT span, in words.'),
+)
+_DEFAULTS = {f.name: f.default for f in FIELDS}
+
+
+def recipe_problem(mask_token_rate, random_token_rate, span_p, max_ngram) -> str | None:
+  """The recipe's checks over several fields (each field's own range is its Field's)."""
+  if mask_token_rate + random_token_rate > 1.0 + 1e-9:
+    return (f'config.objective.mask_token_rate={mask_token_rate} + random_token_rate='
+            f'{random_token_rate}: expected a sum <= 1 (the rest of the selected tokens stay '
+            'unchanged)')
+  if span_p and max_ngram > 1:
+    return (f'config.objective.span_p={span_p} (SpanBERT spans) and max_ngram={max_ngram} '
+            '(ALBERT n-grams) select spans two ways: expected one of them off (span_p=0 or '
+            'max_ngram=1)')
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class MaskingRecipe:
-  mask_rate: float = 0.15
-  mask_token_rate: float = 0.8
-  random_token_rate: float = 0.1
-  random_token_distribution: str = 'uniform'  # or 'unigram'
-  whole_word_masking: bool = False
-  # ALBERT n-gram masking: spans of 1..max_ngram units with p(n) ∝ 1/n; 1 = off. Units are
-  # whole words under whole_word_masking (ALBERT's default), single pieces otherwise.
-  max_ngram: int = 1
-  # SpanBERT span masking (``span_masking``): span lengths in units ~ Geometric(span_p)
-  # truncated at max_span_length, 80/10/10 decided per span; 0 = off (SpanBERT: 0.2, 10).
-  span_p: float = 0.0
-  max_span_length: int = 10
+  """How MLM selects and corrupts tokens: the values of :data:`FIELDS`."""
+  mask_rate: float = _DEFAULTS['mask_rate']
+  mask_token_rate: float = _DEFAULTS['mask_token_rate']
+  random_token_rate: float = _DEFAULTS['random_token_rate']
+  random_token_distribution: str = _DEFAULTS['random_token_distribution']
+  whole_word_masking: bool = _DEFAULTS['whole_word_masking']
+  # Units of n-grams and spans are whole words under whole_word_masking (ALBERT's default),
+  # single pieces otherwise.
+  max_ngram: int = _DEFAULTS['max_ngram']
+  span_p: float = _DEFAULTS['span_p']
+  max_span_length: int = _DEFAULTS['max_span_length']
 
   def __post_init__(self):
-    if not 0.0 < self.mask_rate < 1.0:
-      raise ValueError(f'config.objective.mask_rate={self.mask_rate}; expected in (0, 1)')
-    if self.mask_token_rate < 0 or self.random_token_rate < 0 or (
-        self.mask_token_rate + self.random_token_rate > 1.0):
-      raise ValueError('config.objective.mask_token_rate + random_token_rate must be in [0, 1]; '
-                       f'got {self.mask_token_rate} + {self.random_token_rate}')
-    if self.random_token_distribution not in ('uniform', 'unigram'):
-      raise ValueError('config.objective.random_token_distribution='
-                       f'{self.random_token_distribution!r}; expected "uniform" or "unigram"')
-    if not isinstance(self.max_ngram, (int, np.integer)) or self.max_ngram < 1:
-      raise ValueError(f'config.objective.max_ngram={self.max_ngram!r}; expected an integer >= 1 '
-                       '(1 = no n-gram masking, ALBERT uses 3)')
-    if not 0.0 <= self.span_p < 1.0:
-      raise ValueError(f'config.objective.span_p={self.span_p}; expected in [0, 1) (0 = no span '
-                       'masking, SpanBERT uses 0.2)')
-    if not isinstance(self.max_span_length, (int, np.integer)) or self.max_span_length < 1:
-      raise ValueError(f'config.objective.max_span_length={self.max_span_length!r}; expected an '
-                       'integer >= 1 (SpanBERT uses 10)')
-    if self.span_p > 0 and self.max_ngram > 1:
-      raise ValueError(f'config.objective.span_p={self.span_p} (SpanBERT spans) and max_ngram='
-                       f'{self.max_ngram} (ALBERT n-grams) select spans two ways; set one of '
-                       'them off (span_p=0 or max_ngram=1)')
+    for f in FIELDS:
+      value = getattr(self, f.name)
+      if isinstance(value, np.integer):
+        value = int(value)
+      problem = f.problem('objective', value)
+      if problem:
+        raise ValueError(problem)
+    problem = recipe_problem(self.mask_token_rate, self.random_token_rate, self.span_p,
+                             self.max_ngram)
+    if problem:
+      raise ValueError(problem)
+
+  @classmethod
+  def from_config(cls, objective_config) -> 'MaskingRecipe':
+    return cls(**{f.name: objective_config[f.name] for f in FIELDS})
+
+
+def check_config(config) -> str | None:
+  """The recipe's cross-field check on a whole config (for validation)."""
+  o = config.objective
+  return recipe_problem(o.mask_token_rate, o.random_token_rate, o.span_p, o.max_ngram)
 
 
 def _replacement_sampler(tables: VocabTables, distribution: str):

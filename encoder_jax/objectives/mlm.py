@@ -26,9 +26,7 @@ class MaskedLM(base.Objective):
   def check(self, network):
     if not network.kind.mlm_head:
       raise ValueError(f"config.objective.names includes 'mlm', but config.model.kind="
-                       f'{network.kind.name!r} has no MLM head'
-                       + ("; ELECTRA trains with objective.names=('electra',)"
-                          if network.kind.name == 'electra' else ''))
+                       f'{network.kind.name!r} has no MLM head')
 
   def corrupt(self, batch, rng, phase):
     if self.tables is None:

@@ -16,7 +16,6 @@ class PairClassification(base.Objective):
 
   def __init__(self, name: str):
     self.name = name
-    self.pair_kinds = (name,)
 
   def check(self, network):
     if not network.kind.pair_head:

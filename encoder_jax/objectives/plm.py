@@ -47,9 +47,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from encoder_jax import fields as fields_lib
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking
+
+# PLM's config.objective fields (and masking's max_ngram, read as the longest span).
+FIELDS: tuple[fields_lib.Field, ...] = (
+    fields_lib.Field('partial_prediction_k', 6, fields_lib.integer(1),
+                     'About 1/K of each sequence is predicted, spans of 1..max_ngram tokens each '
+                     'in a context of K x its length (XLNet: K=6, max_ngram=5).'),
+    fields_lib.Field('bidirectional_data', False, fields_lib.boolean(),
+                     "The second half of each batch is the backward stream (the paper's "
+                     'bi_data).'),
+    masking.MAX_NGRAM,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,13 +295,6 @@ class PermutationLM(base.Pretraining):
 
 def build(config: ml_collections.ConfigDict, tables: masking.VocabTables | None,
           network: models.Network) -> PermutationLM:
-  if network.kind.name != 'xlnet':
-    raise ValueError("config.objective.names=('plm',) is XLNet's two-stream objective; "
-                     f"expected config.model.kind='xlnet', got {network.kind.name!r}")
-  if config.data.pair_kind != 'xlnet':
-    raise ValueError("config.objective.names=('plm',) reads XLNet's layout A [SEP] B [SEP] "
-                     f"[CLS]; expected config.data.pair_kind='xlnet', got "
-                     f'{config.data.pair_kind!r}')
   o = config.objective
   recipe = PlmRecipe(int(o.partial_prediction_k), int(o.max_ngram), bool(o.bidirectional_data))
   return PermutationLM(network, recipe, tables, config.train.dropout_rng_impl)

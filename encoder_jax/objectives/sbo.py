@@ -136,12 +136,3 @@ class SpanBoundary(base.Objective):
       return []
     return [f'  SBO   loss {metrics["sbo_loss"]:.4f}  accuracy {metrics["sbo_accuracy"]:.2%}  '
             f'({int(round(metrics["sbo_predictions"]))} predicted tokens)']
-
-
-def build(config, network) -> SpanBoundary:
-  """The SBO objective of ``config`` (it reads the spans the 'mlm' objective selects)."""
-  names = tuple(config.objective.names)
-  if 'mlm' not in names:
-    raise ValueError(f'config.objective.names={list(names)} has \'sbo\', which predicts the '
-                     "tokens the 'mlm' objective masks; expected 'mlm' in the names too")
-  return SpanBoundary(network.config)

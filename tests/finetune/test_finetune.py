@@ -54,8 +54,36 @@ def test_sentence_classification_from_tsv_learns(hf_dir, tmp_path):
   assert result['labels'] == ['negative', 'positive']
   assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.9, result
   history = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
-  assert len(history) == 8 and history[-1]['train_loss'] < history[0]['train_loss']
+  train_rows = [h for h in history if h['split'] == 'train']
+  assert len(train_rows) == 8 and train_rows[-1]['train_loss'] < train_rows[0]['train_loss']
+  assert [h['step'] for h in history if h['split'] == 'eval'] == [5 * e for e in range(1, 9)]
   assert os.path.isdir(tmp_path / 'run' / 'params')
+
+
+def test_preempted_fine_tuning_resumes_exactly(hf_dir, tmp_path, monkeypatch, capsys):
+  """Stopped mid-epoch (SIGTERM's path: checkpoint, exit), rerun: the same params as a run
+  never stopped, bit for bit (the engine's Orbax checkpoint holds the data position)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from encoder_jax import train as engine  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'sst.tsv'
+  rows = [(s, 'positive') for s in GOOD] + [(s, 'negative') for s in BAD]
+  path.write_text('sentence\tlabel\n' + ''.join(f'{s}\t{l}\n' for s, l in rows * 2))
+  config = _config(hf_dir, 'sequence_classification', f'tsv:{path}', '')
+  config.optim.epochs = 2
+  config.dropout_rate = 0.1  # Dropout keys follow the step: a resume must redraw the same.
+  train.finetune(config, str(tmp_path / 'whole'))
+  real_at = engine.Preempted.at
+  monkeypatch.setattr(engine.Preempted, 'at', lambda self, step: step == 4 or real_at(self, step))
+  stopped = train.finetune(config, str(tmp_path / 'split'))
+  assert stopped == {'epoch': 2, 'step': 4, 'preempted': True, 'labels': ['negative', 'positive'],
+                     'train_truncated_examples': 0, 'train_dropped_tokens': 0}
+  monkeypatch.setattr(engine.Preempted, 'at', real_at)
+  resumed = train.finetune(config, str(tmp_path / 'split'))
+  assert resumed['step'] == 6 and 'resuming from checkpoint step 4' in capsys.readouterr().out
+  with ocp.StandardCheckpointer() as ckpt:
+    whole = ckpt.restore(str(tmp_path / 'whole' / 'params'))
+    split = ckpt.restore(str(tmp_path / 'split' / 'params'))
+  jax.tree.map(np.testing.assert_array_equal, whole, split)
 
 
 def test_sentence_pairs_from_jsonl(hf_dir, tmp_path):

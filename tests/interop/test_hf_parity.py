@@ -276,7 +276,7 @@ def test_unsupported_variants_are_refused(tmp_path, kind, field, value):
 
 
 @pytest.mark.parametrize('kind, fields, expected', [
-    ('bert', {'hidden_act': 'silu'}, r"activation='silu'; expected one of \['gelu'"),
+    ('bert', {'hidden_act': 'silu'}, r"activation='silu': expected one of 'gelu'"),
     ('roberta', {'type_vocab_size': 2}, 'kind=roberta has one token type'),
 ], ids=['bert-silu', 'roberta-two-token-types'])
 def test_configs_we_cannot_compute_are_refused(tmp_path, kind, fields, expected):

@@ -2,7 +2,6 @@
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -79,7 +78,9 @@ def test_setup_initialises_and_runs_the_network_once(kind):
 def test_a_pair_objective_needs_a_kind_with_a_pair_head():
   c = _config('roberta')
   c.objective.names, c.data.pair_kind = ('mlm', 'nsp'), 'nsp'
-  with pytest.raises(ValueError, match="kind='roberta' has no pair head"):
+  with pytest.raises(ValueError, match=r"kind='roberta' with .*: the kind has no pair head, "
+                                       r"which 'nsp' needs; objectives that train 'roberta': "
+                                       r"\['mlm', 'sbo'\]"):
     objectives.build(c)
 
 

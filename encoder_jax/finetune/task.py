@@ -1,0 +1,84 @@
+"""A fine-tuning task as the training engine sees it: head + loss + metrics.
+
+:class:`Task` implements the same contract as a pretraining setup
+(``objectives.base.Pretraining``: ``init``, ``loss_fn``, metric weights, console metrics,
+FLOPs), so the engine's train step (``train.make_train_step``: mesh and sharding, the
+model's dtype policy, gradient clipping through the optimizer, the non-finite policy),
+its sharded state (``train_state``) and its Orbax checkpoints run it unchanged. The data
+side is ``finetune.data`` (encoded arrays, :func:`epoch_batches`); the task metrics
+(accuracy, macro-F1, span F1) are ``finetune.metrics``, on the host over a whole split.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from encoder_jax import schedule
+from encoder_jax.finetune import data as data_lib
+from encoder_jax.finetune import heads
+from encoder_jax.models import registry as models
+from encoder_jax.objectives import base
+
+
+def loss_and_accuracy(logits, labels, weights):
+  """Mean cross-entropy and accuracy over real examples / labelled tokens (label -1 =
+  ignored), and the count they average over."""
+  if labels.ndim == 2:
+    weights = weights[:, None] * (labels != data_lib.IGNORE)
+  safe = jnp.maximum(labels, 0)
+  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), safe[..., None], -1)[..., 0]
+  correct = (jnp.argmax(logits, -1) == safe).astype(jnp.float32)
+  count = weights.sum()
+  denom = jnp.maximum(count, 1.0)
+  return (nll * weights).sum() / denom, (correct * weights).sum() / denom, count
+
+
+class Task(base.Pretraining):
+  """Sequence or token classification on any registered encoder kind."""
+  metric_weights = {'loss': 'examples', 'accuracy': 'examples'}
+  console_metrics = (('accuracy', 'acc', '{:.1%}'),)
+
+  def __init__(self, name: str, model: nn.Module, network: models.Network, max_len: int):
+    super().__init__('threefry')
+    self.name, self.model, self.network, self.max_len = name, model, network, max_len
+
+  def _dummy(self):
+    ids = jnp.zeros((1, self.max_len), jnp.int32)
+    return ids, ids, ids
+
+  def init(self, rng):
+    return self.model.init(rng, *self._dummy())['params']
+
+  def logits(self, params, batch, rng=None, train: bool = False):
+    rngs = {'dropout': self.dropout_key(rng)} if train else {}
+    return self.model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
+                            batch['input_mask'], deterministic=not train, rngs=rngs)
+
+  def loss_fn(self, params, batch, rng, phase, train):
+    del phase
+    logits = self.logits(params, batch, rng, train)
+    loss, accuracy, count = loss_and_accuracy(logits, batch['labels'], batch['weights'])
+    return loss, {'loss': loss, 'accuracy': accuracy, 'examples': count}
+
+  def predict(self, params, batch):
+    return jnp.argmax(self.logits(params, batch), -1)
+
+  def flops_per_sequence(self, phase: schedule.Phase) -> float:
+    return self.network.flops_per_token(phase.seq_len) * phase.seq_len
+
+  def downstream(self, params):
+    return self.network, {k: v for k, v in params.items() if k not in heads.HEAD_PARTS}
+
+
+def phase(max_len: int) -> schedule.Phase:
+  """Fine-tuning has one phase at ``max_len`` (no masked positions)."""
+  return schedule.Phase(index=0, start_step=0, end_step=0, seq_len=max_len, max_predictions=0)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+  """The example order of an epoch: a function of (seed, epoch) alone, so a resumed run
+  takes the same batches."""
+  return np.random.default_rng([seed, epoch]).permutation(n)
