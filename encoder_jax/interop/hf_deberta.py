@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 from encoder_jax.interop import hf_bert
 from encoder_jax.interop import hf_table as T
-from encoder_jax.models import disentangled_attention as da
+from encoder_jax.models import layers as da
 
 ENCODER, MLM_HEAD, EMD, POOLER, PAIR_HEAD = 'encoder', 'mlm_head', 'emd', 'pooler', 'pair_head'
 GROUPS = (ENCODER, MLM_HEAD, EMD, POOLER, PAIR_HEAD)

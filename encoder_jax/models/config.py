@@ -221,6 +221,11 @@ class ModelKind:
   import_pair_kind: str = 'full_sentences'
   # The kind's own config.model fields (beside FIELDS), declared by its module.
   fields: tuple[fields_lib.Field, ...] = ()
+  # A kind trained beside a second network (ELECTRA's discriminator): the second network's
+  # config from this one's and (hidden fraction, layers fraction), and the parameter
+  # subtrees of ``embeddings`` the two share (stored once, in this kind's tree).
+  companion_config: Callable[..., EncoderConfig] | None = None
+  shared_embeddings: tuple[str, ...] = ()
 
   def init_inputs(self, batch_size: int = 2, seq_len: int = 8, max_predictions: int = 2):
     """Dummy inputs of the right shapes and dtypes, for init and ``jax.eval_shape``."""

@@ -48,17 +48,7 @@ import numpy as np
 from encoder_jax.models import layers
 
 V1_KINDS = ('deberta',)  # Kinds with DeBERTa v1's parameter layout (fused in_proj).
-POSITION_TERMS = ('c2p', 'p2c')
-
-
-def position_terms(c) -> tuple[str, ...]:
-  """The disentangled terms of ``config.model.pos_att_type`` ('c2p|p2c'), in a fixed order."""
-  names = [t.strip() for t in c.pos_att_type.lower().split('|') if t.strip()]
-  unknown = sorted(set(names) - set(POSITION_TERMS))
-  if unknown or len(set(names)) != len(names):
-    raise ValueError(f'config.model.pos_att_type={c.pos_att_type!r}; expected terms from '
-                     f"{list(POSITION_TERMS)} joined by '|' (e.g. 'c2p|p2c'), each once")
-  return tuple(t for t in POSITION_TERMS if t in names)
+POSITION_TERMS, position_terms = layers.POSITION_TERMS, layers.position_terms
 
 
 def relative_span(c) -> int:

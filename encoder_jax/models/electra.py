@@ -108,12 +108,6 @@ def _check(c: config_lib.EncoderConfig) -> None:
                      f'{c.position_offset}')
 
 
-KIND = config_lib.ModelKind(
-    name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=bert.encode,
-    pooler=False, pair_head=False, mlm_head=False, check=_check,
-    description='ELECTRA discriminator: factorized embedding, replaced-token-detection head',
-    import_objectives=('electra',))
-
 GENERATOR_KIND = config_lib.ModelKind(
     name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=bert.encode,
     pooler=False, pair_head=False, check=_check,
@@ -143,3 +137,11 @@ def generator_config(discriminator: config_lib.EncoderConfig, hidden_fraction: f
   except ValueError as e:
     raise ValueError(f'config.objective.generator_hidden_fraction={hidden_fraction} gives a '
                      f'generator the network cannot have: {e}') from e
+
+
+KIND = config_lib.ModelKind(
+    name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=bert.encode,
+    pooler=False, pair_head=False, mlm_head=False, check=_check,
+    description='ELECTRA discriminator: factorized embedding, replaced-token-detection head',
+    import_objectives=('electra',), companion_config=generator_config,
+    shared_embeddings=SHARED_EMBEDDINGS)

@@ -92,3 +92,18 @@ class Embed(nn.Module):
     # Vocabulary logits feed a softmax over ~30k classes: accumulate and return float32.
     return jnp.einsum('...d,vd->...v', x.astype(self.dtype), self.embedding.astype(self.dtype),
                       preferred_element_type=jnp.float32)
+
+
+# DeBERTa's disentangled position terms (config.model.pos_att_type), read by the attention
+# kind and by its Hugging Face table.
+POSITION_TERMS = ('c2p', 'p2c')
+
+
+def position_terms(c) -> tuple[str, ...]:
+  """The disentangled terms of ``config.model.pos_att_type`` ('c2p|p2c'), in a fixed order."""
+  names = [t.strip() for t in c.pos_att_type.lower().split('|') if t.strip()]
+  unknown = sorted(set(names) - set(POSITION_TERMS))
+  if unknown or len(set(names)) != len(names):
+    raise ValueError(f'config.model.pos_att_type={c.pos_att_type!r}; expected terms from '
+                     f"{list(POSITION_TERMS)} joined by '|' (e.g. 'c2p|p2c'), each once")
+  return tuple(t for t in POSITION_TERMS if t in names)

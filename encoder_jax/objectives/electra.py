@@ -42,7 +42,6 @@ import numpy as np
 from absl import logging
 
 from encoder_jax import fields as fields_lib
-from encoder_jax.models import electra as electra_models
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking
@@ -87,7 +86,8 @@ class Electra(base.Pretraining):
     super().__init__(config.train.dropout_rng_impl)
     self.discriminator = models.network(config.model)
     o = config.objective
-    self.generator = models.network(electra_models.generator_config(
+    self.shared = self.discriminator.kind.shared_embeddings
+    self.generator = models.network(self.discriminator.kind.companion_config(
         self.discriminator.config, float(o.generator_hidden_fraction),
         float(o.generator_layers_fraction)))
     self.rtd_weight = float(o.rtd_weight)
@@ -107,7 +107,7 @@ class Electra(base.Pretraining):
   def generator_params(self, params) -> Any:
     """The generator's full params tree: its own plus the shared embeddings."""
     shared = {k: params['discriminator']['embeddings'][k]
-              for k in electra_models.SHARED_EMBEDDINGS}
+              for k in self.shared}
     generator = dict(params['generator'])
     generator['embeddings'] = {**shared, **generator.get('embeddings', {})}
     return generator
@@ -116,7 +116,7 @@ class Electra(base.Pretraining):
     """The generator's tree without the shared embeddings (as stored)."""
     generator = dict(generator_params)
     own = {k: v for k, v in generator.get('embeddings', {}).items()
-           if k not in electra_models.SHARED_EMBEDDINGS}
+           if k not in self.shared}
     generator.pop('embeddings', None)
     if own:
       generator['embeddings'] = own
@@ -137,7 +137,7 @@ class Electra(base.Pretraining):
       if config.kind == self.generator.kind.name and shapes(imported) == shapes(fresh):
         same = lambda k: all(np.array_equal(a, b) for a, b in zip(
             jax.tree.leaves(imported['embeddings'][k]), jax.tree.leaves(params['embeddings'][k])))
-        differ = [k for k in electra_models.SHARED_EMBEDDINGS if not same(k)]
+        differ = [k for k in self.shared if not same(k)]
         if differ:
           logging.warning('%s: the generator\'s %s differ from the discriminator\'s; ELECTRA '
                           'shares them: the discriminator\'s are used.', path, differ)
