@@ -449,6 +449,28 @@ class Tokenizer:
       return self._backend.Encode(list(texts))
     return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
 
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids of ``text`` (no specials) and each piece's [start, end) character span in
+    ``text`` (for mapping answer spans; a piece that covers no character, e.g. a lone
+    SentencePiece '▁', gets an empty span at its place)."""
+    if self.kind == 'sentencepiece':
+      try:  # Byte offsets per piece (sentencepiece >= 0.2.1; earlier: immutable_proto).
+        proto = self._backend.encode(text, return_type='proto')
+      except TypeError:
+        proto = self._backend.encode(text, out_type='immutable_proto')
+      raw = text.encode('utf-8')
+      char_at = np.zeros(len(raw) + 1, np.int64)  # Byte offset -> character offset.
+      pos = 0
+      for i, ch in enumerate(text):
+        n = len(ch.encode('utf-8'))
+        char_at[pos:pos + n] = i
+        pos += n
+      char_at[len(raw)] = len(text)
+      return ([p.id for p in proto.pieces],
+              [(int(char_at[p.begin]), int(char_at[p.end])) for p in proto.pieces])
+    e = self._backend.encode_batch([text], add_special_tokens=False)[0]
+    return list(e.ids), [tuple(o) for o in e.offsets]
+
   def encode_with_masks(self, text: str, mask_literal: str) -> list[int]:
     """Ids of ``text`` (no specials added) with ``mask_id`` where ``mask_literal`` stands.
 

@@ -13,7 +13,9 @@ import ml_collections
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = 'sequence_classification'  # Or 'token_classification' (tagging, e.g. NER).
+  # Or 'sequence_regression' (a score per text or pair, STS-B), 'token_classification'
+  # (tagging, e.g. NER).
+  c.task = 'sequence_classification'
   c.seed = 0  # Head init, dropout and shuffling.
 
   # ---- init: the pretrained encoder; exactly one of workdir / hf_dir. ----
@@ -21,15 +23,19 @@ def base_config() -> ml_collections.ConfigDict:
       workdir='',  # A pretraining (or encoder_jax.convert) workdir; its config.json is used.
       step=-1,  # Checkpoint step in workdir; -1 = the latest.
       hf_dir='',  # Or a Hugging Face BERT directory (config.json + weights + vocab.txt).
+      # The source's network and tokenizer, but every parameter freshly initialised: the
+      # from-scratch baseline that says what pretraining bought.
+      from_scratch=False,
   ))
 
   # ---- data: source specs 'tfds:NAME:SPLIT', 'tsv:PATH' (header row), 'jsonl:PATH'. ----
   c.data = ml_collections.ConfigDict(dict(
       train='',
       eval='',
+      more_evals='',  # 'NAME=SPEC,...': more splits scored after the last epoch (metrics NAME_*).
       tfds_data_dir='',  # data_dir for 'tfds:' specs ('' = the tfds default).
       text_fields=('sentence',),  # Sequence task: 1 field, or 2 for sentence pairs.
-      label_field='label',  # Sequence task: int or string label.
+      label_field='label',  # Sequence task: int or string label (regression: a number).
       tokens_field='tokens',  # Token task: list of words (or a whitespace-separated string).
       tags_field='tags',  # Token task: one label per word (ints or strings).
       labels=(),  # Label names, index = class id; () = from tfds, or the sorted train labels.
@@ -47,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
       eval_batch_size=64,
   ))
   c.dropout_rate = 0.1  # Head dropout; the encoder keeps its config's dropout rates.
+  c.eval_every_epoch = True  # False: evaluate only after the last epoch.
 
   # ---- the training engine's settings (as in pretraining) ----
   c.dtype = ''  # Activations: '' = the checkpoint's model.dtype, 'float32' or 'bfloat16'.

@@ -108,10 +108,21 @@ def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
          label_names: Sequence[str] | None = None) -> tuple[Examples, list[str]]:
   """(examples, label names) of one split. ``label_names`` (from train) fixes the mapping."""
   d = data_config
-  label_key = d.label_field if task == 'sequence_classification' else d.tags_field
+  label_key = d.tags_field if task == 'token_classification' else d.label_field
   rows, declared = _read_rows(spec, d, [label_key])
   if not rows:
     raise ValueError(f'config.data: {spec!r} has no examples')
+  if task == 'sequence_regression':  # A real-valued score per text (STS-B): no label names.
+    out = Examples()
+    for r in rows:
+      out.texts.append(tuple(str(_field(r, k, spec)) for k in d.text_fields))
+      value = _field(r, label_key, spec)
+      try:
+        out.labels.append(float(value))
+      except (TypeError, ValueError) as e:
+        raise ValueError(f'{spec}: label {value!r} is not a number (task '
+                         'sequence_regression)') from e
+    return out, []
   names = list(label_names or d.labels or declared.get(label_key, []))
   if not names:  # Strings or ints in the file: the sorted set of the values seen.
     values = [_field(r, label_key, spec) for r in rows]
@@ -183,8 +194,9 @@ def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
   n = len(examples)
   report = Truncation(task=task, max_len=max_len, examples=n)
   rows, segments = [], []
-  if task == 'sequence_classification':
-    labels = np.asarray(examples.labels, np.int32)
+  if task != 'token_classification':
+    labels = np.asarray(examples.labels,
+                        np.float32 if task == 'sequence_regression' else np.int32)
     for texts in examples.texts:
       parts = [tokenizer.encode(t) for t in texts]
       a, b = parts[0], (parts[1] if len(parts) > 1 else None)
@@ -230,7 +242,7 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Gener
             order: np.ndarray | None = None, first: int = 0):
   """Fixed-size batches; the last one padded with weight-0 rows. In ``order`` if given
   (else shuffled if ``rng``), from batch number ``first`` on (a resumed epoch)."""
-  n = len(arrays['labels'])
+  n = len(arrays['input_ids'])
   if order is None:
     order = rng.permutation(n) if rng is not None else np.arange(n)
   for start in range(first * batch_size, n, batch_size):
@@ -241,6 +253,6 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Gener
       pad = batch_size - len(idx)
       batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
                for k, v in batch.items()}
-      if batch['labels'].ndim == 2:
+      if 'labels' in batch and batch['labels'].ndim == 2:
         batch['labels'][-pad:] = IGNORE
     yield batch

@@ -17,7 +17,10 @@ from encoder_jax.models import config as model_config_lib
 from encoder_jax.models import layers
 from encoder_jax.models import registry as models
 
-TASKS = ('sequence_classification', 'token_classification')
+# Sequence regression (STS-B) is a one-output head on the pooled state, trained with MSE.
+# Question answering (SQuAD) is a per-token head of two outputs: start and end logits.
+TASKS = ('sequence_classification', 'sequence_regression', 'token_classification',
+         'question_answering')
 HEAD_PARTS = ('classifier',)  # Always fresh; every other part comes from the pretrained params.
 
 
@@ -45,4 +48,6 @@ def make(task: str, config: model_config_lib.EncoderConfig, num_labels: int,
          dropout_rate: float) -> nn.Module:
   if task not in TASKS:
     raise ValueError(f'config.task={task!r}; expected one of {TASKS}')
+  if task == 'question_answering':
+    return Classifier(config, 2, dropout_rate, per_token=True)
   return Classifier(config, num_labels, dropout_rate, per_token=task == 'token_classification')

@@ -24,11 +24,55 @@ def macro_f1(pred: np.ndarray, gold: np.ndarray, num_labels: int) -> float:
 def sequence_metrics(pred: np.ndarray, gold: np.ndarray, num_labels: int) -> dict[str, float]:
   out = {'accuracy': float((pred == gold).mean()), 'examples': int(len(gold))}
   if num_labels == 2:
+    out['matthews'] = matthews(pred, gold)
     out['f1'] = _f1(((pred == 1) & (gold == 1)).sum(), ((pred == 1) & (gold == 0)).sum(),
                     ((pred == 0) & (gold == 1)).sum())
   else:
     out['f1'] = macro_f1(pred, gold, num_labels)
   return out
+
+
+def matthews(pred: np.ndarray, gold: np.ndarray) -> float:
+  """Matthews correlation of binary predictions (CoLA's GLUE metric); 0 when undefined."""
+  tp = float(((pred == 1) & (gold == 1)).sum())
+  tn = float(((pred == 0) & (gold == 0)).sum())
+  fp = float(((pred == 1) & (gold == 0)).sum())
+  fn = float(((pred == 0) & (gold == 1)).sum())
+  denom = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+  return 0.0 if denom == 0 else float((tp * tn - fp * fn) / denom)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+  """Ranks from 1, ties given their mean rank (as Spearman's definition needs)."""
+  order = np.argsort(x, kind='mergesort')
+  ranks = np.empty(len(x), np.float64)
+  sorted_x = x[order]
+  i = 0
+  while i < len(x):
+    j = i
+    while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+      j += 1
+    ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+    i = j + 1
+  return ranks
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  a, b = a - a.mean(), b - b.mean()
+  denom = np.sqrt((a * a).sum() * (b * b).sum())
+  return 0.0 if denom == 0 else float((a * b).sum() / denom)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+  return pearson(_ranks(np.asarray(a, np.float64)), _ranks(np.asarray(b, np.float64)))
+
+
+def regression_metrics(pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+  """STS-B's GLUE metrics: Pearson and Spearman correlation, and the mean squared error."""
+  return {'pearson': pearson(pred, gold), 'spearman': spearman(pred, gold),
+          'mse': float(np.mean((np.asarray(pred) - np.asarray(gold)) ** 2)),
+          'examples': int(len(gold))}
 
 
 def is_bio(names: Sequence[str]) -> bool:

@@ -36,14 +36,36 @@ def loss_and_accuracy(logits, labels, weights):
   return (nll * weights).sum() / denom, (correct * weights).sum() / denom, count
 
 
+def span_loss(logits_BxLx2, batch):
+  """Question answering: the mean of the start and end cross-entropies (BERT's run_squad),
+  each a softmax over the row's tokens (padding excluded), over real rows."""
+  mask = batch['input_mask'] > 0
+  w = batch['weights']
+  logits = jnp.where(mask[..., None], logits_BxLx2.astype(jnp.float32), -1e9)
+  logp = jax.nn.log_softmax(logits, axis=1)  # Over positions.
+  losses, correct = [], []
+  for i, key in enumerate(('start_positions', 'end_positions')):
+    target = batch[key]
+    losses.append(-jnp.take_along_axis(logp[..., i], target[:, None], axis=1)[:, 0])
+    correct.append((jnp.argmax(logits[..., i], axis=1) == target).astype(jnp.float32))
+  denom = jnp.maximum(w.sum(), 1.0)
+  loss = ((losses[0] + losses[1]) / 2 * w).sum() / denom
+  accuracy = ((correct[0] * correct[1]) * w).sum() / denom
+  return loss, {'loss': loss, 'accuracy': accuracy, 'examples': w.sum()}
+
+
 class Task(base.Pretraining):
-  """Sequence or token classification on any registered encoder kind."""
+  """Sequence or token classification, or sequence regression, on any registered kind."""
   metric_weights = {'loss': 'examples', 'accuracy': 'examples'}
   console_metrics = (('accuracy', 'acc', '{:.1%}'),)
 
   def __init__(self, name: str, model: nn.Module, network: models.Network, max_len: int):
     super().__init__('threefry')
     self.name, self.model, self.network, self.max_len = name, model, network, max_len
+    self.regression = name == 'sequence_regression'
+    self.spans = name == 'question_answering'
+    if self.regression:
+      self.console_metrics = ()
 
   def _dummy(self):
     ids = jnp.zeros((1, self.max_len), jnp.int32)
@@ -60,11 +82,20 @@ class Task(base.Pretraining):
   def loss_fn(self, params, batch, rng, phase, train):
     del phase
     logits = self.logits(params, batch, rng, train)
+    if self.spans:  # Start and end positions: a softmax over the row's real tokens each.
+      return span_loss(logits, batch)
+    if self.regression:  # Mean squared error of the one output, over real examples.
+      w = batch['weights']
+      loss = (jnp.square(logits[:, 0] - batch['labels']) * w).sum() / jnp.maximum(w.sum(), 1.0)
+      return loss, {'loss': loss, 'examples': w.sum()}
     loss, accuracy, count = loss_and_accuracy(logits, batch['labels'], batch['weights'])
     return loss, {'loss': loss, 'accuracy': accuracy, 'examples': count}
 
   def predict(self, params, batch):
-    return jnp.argmax(self.logits(params, batch), -1)
+    logits = self.logits(params, batch)
+    if self.spans:
+      return logits
+    return logits[:, 0] if self.regression else jnp.argmax(logits, -1)
 
   def flops_per_sequence(self, phase: schedule.Phase) -> float:
     return self.network.flops_per_token(phase.seq_len) * phase.seq_len

@@ -118,7 +118,7 @@ def engine_config(config: ml_collections.ConfigDict, total_steps: int,
                       async_save=False)))
 
 
-def _check(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict) -> None:
   o = config.optim
   for key in ('epochs', 'batch_size', 'eval_batch_size'):
     if not isinstance(o[key], int) or o[key] < 1:
@@ -138,8 +138,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
 
   Returns the last epoch's metrics (``eval_*`` from the eval split), the truncation counts
   and the label names."""
-  _check(config)
-  d, o = config.data, config.optim
+  check_config(config)
+  d = config.data
   if workdir:
     workdir_lib.check_workdir_writable(workdir)
   pretrained = load_pretrained(config)
@@ -158,12 +158,37 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
       if cut.truncated_examples:
         print(f'Warning: {cut.summary(split)}', flush=True)
 
+  scorer = lambda arrays, pred: classification_scores(config.task, names, arrays, pred)
+  result = run_task(config, workdir, pretrained, train, evals, scorer, max(1, len(names)),
+                    max_len, _more_evals(config, tok, names, max_len), names)
+  if evals is not None:
+    result.update({f'eval_{k}': v for k, v in eval_cut.metrics().items()})
+  result.update({f'train_{k}': v for k, v in train_cut.metrics().items()})
+  result['labels'] = list(names)
+  return result
+
+
+def classification_scores(task: str, names, arrays, pred) -> dict:
+  if task == 'sequence_classification':
+    return metrics_lib.sequence_metrics(pred, arrays['labels'], len(names))
+  if task == 'sequence_regression':
+    return metrics_lib.regression_metrics(pred, arrays['labels'])
+  return metrics_lib.token_metrics(pred, arrays['labels'], names)
+
+
+def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained, train: dict,
+             evals: dict | None, scorer, num_outputs: int, max_len: int,
+             more_evals: dict | None = None, names=()) -> dict:
+  """Trains ``config.task``'s head on ``train`` (encoded arrays) with the engine; scores
+  ``evals`` with ``scorer(arrays, predictions) -> metrics`` (predictions of the rows, in
+  order). Any task whose arrays and scorer fit this runs here (classification, QA...)."""
+  o = config.optim
   model_config = pretrained.model_config
   if config.dtype:
     model_config = model_config.replace(dtype=config.dtype)
-  model = heads.make(config.task, model_config, len(names), config.dropout_rate)
+  model = heads.make(config.task, model_config, num_outputs, config.dropout_rate)
   task = task_lib.Task(config.task, model, models.network(model_config), max_len)
-  steps_per_epoch = math.ceil(len(train_ex) / o.batch_size)
+  steps_per_epoch = math.ceil(len(train['input_ids']) / o.batch_size)
   total = steps_per_epoch * int(o.epochs)
   ec = engine_config(config, total, steps_per_epoch)
   mesh = sharding.make_mesh(ec.mesh)
@@ -174,12 +199,22 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> d
   with lock, engine.Preempted() as preempted:
     run = _Run(config, workdir, pretrained, task, ec, mesh, tx, train, evals, names, total,
                steps_per_epoch, max_len)
-    result = run.go(preempted)
-  if evals is not None:
-    result.update({f'eval_{k}': v for k, v in eval_cut.metrics().items()})
-  result.update({f'train_{k}': v for k, v in train_cut.metrics().items()})
-  result['labels'] = list(names)
-  return result
+    run.scorer = scorer
+    run.more_evals = more_evals or {}
+    return run.go(preempted)
+
+
+def _more_evals(config, tok, names, max_len) -> dict[str, dict]:
+  """``config.data.more_evals`` ('name=SPEC,name=SPEC'): splits scored after the last epoch."""
+  out = {}
+  for item in filter(None, (x.strip() for x in config.data.more_evals.split(','))):
+    name, sep, spec = item.partition('=')
+    if not sep or not name.isidentifier():
+      raise ValueError(f'config.data.more_evals has {item!r}; expected NAME=SPEC, e.g. '
+                       "'mismatched=tfds:glue/mnli:validation_mismatched'")
+    examples, _ = data_lib.read(spec, config.task, config.data, names)
+    out[name] = data_lib.encode(examples, tok, config.task, max_len)
+  return out
 
 
 class _NoLock:
@@ -202,6 +237,8 @@ class _Run:
     self.lead = jax.process_index() == 0
     self.console = console_lib.Console(enabled=self.lead, shown=task.console_metrics)
     self.ckpt = (checkpointing.Checkpointer(workdir, ec.checkpoint) if workdir else None)
+    self.more_evals: dict[str, dict] = {}  # name -> encoded split, scored after the last epoch.
+    self.scorer = None  # (arrays, predictions) -> metrics.
 
   def _state(self):
     """(state, data position, what came from where or None when resumed)."""
@@ -215,8 +252,8 @@ class _Run:
       state = train_state.TrainState(step=jax.device_put(jnp.int32(step), shards.step),
                                      params=params, opt_state=opt_state)
       return state, shards, data_state or {'epoch': 1, 'batch': 0}, None
-    params, parts = init_params(self.task.model, self.pretrained.encoder_params, self.max_len,
-                                int(self.config.seed))
+    source = {} if self.config.init.from_scratch else self.pretrained.encoder_params
+    params, parts = init_params(self.task.model, source, self.max_len, int(self.config.seed))
     state = train_state.create_train_state(self.ec, self.mesh, params=params, setup=self.task,
                                            tx=self.tx)
     return state, shards, {'epoch': 1, 'batch': 0}, parts
@@ -225,7 +262,8 @@ class _Run:
     c, o, out = self.config, self.config.optim, self.console
     n = sum(x.size for x in jax.tree.leaves(state.params))
     out.say(f'encoder_jax: fine-tuning {c.task} from {self.pretrained.source} '
-            f'({self.task.network.config.kind}, {n:,} parameters, labels {list(self.names)})'
+            f'({self.task.network.config.kind}, {n:,} parameters'
+            + (f', labels {list(self.names)}' if self.names else '') + ')'
             + (f' in {self.workdir}' if self.workdir else ''))
     out.say(f'  mesh {dict(self.mesh.shape)} over {jax.device_count()} x '
             f'{jax.devices()[0].device_kind}; batch {o.batch_size}; {o.epochs} epochs x '
@@ -234,21 +272,20 @@ class _Run:
     if parts is None:
       out.say(f'  resuming from checkpoint step {int(jax.device_get(state.step))}')
     else:
-      out.say(f'  taken from the checkpoint: {", ".join(parts["taken"]) or "nothing"}; '
+      out.say(f'  taken from the checkpoint: {", ".join(parts["taken"]) or "nothing"}'
+              + (' (config.init.from_scratch)' if c.init.from_scratch else '') + '; '
               f'freshly initialised: {", ".join(parts["fresh"])}'
               + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.')
 
-  def evaluate(self, params, predict) -> dict:
+  def evaluate(self, params, predict, arrays=None) -> dict:
+    arrays = self.evals if arrays is None else arrays
     preds = []
     shard = sharding.batch_sharding(self.mesh)
-    for batch in data_lib.batches(self.evals, int(self.config.optim.eval_batch_size), None):
+    for batch in data_lib.batches(arrays, int(self.config.optim.eval_batch_size), None):
       keep = batch['weights'] > 0
       preds.append(np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))
                    [keep])
-    pred = np.concatenate(preds)
-    if self.config.task == 'sequence_classification':
-      return metrics_lib.sequence_metrics(pred, self.evals['labels'], len(self.names))
-    return metrics_lib.token_metrics(pred, self.evals['labels'], self.names)
+    return self.scorer(arrays, np.concatenate(preds))
 
   def go(self, preempted) -> dict:
     c, o = self.config, self.config.optim
@@ -266,7 +303,7 @@ class _Run:
     predict = jax.jit(self.task.predict, in_shardings=(shards.params,
                                                        sharding.batch_sharding(self.mesh)))
     shard = sharding.batch_sharding(self.mesh)
-    n = len(self.train['labels'])
+    n = len(self.train['input_ids'])
     result: dict = {}
     try:
       for epoch in range(int(position['epoch']), int(o.epochs) + 1):
@@ -287,22 +324,26 @@ class _Run:
             return {'epoch': epoch, 'step': step, 'preempted': True}
         host = jax.device_get(metrics)
         self._check_finite(host, step)
-        result = {'epoch': epoch, 'step': step,
-                  'train_loss': float(np.mean([x['loss'] for x in host])) if host else 0.0,
-                  'train_accuracy': float(np.mean([x['accuracy'] for x in host])) if host
-                  else 0.0,
+        keys = [k for k in ('loss', 'accuracy') if host and k in host[0]]
+        means = {k: float(np.mean([x[k] for x in host])) for k in keys}
+        result = {'epoch': epoch, 'step': step, **{f'train_{k}': v for k, v in means.items()},
                   'epoch_time_s': time.perf_counter() - start}
-        self.console.metrics(step, self.total, {'loss': result['train_loss'],
-                                                'accuracy': result['train_accuracy']}, 'train')
+        self.console.metrics(step, self.total, means, 'train')
         if writer:
           writer.write(step, {k: v for k, v in result.items() if k != 'step'}, 'train')
-        if self.evals is not None:
+        if self.evals is not None and (c.eval_every_epoch or epoch == int(o.epochs)):
           held_out = self.evaluate(state.params, predict)
           result.update({f'eval_{k}': v for k, v in held_out.items()})
           self.console.metrics(step, self.total, held_out, 'eval')
           if writer:
             writer.write(step, held_out, 'eval')
         self._save(step, state, {'epoch': epoch + 1, 'batch': 0})
+      for name, arrays in self.more_evals.items():  # E.g. MNLI's mismatched split.
+        held_out = self.evaluate(state.params, predict, arrays)
+        result.update({f'{name}_{k}': v for k, v in held_out.items()})
+        self.console.metrics(step, self.total, held_out, name)
+        if writer:
+          writer.write(step, held_out, name)
       if self.workdir and self.lead:
         _save(self.workdir, jax.device_get(state.params), c, self.names)
     finally:

@@ -1,0 +1,275 @@
+r"""The objective bake-off: every objective pretrained for the same FLOPs, then probed.
+
+  python -m encoder_jax.bakeoff --out=/tmp/bakeoff                  # CPU preset, all rows
+  python -m encoder_jax.bakeoff --out=/tmp/bakeoff --only=bert,electra --budget_steps=400
+  python -m encoder_jax.bakeoff --out=/tmp/b --corpus='jsonl:/data/news/*.jsonl' \
+      --probe_train=jsonl:train.jsonl --probe_test=jsonl:test.jsonl
+
+Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
+MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
+SpanBERT spans + SBO, ELECTRA generator + discriminator, DeBERTa v2 MLM, XLNet PLM) at the
+same encoder size (the preset's), on the same unlabelled text. The budget is in **training
+FLOPs as MFU counts them** (``objective.flops_per_sequence``: ELECTRA's generator and
+XLNet's two streams count): ``--budget_steps`` steps of the first row, and every row runs
+``round(budget / its FLOPs per step)`` steps. Each run saves a checkpoint half-way and at
+the end; both are fine-tuned on the probe (``finetune.probe``: BBC News by default, the
+same fine-tuning budget and seeds for every row), beside a **from-scratch baseline** (the
+first row's network and tokenizer, randomly initialised, same fine-tuning).
+
+Writes into ``--out``: ``bakeoff.md`` and ``bakeoff.json`` (per row: steps, FLOPs, wall
+time, final pretraining loss, probe accuracy and macro-F1 mean and spread over seeds, at
+each checkpoint) and ``bakeoff.png`` (probe accuracy against pretraining FLOPs).
+The default unlabelled text is the BBC News train split (in-domain, labels unused); pass
+``--corpus`` (a ``config.data.sources`` spec) for other text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import ml_collections
+
+from encoder_jax import config_base
+from encoder_jax import objectives
+from encoder_jax import schedule
+from encoder_jax import train
+from encoder_jax.finetune import probe
+
+# name -> config overrides (section -> fields) on the preset's base config.
+ROWS: dict[str, dict] = {
+    'bert': dict(objective=dict(names=('mlm', 'nsp')), data=dict(pair_kind='nsp')),
+    'roberta': dict(
+        model=dict(kind='roberta', position_offset=2, type_vocab_size=1, layer_norm_eps=1e-5),
+        objective=dict(names=('mlm',)), data=dict(pair_kind='full_sentences'),
+        tokenizer=dict(kind='bytelevel_bpe')),
+    'albert': dict(
+        model=dict(kind='albert', embedding_size=64, share_layers='all', activation='gelu_new'),
+        objective=dict(names=('mlm', 'sop'), max_ngram=3, whole_word_masking=True),
+        data=dict(pair_kind='sop')),
+    'spanbert': dict(
+        objective=dict(names=('mlm', 'sbo'), span_p=0.2, max_span_length=10,
+                       whole_word_masking=True),
+        data=dict(pair_kind='doc_sentences')),
+    'electra': dict(
+        model=dict(kind='electra'),
+        objective=dict(names=('electra',), mask_token_rate=0.85, random_token_rate=0.0,
+                       generator_hidden_fraction=0.25),
+        data=dict(pair_kind='full_sentences')),
+    'deberta': dict(
+        model=dict(kind='deberta_v2', attention_kind='disentangled', position_biased_input=False,
+                   position_buckets=32, share_att_key=True, norm_rel_ebd=True, emd_layers=2,
+                   type_vocab_size=0, layer_norm_eps=1e-7),
+        objective=dict(names=('mlm',), whole_word_masking=True),
+        data=dict(pair_kind='full_sentences')),
+    'xlnet': dict(
+        model=dict(kind='xlnet', type_vocab_size=3),
+        objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6),
+        data=dict(pair_kind='xlnet')),
+}
+
+
+@dataclasses.dataclass
+class Preset:
+  """Encoder size, pretraining shape and probe budget of one bake-off scale."""
+  model: dict
+  batch_size: int
+  seq_len: int
+  max_predictions: int
+  learning_rate: float
+  warmup_steps: int
+  budget_steps: int  # Steps of the first row; the others get its FLOPs.
+  probe: probe.ProbeSettings
+
+
+PRESETS = {
+    # About 25 minutes on 2 CPU cores for all rows (see the README's measured figure).
+    'cpu': Preset(model=dict(vocab_size=8000, hidden_size=128, num_layers=2, num_heads=2,
+                             intermediate_size=512, max_position_embeddings=130),
+                  batch_size=32, seq_len=128, max_predictions=20, learning_rate=1e-3,
+                  warmup_steps=40, budget_steps=400,
+                  probe=probe.ProbeSettings(seeds=(0, 1, 2), epochs=3, batch_size=32,
+                                            learning_rate=2e-4, max_len=128,
+                                            train_examples=500)),
+    # BERT-small-sized rows for an accelerator (tune --budget_steps to the hours you have).
+    'accelerator': Preset(model=dict(vocab_size=30522, hidden_size=512, num_layers=4,
+                                     num_heads=8, intermediate_size=2048,
+                                     max_position_embeddings=514, dtype='bfloat16'),
+                          batch_size=256, seq_len=128, max_predictions=20, learning_rate=5e-4,
+                          warmup_steps=1000, budget_steps=20000,
+                          probe=probe.ProbeSettings(seeds=(0, 1, 2), epochs=3, batch_size=32,
+                                                    learning_rate=5e-5, max_len=256,
+                                                    train_examples=0)),
+}
+
+
+def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps: int,
+               seed: int = 0) -> ml_collections.ConfigDict:
+  c = config_base.base_config()
+  c.seed = seed
+  c.model.update(preset.model)
+  c.data.update(sources=corpus)
+  c.train.update(num_steps=steps, batch_size=preset.batch_size, seq_lens=(preset.seq_len,),
+                 max_predictions=(preset.max_predictions,), phase_fractions=(1.0,),
+                 log_every_steps=max(1, steps // 10), eval_every_steps=0, eval_batches=0)
+  c.optim.update(learning_rate=preset.learning_rate,
+                 warmup_steps=min(preset.warmup_steps, steps))
+  c.checkpoint.update(every_steps=max(1, steps // 2), keep=3, async_save=False)  # Half, end.
+  for section, fields in ROWS[name].items():
+    c[section].update(fields)
+  if c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
+    c.model.max_position_embeddings = preset.seq_len + c.model.position_offset
+  c.data.prepared_dir = os.path.join(prepared_root, f'{c.tokenizer.kind}-{c.model.vocab_size}')
+  return c
+
+
+def flops_per_step(config: ml_collections.ConfigDict) -> float:
+  """Training FLOPs of one step as MFU counts them (every network of the setup)."""
+  phase = schedule.phases(config.train)[0]
+  return objectives.build(config).flops_per_sequence(phase) * int(config.train.batch_size)
+
+
+def plan(names, preset: Preset, corpus: str, prepared_root: str,
+         budget_steps: int) -> dict[str, tuple[int, float]]:
+  """name -> (steps, FLOPs per step): every row gets the first row's budget in FLOPs."""
+  per_step = {n: flops_per_step(row_config(n, preset, corpus, prepared_root, 10))
+              for n in names}
+  budget = budget_steps * per_step[names[0]]
+  return {n: (max(2, round(budget / per_step[n])), per_step[n]) for n in names}
+
+
+def _fmt(summary: dict) -> str:
+  return (f'{summary["accuracy"]:.1%} ± {summary["accuracy_std"]:.1%} '
+          f'(F1 {summary["macro_f1"]:.3f})')
+
+
+def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
+        probe_specs: dict | None = None, budget_steps: int | None = None, log=print) -> dict:
+  preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
+  names = list(names or ROWS)
+  unknown = [n for n in names if n not in ROWS]
+  if unknown:
+    raise ValueError(f'--only has unknown rows {unknown}; expected some of {list(ROWS)}')
+  os.makedirs(out, exist_ok=True)
+  if probe_specs is None:
+    probe_specs = probe.bbc_specs(out, preset.probe.train_examples)
+  if not corpus:  # The BBC train split's text, labels unused (in-domain pretraining).
+    rows = probe.bbc_news()['train']
+    corpus = probe.write_jsonl([{'text': r['text']} for r in rows],
+                               os.path.join(out, 'data', 'pretrain.jsonl'))
+  prepared_root = os.path.join(out, 'prepared')
+  steps = plan(names, preset, corpus, prepared_root, budget_steps or preset.budget_steps)
+  results: dict = {'preset': preset_name if isinstance(preset_name, str) else 'custom', 'corpus': corpus, 'probe_data': probe_specs,
+                   'budget_flops': steps[names[0]][0] * steps[names[0]][1], 'rows': {}}
+  for name in names:
+    n, per_step = steps[name]
+    config = row_config(name, preset, corpus, prepared_root, n)
+    workdir = os.path.join(out, 'runs', name)
+    log(f'bake-off: pretraining {name} for {n} steps ({n * per_step:.3g} FLOPs)')
+    start = time.perf_counter()
+    last = train.train_and_evaluate(config, workdir)
+    wall = time.perf_counter() - start
+    points = []
+    for step in sorted({max(1, n // 2), n}):
+      summary = probe.run(dict(workdir=workdir, step=step), os.path.join(out, 'probe', name,
+                                                                        str(step)),
+                          preset.probe, probe_specs, log)
+      points.append(dict(step=step, flops=step * per_step, **_brief(summary)))
+    results['rows'][name] = dict(steps=n, flops=n * per_step, wall_s=wall,
+                                 final_loss=float(last.get('loss', float('nan'))),
+                                 points=points)
+    _write(out, results)
+  first = os.path.join(out, 'runs', names[0])
+  log('bake-off: fine-tuning the from-scratch baseline')
+  summary = probe.run(dict(workdir=first, from_scratch=True),
+                      os.path.join(out, 'probe', 'from_scratch'), preset.probe, probe_specs, log)
+  results['from_scratch'] = _brief(summary)
+  _write(out, results)
+  log(table(results))
+  return results
+
+
+def _brief(summary: dict) -> dict:
+  return {k: summary[k] for k in ('accuracy', 'accuracy_std', 'accuracy_min', 'accuracy_max',
+                                  'macro_f1', 'macro_f1_std', 'seeds')}
+
+
+def table(results: dict) -> str:
+  base = results.get('from_scratch')
+  lines = ['| row | pretraining steps | training FLOPs | wall time | final loss | probe '
+           'accuracy (half budget) | probe accuracy (full budget) | vs from scratch |',
+           '|---|---|---|---|---|---|---|---|']
+  for name, r in results['rows'].items():
+    half, full = r['points'][0], r['points'][-1]
+    gain = ''
+    if base:
+      delta = full['accuracy'] - base['accuracy']
+      spread = max(full['accuracy_std'], base['accuracy_std'])
+      gain = f'{delta:+.1%} ({"beyond" if delta > spread else "within"} the seed spread)'
+    lines.append(f'| {name} | {r["steps"]} | {r["flops"]:.3g} | {r["wall_s"]:.0f} s | '
+                 f'{r["final_loss"]:.3f} | {_fmt(half)} | {_fmt(full)} | {gain} |')
+  if base:
+    lines.append(f'| from scratch | 0 | 0 | - | - | - | {_fmt(base)} | |')
+  return '\n'.join(lines)
+
+
+def _write(out: str, results: dict) -> None:
+  with open(os.path.join(out, 'bakeoff.json'), 'w', encoding='utf-8') as f:
+    json.dump(results, f, indent=2)
+  with open(os.path.join(out, 'bakeoff.md'), 'w', encoding='utf-8') as f:
+    f.write(table(results) + '\n')
+  plot(results, os.path.join(out, 'bakeoff.png'))
+
+
+def plot(results: dict, path: str) -> None:
+  """Probe accuracy (mean, min..max over seeds) against pretraining FLOPs, one line a row."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(7, 4.5))
+  ax = fig.subplots()
+  base = results.get('from_scratch')
+  for name, r in results['rows'].items():
+    xs = [0.0] + [p['flops'] for p in r['points']] if base else [p['flops'] for p in r['points']]
+    pts = ([base] if base else []) + r['points']
+    ys = [p['accuracy'] for p in pts]
+    err = [[p['accuracy'] - p['accuracy_min'] for p in pts],
+           [p['accuracy_max'] - p['accuracy'] for p in pts]]
+    ax.errorbar(xs, ys, yerr=err, marker='o', capsize=3, label=name)
+  if base:
+    ax.axhline(base['accuracy'], color='gray', linestyle='--', label='from scratch')
+  ax.set_xlabel('pretraining FLOPs (as MFU counts them)')
+  ax.set_ylabel('probe test accuracy')
+  ax.set_title('What each objective buys at equal compute')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  del argv
+  f = flags.FLAGS
+  specs = None
+  if f.probe_train or f.probe_test:
+    if not (f.probe_train and f.probe_test):
+      raise ValueError('Give both --probe_train and --probe_test, or neither (BBC News)')
+    specs = {'train': f.probe_train, 'test': f.probe_test}
+  run(f.out, [n.strip() for n in f.only.split(',') if n.strip()] or None, f.preset, f.corpus,
+      specs, f.budget_steps or None)
+
+
+if __name__ == '__main__':
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string('out', None, 'Output directory (runs, probes, table, PNG).')
+  flags.DEFINE_string('only', '', f'Comma-separated rows of {list(ROWS)}; default all.')
+  flags.DEFINE_enum('preset', 'cpu', list(PRESETS), 'Scale: cpu or accelerator.')
+  flags.DEFINE_string('corpus', '', 'config.data.sources of the unlabelled text (default: '
+                      'the BBC News train split).')
+  flags.DEFINE_string('probe_train', '', 'Probe train spec (default BBC News).')
+  flags.DEFINE_string('probe_test', '', 'Probe test spec (default BBC News).')
+  flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
+  flags.mark_flags_as_required(['out'])
+  cli.run(main)

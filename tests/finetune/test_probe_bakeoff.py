@@ -1,0 +1,81 @@
+"""The BBC News probe's fixed split, its summary, and the bake-off's equal-FLOPs plan."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import pytest
+
+from encoder_jax import bakeoff
+from encoder_jax.finetune import probe
+
+
+def test_bbc_news_split_is_fixed_stratified_and_whole():
+  splits = probe.bbc_news()
+  sizes = {k: len(v) for k, v in splits.items()}
+  assert sum(sizes.values()) == 2225, sizes  # Every article, none dropped.
+  assert sizes == {'train': 1337, 'validation': 444, 'test': 444}, sizes
+  for rows in splits.values():
+    counts = collections.Counter(r['label'] for r in rows)
+    assert set(counts) == set(probe.BBC_CLASSES)
+    assert all(r['text'].strip() for r in rows)
+  # Any prefix of train is balanced (interleaved classes): the first 500 hold 100 of each.
+  assert set(collections.Counter(r['label'] for r in splits['train'][:500]).values()) == {100}
+  texts = {k: {r['text'] for r in v} for k, v in splits.items()}
+  assert probe.bbc_news() == splits  # Deterministic.
+  assert 'Ad sales boost Time Warner profit' in splits['train'][0]['text']
+  assert len(texts['test']) > 400  # Real, distinct articles.
+
+
+def test_summary_is_mean_and_spread_over_seeds():
+  runs = [dict(eval_accuracy=a, eval_f1=f) for a, f in ((0.8, 0.7), (0.9, 0.8), (0.7, 0.6))]
+  s = probe.summarize(runs)
+  assert s['accuracy'] == pytest.approx(0.8) and s['accuracy_std'] == pytest.approx(0.1)
+  assert (s['accuracy_min'], s['accuracy_max'], s['seeds']) == (0.7, 0.9, 3)
+  assert s['macro_f1'] == pytest.approx(0.7)
+
+
+def test_every_row_gets_the_same_training_flops(tmp_path):
+  """Steps x FLOPs per step (as MFU counts them) equals the first row's budget to within one
+  step of each row; two-network and two-stream setups get fewer steps."""
+  preset = bakeoff.PRESETS['cpu']
+  names = list(bakeoff.ROWS)
+  plan = bakeoff.plan(names, preset, 'jsonl:/unused.jsonl', str(tmp_path), 400)
+  budget = 400 * plan['bert'][1]
+  for name, (steps, per_step) in plan.items():
+    assert abs(steps * per_step - budget) <= per_step / 2 + 1e-6 * budget, name
+  assert plan['bert'][0] == 400
+  assert plan['electra'][1] > plan['bert'][1] and plan['electra'][0] < 400
+  assert plan['xlnet'][1] > plan['bert'][1] and plan['xlnet'][0] < 400
+  for name in names:  # Every row's config is valid at the preset's size.
+    from encoder_jax import validation  # pylint: disable=g-import-not-at-top
+    validation.validate(bakeoff.row_config(name, preset, 'jsonl:/x.jsonl', str(tmp_path), 10))
+
+
+@pytest.mark.slow  # Two tiny pretraining runs, then 2 x 2 + 2 probe fine-tunes.
+def test_bakeoff_end_to_end_on_real_text(tmp_path):
+  tiny = bakeoff.Preset(
+      model=dict(vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2,
+                 intermediate_size=64, max_position_embeddings=66),
+      batch_size=8, seq_len=64, max_predictions=8, learning_rate=1e-3, warmup_steps=2,
+      budget_steps=6,
+      probe=probe.ProbeSettings(seeds=(0, 1), epochs=1, batch_size=16, learning_rate=1e-3,
+                                max_len=64, train_examples=40))
+  rows = probe.bbc_news()
+  corpus = probe.write_jsonl([{'text': r['text']} for r in rows['train'][:200]],
+                             str(tmp_path / 'corpus.jsonl'))
+  specs = {'train': probe.write_jsonl(rows['train'][:40], str(tmp_path / 'train.jsonl')),
+           'test': probe.write_jsonl(rows['test'][:30], str(tmp_path / 'test.jsonl'))}
+  out = str(tmp_path / 'out')
+  results = bakeoff.run(out, ['bert', 'electra'], tiny, corpus, specs)
+  assert results['rows']['bert']['steps'] == 6 and results['rows']['electra']['steps'] < 6
+  for r in results['rows'].values():
+    assert [p['step'] for p in r['points']] == [r['steps'] // 2, r['steps']]
+    assert all(0.0 <= p['accuracy'] <= 1.0 and p['seeds'] == 2 for p in r['points'])
+  assert results['from_scratch']['seeds'] == 2
+  assert json.load(open(os.path.join(out, 'bakeoff.json')))['rows'].keys() == {'bert', 'electra'}
+  assert os.path.getsize(os.path.join(out, 'bakeoff.png')) > 10_000
+  table = open(os.path.join(out, 'bakeoff.md')).read()
+  assert '| bert | 6 |' in table and '| from scratch |' in table
