@@ -29,20 +29,24 @@ import numpy as np
 from encoder_jax.models import config as model_config_lib
 from encoder_jax.models import registry as models
 
-POOLINGS = ('mean', 'cls')
+POOLINGS = ('mean', 'cls', 'max')
 PAD_MULTIPLE = 16  # Padded lengths are rounded up to this, so few shapes get compiled.
 
 
 def pool(sequence_BxLxE: jax.Array, input_mask_BxL: jax.Array, pooling: str,
          cls_index: int = 0) -> jax.Array:
-  """Mean of the real tokens' states, or the state at ``cls_index`` (0, or -1 for a model
-  whose summary token ends left-padded rows, as XLNet's ``<cls>``)."""
+  """Mean of the real tokens' states, their elementwise max (sentence-transformers'
+  max pooling), or the state at ``cls_index`` (0, or -1 for a model whose summary token
+  ends left-padded rows, as XLNet's ``<cls>``)."""
   if pooling == 'cls':
     return sequence_BxLxE[:, cls_index]
   if pooling == 'mean':
     mask_BxLx1 = input_mask_BxL[..., None].astype(jnp.float32)
     total_BxE = (sequence_BxLxE.astype(jnp.float32) * mask_BxLx1).sum(1)
     return total_BxE / jnp.maximum(mask_BxLx1.sum(1), 1.0)
+  if pooling == 'max':
+    real_BxLx1 = input_mask_BxL[..., None] > 0
+    return jnp.where(real_BxLx1, sequence_BxLxE.astype(jnp.float32), -1e9).max(1)
   raise ValueError(f'pooling={pooling!r}; expected one of {POOLINGS}')
 
 

@@ -55,15 +55,15 @@ def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
   return loading.load_workdir(i.workdir, step=None if i.step < 0 else int(i.step))
 
 
-def init_params(model: nn.Module, pretrained, max_len: int, seed: int
+def init_params(model: nn.Module, pretrained, max_len: int, seed: int, init_fn=None
                 ) -> tuple[dict, dict[str, list[str]]]:
   """(params, what came from where): every top-level part of the model that the pretrained
   params have (same shapes) is taken from them, the task head (``heads.HEAD_PARTS``) and any
   part they lack (e.g. the pooler of a kind pretrained without one) is freshly initialised.
   The second value lists the parts 'taken', 'fresh' and pretrained ones 'unused'."""
   ids = jnp.zeros((1, max_len), jnp.int32)
-  fresh = nn.unbox(jax.jit(lambda r: model.init(r, ids, ids, ids))(jax.random.PRNGKey(seed)))
-  params = dict(fresh['params'])
+  init_fn = init_fn or (lambda r: model.init(r, ids, ids, ids)['params'])
+  params = dict(nn.unbox(jax.jit(init_fn)(jax.random.PRNGKey(seed))))
   pretrained = loading.to_host(pretrained)
   report = {'taken': [], 'fresh': [], 'unused': sorted(set(pretrained) - set(params))}
   for part in sorted(params):
@@ -178,16 +178,18 @@ def classification_scores(task: str, names, arrays, pred) -> dict:
 
 def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained, train: dict,
              evals: dict | None, scorer, num_outputs: int, max_len: int,
-             more_evals: dict | None = None, names=()) -> dict:
+             more_evals: dict | None = None, names=(), task=None) -> dict:
   """Trains ``config.task``'s head on ``train`` (encoded arrays) with the engine; scores
   ``evals`` with ``scorer(arrays, predictions) -> metrics`` (predictions of the rows, in
-  order). Any task whose arrays and scorer fit this runs here (classification, QA...)."""
+  order). Any task whose arrays and scorer fit this runs here (classification, QA...);
+  ``task`` replaces the head task ``config.task`` names (e.g. Sentence-BERT's siamese one)."""
   o = config.optim
   model_config = pretrained.model_config
   if config.dtype:
     model_config = model_config.replace(dtype=config.dtype)
-  model = heads.make(config.task, model_config, num_outputs, config.dropout_rate)
-  task = task_lib.Task(config.task, model, models.network(model_config), max_len)
+  if task is None:
+    model = heads.make(config.task, model_config, num_outputs, config.dropout_rate)
+    task = task_lib.Task(config.task, model, models.network(model_config), max_len)
   steps_per_epoch = math.ceil(len(train['input_ids']) / o.batch_size)
   total = steps_per_epoch * int(o.epochs)
   ec = engine_config(config, total, steps_per_epoch)
@@ -253,7 +255,8 @@ class _Run:
                                      params=params, opt_state=opt_state)
       return state, shards, data_state or {'epoch': 1, 'batch': 0}, None
     source = {} if self.config.init.from_scratch else self.pretrained.encoder_params
-    params, parts = init_params(self.task.model, source, self.max_len, int(self.config.seed))
+    params, parts = init_params(self.task.model, source, self.max_len, int(self.config.seed),
+                                self.task.init)
     state = train_state.create_train_state(self.ec, self.mesh, params=params, setup=self.task,
                                            tx=self.tx)
     return state, shards, {'epoch': 1, 'batch': 0}, parts
@@ -371,6 +374,13 @@ class _Run:
           "config.optim.learning_rate or set config.nonfinite_policy='skip'.")
     if bad:
       logging.warning('%d updates with a non-finite loss or gradient were dropped', bad)
+
+
+def read_final_params(workdir: str) -> dict:
+  """The params a finished fine-tuning saved in ``<workdir>/params`` (host arrays)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  with ocp.StandardCheckpointer() as ckpt:
+    return ckpt.restore(os.path.join(os.path.abspath(workdir), 'params'))
 
 
 def _save(workdir: str, params, config: ml_collections.ConfigDict, names) -> None:

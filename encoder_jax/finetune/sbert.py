@@ -1,0 +1,316 @@
+r"""Sentence-BERT: fine-tune an encoder into a sentence embedder, exported for
+sentence-transformers and as an encoder_jax workdir.
+
+  python -m encoder_jax.finetune.sbert --workdir=PRETRAIN_DIR --out=/tmp/sbert \
+      --train=tfds:multi_nli:train --objective=classification \
+      --eval=tfds:glue/stsb:validation
+  python -m encoder_jax.finetune.sbert --hf_dir=HF_DIR --out=/tmp/sbert --objective=contrastive \
+      --train=jsonl:pairs.jsonl --fields=anchor,positive,negative --eval=tsv:sts-dev.tsv
+
+Reimers & Gurevych (2019): one encoder embeds each sentence on its own (a siamese network:
+the two sides share every weight), pooled over its tokens (``mean`` by default; ``cls``
+and ``max`` as options), and is trained with
+
+- ``classification`` over labelled pairs (NLI: entailment / neutral / contradiction): a
+  softmax classifier on ``(u, v, |u - v|)``, dropped after training; or
+- ``contrastive``: in-batch negatives (sentence-transformers'
+  MultipleNegativesRankingLoss): each anchor's positive against every other positive of the
+  batch (and every hard negative, for triples), cross-entropy over ``scale`` x cosine.
+
+The evaluation is STS-B's: Spearman (and Pearson) correlation between the cosine of the
+two embeddings and the gold similarity. Fine-tuning runs on the training engine
+(``finetune.train.run_task``: mesh, dtype, Orbax checkpoints with resume). At the end
+``--out`` holds ``sentence_transformers/`` (a directory ``SentenceTransformer(dir)`` loads:
+the encoder as its kind's Hugging Face model, the tokenizer, ``modules.json``, the pooling
+config, normalisation) and ``workdir/``, an encoder_jax workdir imported from it, whose
+pooling and normalisation are the defaults of ``encoder_jax.embed`` and
+``encoder_jax.load(...).embed``.
+
+Data: tfds (``glue/stsb``, ``snli``, ``multi_nli``; SNLI's examples without a gold label,
+label -1, are skipped and counted) or JSONL/TSV with the fields named by ``--fields``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from encoder_jax import inference
+from encoder_jax import loading
+from encoder_jax.finetune import config as finetune_config
+from encoder_jax.finetune import data as data_lib
+from encoder_jax.finetune import metrics as metrics_lib
+from encoder_jax.finetune import task as task_lib
+from encoder_jax.finetune import train as finetune_train
+from encoder_jax.interop import hf
+from encoder_jax.interop import hf_import
+from encoder_jax.interop import tokenizer as tokenizer_io
+from encoder_jax.models import layers
+from encoder_jax.models import registry as models
+
+OBJECTIVES = ('classification', 'contrastive')
+SIDES = ('', 'b_', 'c_')  # Array-name prefixes of the first, second and third text.
+
+
+class Siamese(nn.Module):
+  """One encoder for every side (rows of all sides stacked on the batch axis, one pass),
+  pooled; ``classify``: the softmax head on (u, v, |u - v|) of the first two sides."""
+  config: object
+  pooling: str = 'mean'
+  cls_index: int = 0
+  num_labels: int = 0
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True,
+               classify: bool = False):
+    c = self.config
+    out = models.get(c.kind).encode(c, input_ids, segment_ids, input_mask,
+                                    deterministic=deterministic, pool=False)
+    emb = inference.pool(out['sequence_output'], input_mask, self.pooling, self.cls_index)
+    if not classify:
+      return emb
+    u, v = jnp.split(emb[:2 * (emb.shape[0] // 2)], 2)
+    features = jnp.concatenate([u, v, jnp.abs(u - v)], axis=-1)
+    return layers.Dense((3 * emb.shape[-1],), (self.num_labels,), ('embed',), (None,),
+                        c.initializer_range, jnp.float32, name='classifier')(features)
+
+
+def _stack(batch, sides):
+  return [jnp.concatenate([batch[f'{p}{k}'] for p in sides])
+          for k in ('input_ids', 'segment_ids', 'input_mask')]
+
+
+class SiameseTask(task_lib.Task):
+  """The engine's contract for Sentence-BERT: loss of the chosen objective; prediction =
+  the cosine of the first two sides (scored against the gold similarity)."""
+  metric_weights = {'loss': 'examples', 'accuracy': 'examples'}
+
+  def __init__(self, model: Siamese, network, max_len: int, objective: str, sides: int,
+               scale: float = 20.0):
+    super().__init__('sentence_embedding', model, network, max_len)
+    self.objective, self.sides, self.scale = objective, sides, scale
+    self.console_metrics = (('accuracy', 'acc', '{:.1%}'),)
+
+  def init(self, rng):
+    ids = jnp.zeros((2, self.max_len), jnp.int32)
+    return self.model.init(rng, ids, ids, ids,
+                           classify=self.objective == 'classification')['params']
+
+  def loss_fn(self, params, batch, rng, phase, train):
+    del phase
+    rngs = {'dropout': self.dropout_key(rng)} if train else {}
+    w = batch['weights']
+    n = w.shape[0]
+    if self.objective == 'classification':
+      logits = self.model.apply({'params': params}, *_stack(batch, SIDES[:2]),
+                                deterministic=not train, classify=True, rngs=rngs)
+      loss, accuracy, count = task_lib.loss_and_accuracy(logits, batch['labels'], w)
+      return loss, {'loss': loss, 'accuracy': accuracy, 'examples': count}
+    emb = self.model.apply({'params': params}, *_stack(batch, SIDES[:self.sides]),
+                           deterministic=not train, rngs=rngs)
+    emb = inference.l2_normalize(emb)
+    anchors, candidates = emb[:n], emb[n:]  # Positives, then hard negatives.
+    scores = self.scale * anchors @ candidates.T  # [B, B * (sides - 1)]
+    real = jnp.tile(w > 0, self.sides - 1)
+    scores = jnp.where(real[None, :], scores, -1e9)  # Padding rows are no candidates.
+    loss, accuracy, count = task_lib.loss_and_accuracy(scores, jnp.arange(n), w)
+    return loss, {'loss': loss, 'accuracy': accuracy, 'examples': count}
+
+  def predict(self, params, batch):
+    emb = inference.l2_normalize(self.model.apply({'params': params}, *_stack(batch, SIDES[:2])))
+    n = batch['input_ids'].shape[0]
+    return (emb[:n] * emb[n:]).sum(-1)
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def read(spec: str, fields: tuple[str, ...], label_field: str | None,
+         data_config: ml_collections.ConfigDict) -> tuple[list[tuple[str, ...]], list, int]:
+  """(texts per row, labels or [], rows skipped for a missing gold label)."""
+  rows, _ = data_lib._read_rows(spec, data_config, [label_field] if label_field else [])  # pylint: disable=protected-access
+  texts, labels, skipped = [], [], 0
+  for r in rows:
+    if label_field:
+      label = data_lib._field(r, label_field, spec)  # pylint: disable=protected-access
+      if isinstance(label, (int, np.integer)) and int(label) < 0:  # SNLI: no gold label.
+        skipped += 1
+        continue
+      labels.append(label)
+    texts.append(tuple(str(data_lib._field(r, f, spec)) for f in fields))  # pylint: disable=protected-access
+  if not texts:
+    raise ValueError(f'{spec!r} has no usable rows ({skipped} without a gold label)')
+  return texts, labels, skipped
+
+
+def encode(tok, texts: list[tuple[str, ...]], max_len: int, sides: int) -> dict[str, np.ndarray]:
+  out = {}
+  for k, prefix in enumerate(SIDES[:sides]):
+    x = tok.encode_inputs([t[k] for t in texts], max_len=max_len, length=max_len)
+    out.update({f'{prefix}{name}': x[name] for name in ('input_ids', 'segment_ids',
+                                                        'input_mask')})
+  return out
+
+
+@dataclasses.dataclass
+class SbertSettings:
+  objective: str = 'classification'
+  pooling: str = 'mean'
+  fields: tuple[str, ...] = ('premise', 'hypothesis')  # Two (pairs) or three (triples).
+  label_field: str = 'label'  # Classification labels; '' for unlabelled contrastive pairs.
+  eval_fields: tuple[str, ...] = ('sentence1', 'sentence2')
+  eval_label_field: str = 'label'  # The gold similarity.
+  max_len: int = 128
+  normalize: bool = True  # The export's embeddings are L2-normalised (a Normalize module).
+  scale: float = 20.0  # Contrastive: the cosine scale of MultipleNegativesRankingLoss.
+
+
+def sbert_config(init: dict, train_spec: str, eval_spec: str = '', epochs: int = 1,
+                 batch_size: int = 16, learning_rate: float = 2e-5, seed: int = 0,
+                 tfds_data_dir: str = '') -> ml_collections.ConfigDict:
+  c = finetune_config.base_config()
+  c.task = 'sequence_classification'  # The head's task name is unused here; SBERT's own.
+  c.seed = seed
+  c.init.update(init)
+  c.data.update(train=train_spec, eval=eval_spec, tfds_data_dir=tfds_data_dir)
+  c.optim.update(learning_rate=learning_rate, epochs=epochs, batch_size=batch_size,
+                 eval_batch_size=32, warmup_fraction=0.1)
+  return c
+
+
+def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | None = None,
+             log=print) -> dict:
+  s = s or SbertSettings()
+  if s.objective not in OBJECTIVES:
+    raise ValueError(f'objective={s.objective!r}; expected one of {OBJECTIVES}')
+  if s.pooling not in inference.POOLINGS:
+    raise ValueError(f'pooling={s.pooling!r}; expected one of {inference.POOLINGS}')
+  sides = len(s.fields)
+  if sides not in (2, 3) or (s.objective == 'classification' and sides != 2):
+    raise ValueError(f'fields={s.fields}: expected two fields (pairs), or three (anchor, '
+                     'positive, hard negative) for the contrastive objective')
+  finetune_train.check_config(config)
+  pretrained = finetune_train.load_pretrained(config)
+  tok = pretrained.tokenizer
+  max_len = min(int(s.max_len), pretrained.max_length)
+  label_field = s.label_field if s.objective == 'classification' else ''
+  texts, labels, skipped = read(config.data.train, s.fields, label_field, config.data)
+  train = encode(tok, texts, max_len, sides)
+  names = []
+  if label_field:
+    names = sorted({str(l) for l in labels}, key=lambda x: (len(x), x))
+    to_id = data_lib.label_mapper(names)
+    train['labels'] = np.asarray([to_id(l, config.data.train) for l in labels], np.int32)
+  log(f'Sentence-BERT ({s.objective}, {s.pooling} pooling): {len(texts)} training rows'
+      + (f', {skipped} without a gold label skipped' if skipped else '')
+      + (f', labels {names}' if names else ''))
+  evals = score = None
+  if config.data.eval:
+    eval_texts, gold, _ = read(config.data.eval, s.eval_fields, s.eval_label_field, config.data)
+    evals = encode(tok, eval_texts, max_len, 2)
+    gold = np.asarray(gold, np.float64)
+
+    def score_eval(arrays, cosine):
+      del arrays
+      return {'spearman': metrics_lib.spearman(cosine, gold),
+              'pearson': metrics_lib.pearson(cosine, gold), 'examples': len(gold)}
+    score = score_eval
+  model_config = pretrained.model_config
+  if config.dtype:
+    model_config = model_config.replace(dtype=config.dtype)
+  model = Siamese(model_config, s.pooling, tok.cls_index, len(names))
+  task = SiameseTask(model, models.network(model_config), max_len, s.objective, sides, s.scale)
+  workdir = os.path.join(out, 'finetune')
+  result = finetune_train.run_task(config, workdir, pretrained, train, evals, score,
+                                   max(1, len(names)), max_len, task=task)
+  if result.get('preempted'):
+    return result
+  params = finetune_train.read_final_params(workdir)
+  export = os.path.join(out, 'sentence_transformers')
+  export_sentence_transformers(pretrained, params, export, s.pooling, s.normalize, max_len)
+  encoder_workdir = os.path.join(out, 'workdir')
+  if not os.path.isdir(os.path.join(encoder_workdir, 'checkpoints')):
+    hf_import.import_hf_to_workdir(export, encoder_workdir)
+  log(f'Sentence-BERT: exported {export} (SentenceTransformer) and {encoder_workdir} '
+      '(encoder_jax.load / embed)')
+  result.update(train_rows=len(texts), train_skipped=skipped, export=export,
+                workdir=encoder_workdir)
+  return result
+
+
+def export_sentence_transformers(pretrained: loading.Loaded, params: dict, out: str,
+                                 pooling: str, normalize: bool, max_len: int) -> None:
+  """The fine-tuned encoder (its parts replace the pretrained ones in the kind's export
+  architecture) + tokenizer + sentence-transformers' module files."""
+  network, full = pretrained.setup.downstream(loading.to_host(pretrained.params))
+  full = dict(full)
+  for part, value in params.items():
+    if part in full:
+      full[part] = value
+  tok = pretrained.tokenizer
+  hf.save_hf(out, network.config, full, pad_token_id=tok.pad_id)
+  tokenizer_io.export_hf_tokenizer(tok, out, pretrained.max_length)
+  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
+             {'idx': 1, 'name': '1', 'path': '1_Pooling',
+              'type': 'sentence_transformers.models.Pooling'}]
+  if normalize:
+    modules.append({'idx': 2, 'name': '2', 'path': '2_Normalize',
+                    'type': 'sentence_transformers.models.Normalize'})
+    os.makedirs(os.path.join(out, '2_Normalize'), exist_ok=True)
+  os.makedirs(os.path.join(out, '1_Pooling'), exist_ok=True)
+  files = {
+      'modules.json': modules,
+      'sentence_bert_config.json': {'max_seq_length': int(max_len), 'do_lower_case': False},
+      os.path.join('1_Pooling', 'config.json'): {
+          'word_embedding_dimension': int(network.config.hidden_size),
+          'pooling_mode_cls_token': pooling == 'cls',
+          'pooling_mode_mean_tokens': pooling == 'mean',
+          'pooling_mode_max_tokens': pooling == 'max',
+          'pooling_mode_mean_sqrt_len_tokens': False},
+      'config_sentence_transformers.json': {'similarity_fn_name': 'cosine'},
+  }
+  for name, value in files.items():
+    with open(os.path.join(out, name), 'w', encoding='utf-8') as f:
+      json.dump(value, f, indent=2)
+
+
+def main(argv):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  del argv
+  f = flags.FLAGS
+  c = sbert_config(dict(workdir=f.workdir or '', hf_dir=f.hf_dir or ''), f.train, f.eval,
+                   f.epochs, f.batch_size, f.learning_rate, f.seed, f.tfds_data_dir)
+  s = SbertSettings(objective=f.objective, pooling=f.pooling,
+                    fields=tuple(x.strip() for x in f.fields.split(',')),
+                    label_field=f.label_field, max_len=f.max_len, normalize=f.normalize)
+  result = finetune(c, f.out, s)
+  print('final: ' + ', '.join(f'{k}={v}' for k, v in result.items()))
+
+
+if __name__ == '__main__':
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string('workdir', None, 'A pretraining workdir (its latest checkpoint).')
+  flags.DEFINE_string('hf_dir', None, 'Or a Hugging Face directory.')
+  flags.DEFINE_string('out', None, 'Output: finetune/, sentence_transformers/, workdir/.')
+  flags.DEFINE_string('train', 'tfds:multi_nli:train', 'Training pairs / triples.')
+  flags.DEFINE_string('eval', '', "STS data: 'tfds:glue/stsb:validation', 'tsv:PATH'...")
+  flags.DEFINE_enum('objective', 'classification', list(OBJECTIVES), 'The training loss.')
+  flags.DEFINE_enum('pooling', 'mean', list(inference.POOLINGS), 'Token pooling.')
+  flags.DEFINE_string('fields', 'premise,hypothesis', 'Text fields of a training row.')
+  flags.DEFINE_string('label_field', 'label', 'Classification label field.')
+  flags.DEFINE_bool('normalize', True, 'L2-normalised embeddings in the export.')
+  flags.DEFINE_integer('max_len', 128, 'Tokens per sentence.')
+  flags.DEFINE_integer('epochs', 1, 'Epochs.')
+  flags.DEFINE_integer('batch_size', 16, 'Rows per step (in-batch negatives: more is better).')
+  flags.DEFINE_float('learning_rate', 2e-5, 'Peak learning rate.')
+  flags.DEFINE_integer('seed', 0, 'Seed.')
+  flags.DEFINE_string('tfds_data_dir', '', 'tfds data_dir.')
+  flags.mark_flags_as_required(['out'])
+  cli.run(main)
