@@ -54,6 +54,10 @@ def base_config() -> ml_collections.ConfigDict:
   ))
   c.dropout_rate = 0.1  # Head dropout; the encoder keeps its config's dropout rates.
   c.eval_every_epoch = True  # False: evaluate only after the last epoch.
+  # Sequence tasks: 'cls' (the [CLS] state through the kind's pooler, as BERT fine-tunes) or
+  # 'mean' (the mean of the real tokens' final states: for encoders whose pretraining never
+  # trained [CLS], e.g. MLM-only, ELECTRA, XLNet's PLM).
+  c.pooling = 'cls'
 
   # ---- the training engine's settings (as in pretraining) ----
   c.dtype = ''  # Activations: '' = the checkpoint's model.dtype, 'float32' or 'bfloat16'.

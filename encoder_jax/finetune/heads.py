@@ -24,30 +24,46 @@ TASKS = ('sequence_classification', 'sequence_regression', 'token_classification
 HEAD_PARTS = ('classifier',)  # Always fresh; every other part comes from the pretrained params.
 
 
+POOLINGS = ('cls', 'mean')
+
+
 class Classifier(nn.Module):
   """Logits from the encoder: [B, num_labels] on the pooled [CLS] state (sentences or
-  pairs), or [B, L, num_labels] on every final state (``per_token``: tagging, e.g. NER)."""
+  pairs; ``pooling='mean'``: the mean of the real tokens' final states instead, with no
+  pooler), or [B, L, num_labels] on every final state (``per_token``: tagging, e.g. NER)."""
   config: model_config_lib.EncoderConfig
   num_labels: int
   dropout_rate: float = 0.1
   per_token: bool = False
+  pooling: str = 'cls'
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
                deterministic: bool = True):
     c = self.config
+    cls_pool = not self.per_token and self.pooling == 'cls'
     out = models.get(c.kind).encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                      deterministic=deterministic, pool=not self.per_token)
-    h = out['sequence_output'] if self.per_token else out['pooled_output']
+                                    deterministic=deterministic, pool=cls_pool)
+    if self.per_token:
+      h = out['sequence_output']
+    elif cls_pool:
+      h = out['pooled_output']
+    else:
+      m = input_mask_BxL[..., None].astype(jnp.float32)
+      h = (out['sequence_output'].astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+      h = h.astype(c.jnp_dtype)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return layers.Dense((c.hidden_size,), (self.num_labels,), ('embed',), (None,),
                         c.initializer_range, c.jnp_dtype, name='classifier')(h).astype(jnp.float32)
 
 
 def make(task: str, config: model_config_lib.EncoderConfig, num_labels: int,
-         dropout_rate: float) -> nn.Module:
+         dropout_rate: float, pooling: str = 'cls') -> nn.Module:
   if task not in TASKS:
     raise ValueError(f'config.task={task!r}; expected one of {TASKS}')
+  if pooling not in POOLINGS:
+    raise ValueError(f'config.pooling={pooling!r}; expected one of {POOLINGS}')
   if task == 'question_answering':
     return Classifier(config, 2, dropout_rate, per_token=True)
-  return Classifier(config, num_labels, dropout_rate, per_token=task == 'token_classification')
+  return Classifier(config, num_labels, dropout_rate, per_token=task == 'token_classification',
+                    pooling=pooling)

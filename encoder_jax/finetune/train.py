@@ -188,7 +188,8 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
   if config.dtype:
     model_config = model_config.replace(dtype=config.dtype)
   if task is None:
-    model = heads.make(config.task, model_config, num_outputs, config.dropout_rate)
+    model = heads.make(config.task, model_config, num_outputs, config.dropout_rate,
+                       config.pooling)
     task = task_lib.Task(config.task, model, models.network(model_config), max_len)
   steps_per_epoch = math.ceil(len(train['input_ids']) / o.batch_size)
   total = steps_per_epoch * int(o.epochs)

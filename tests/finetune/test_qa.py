@@ -173,6 +173,8 @@ def test_fine_tune_on_squad_json_writes_predictions_and_metrics(tmp_path):
   assert result['train_answers_lost'] == 0
   assert 0.0 <= result['eval_exact'] <= 100.0 and 0.0 <= result['eval_f1'] <= 100.0
   assert result['eval_total'] == 6
+  print(f"QA (6 questions, tiny BERT, 2 epochs): EM {result['eval_exact']:.1f} F1 "
+        f"{result['eval_f1']:.1f}")
   predictions = json.load(open(tmp_path / 'run' / 'predictions.json', encoding='utf-8'))
   assert set(predictions) == {i for i, _, _ in QUESTIONS}
   assert all(p in CONTEXT for p in predictions.values())  # Cut from the context itself.

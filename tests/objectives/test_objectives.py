@@ -56,7 +56,7 @@ def test_every_kind_has_a_test_config():
 def test_setup_initialises_and_runs_the_network_once(kind):
   c = _config(kind)
   setup = objectives.build(c, _tables())
-  params = nn.unbox(setup.init(jax.random.key(0)))
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))  # Jitted: eager is slow.
   phase = schedule.phases(c.train)[0]
   calls = []
 
@@ -65,8 +65,9 @@ def test_setup_initialises_and_runs_the_network_once(kind):
       calls.append(type(context.module).__name__)
     return next_fun(*args, **kwargs)
 
-  with nn.intercept_methods(count):
-    loss, metrics = setup.loss_fn(params, _batch(), jax.random.key(1), phase, True)
+  with nn.intercept_methods(count):  # Counted while tracing.
+    loss, metrics = jax.jit(lambda p, b, k: setup.loss_fn(p, b, k, phase, True))(
+        params, _batch(), jax.random.key(1))
   assert calls == ['PreTraining'], calls  # MLM + NSP/SOP share one encoder pass.
   assert np.isfinite(float(loss))
   assert float(metrics['mlm_predictions']) > 0
@@ -105,6 +106,6 @@ def test_flops_follow_the_documented_formula():
 def test_mlm_without_tables_describes_but_cannot_corrupt():
   c = _config('bert')
   setup = objectives.build(c)  # No tokenizer: loading a checkpoint needs only the shapes.
-  params = nn.unbox(setup.init(jax.random.key(0)))
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))  # Jitted: eager is slow.
   with pytest.raises(ValueError, match='without vocabulary tables'):
     setup.loss_fn(params, _batch(), jax.random.key(1), schedule.phases(c.train)[0], False)
