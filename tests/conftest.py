@@ -11,6 +11,9 @@ os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 # One persistent XLA compilation cache for the session (and the training subprocesses the
 # tests start): the many short runs compile the same steps again and again. Programs are
 # keyed by their HLO and flags, so a hit is the same executable, bit for bit.
+# Every program is cached, not only those that took over a second to compile: the resumed
+# runs, evaluations and fine-tunes of the tests compile many small identical programs.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   import tempfile  # pylint: disable=g-import-not-at-top
   os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(tempfile.gettempdir(),

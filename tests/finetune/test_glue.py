@@ -106,12 +106,12 @@ def _build_tiny_glue(data_dir: str):
       for i, row in enumerate(rows * repeat):
         yield i, row
 
-  for name in ('cola', 'stsb', 'mnli'):
+  for name in ('stsb', 'mnli'):
     tfds.builder(f'tiny_glue/{name}', data_dir=data_dir).download_and_prepare()
 
 
-@pytest.mark.slow  # Three fine-tunes (classification, regression, matched/mismatched).
-def test_glue_runner_three_task_types(tmp_path):
+@pytest.mark.slow  # Two fine-tunes: regression, and classification scored on two splits.
+def test_glue_runner_regression_and_matched_mismatched(tmp_path):
   hf_dir = str(tmp_path / 'hf')
   os.makedirs(hf_dir)
   vocab_size = hf_fixtures.write_vocab(os.path.join(hf_dir, 'vocab.txt'))
@@ -122,11 +122,9 @@ def test_glue_runner_three_task_types(tmp_path):
   _build_tiny_glue(data_dir)
   out = str(tmp_path / 'glue')
   s = glue.GlueSettings(epochs=6, batch_size=8, learning_rate=3e-3, max_len=32)
-  summary = glue.run(dict(hf_dir=hf_dir), out, ['cola', 'stsb', 'mnli'], s, 'tiny_glue',
-                     data_dir)
+  summary = glue.run(dict(hf_dir=hf_dir), out, ['stsb', 'mnli'], s, 'tiny_glue', data_dir)
   cols = summary['columns']
-  assert set(cols) == {'cola', 'stsb', 'mnli'}
-  assert set(cols['cola']) == {'matthews'} and -1.0 <= cols['cola']['matthews'] <= 1.0
+  assert set(cols) == {'stsb', 'mnli'}
   assert set(cols['stsb']) == {'pearson', 'spearman'}
   assert set(cols['mnli']) == {'matched', 'mismatched'}
   # Matched and mismatched are the same rows here, so the same predictions.
@@ -135,4 +133,4 @@ def test_glue_runner_three_task_types(tmp_path):
   assert json.load(open(os.path.join(out, 'glue.json')))['glue_score'] == pytest.approx(
       summary['glue_score'])
   assert '| GLUE score |' in open(os.path.join(out, 'glue.md')).read()
-  assert os.path.isdir(os.path.join(out, 'cola', 'checkpoints'))  # The engine's checkpoints.
+  assert os.path.isdir(os.path.join(out, 'stsb', 'checkpoints'))  # The engine's checkpoints.

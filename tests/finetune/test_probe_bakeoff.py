@@ -54,14 +54,14 @@ def test_every_row_gets_the_same_training_flops(tmp_path):
     validation.validate(bakeoff.row_config(name, preset, 'jsonl:/x.jsonl', str(tmp_path), 10))
 
 
-@pytest.mark.slow  # A tiny pretraining run, then 1 + 2 + 2 probe fine-tunes.
+@pytest.mark.slow  # A tiny pretraining run, then three one-seed probe fine-tunes.
 def test_bakeoff_end_to_end_on_real_text(tmp_path):
   tiny = bakeoff.Preset(
       model=dict(vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2,
                  intermediate_size=64, max_position_embeddings=66),
       batch_size=8, seq_len=64, max_predictions=8, learning_rate=1e-3, warmup_steps=2,
       budget_steps=6,
-      probe=probe.ProbeSettings(seeds=(0, 1), epochs=1, batch_size=16, learning_rate=1e-3,
+      probe=probe.ProbeSettings(seeds=(0,), epochs=1, batch_size=16, learning_rate=1e-3,
                                 max_len=64, train_examples=40),
       half_budget_seeds=(0,))
   rows = probe.bbc_news()
@@ -75,8 +75,8 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
   for r in results['rows'].values():
     assert [p['step'] for p in r['points']] == [r['steps'] // 2, r['steps']]
     assert all(0.0 <= p['accuracy'] <= 1.0 for p in r['points'])
-    assert [p['seeds'] for p in r['points']] == [1, 2]  # The curve's half-way point: 1 seed.
-  assert results['from_scratch']['seeds'] == 2
+    assert [p['seeds'] for p in r['points']] == [1, 1]
+  assert results['from_scratch']['seeds'] == 1
   assert json.load(open(os.path.join(out, 'bakeoff.json')))['rows'].keys() == {'electra'}
   assert os.path.getsize(os.path.join(out, 'bakeoff.png')) > 10_000
   table = open(os.path.join(out, 'bakeoff.md')).read()

@@ -39,6 +39,13 @@ STS = [('A man is playing a guitar.', 'A man plays the guitar.', 4.8),
        ('A boy kicks a ball.', 'The stock market fell today.', 0.1)]
 
 
+@pytest.fixture(scope='module')
+def bert_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('sbert') / 'hf')
+  hf_tokenizer_dirs.make_dir('bert', path)
+  return path
+
+
 def _jsonl(path, rows):
   with open(path, 'w', encoding='utf-8') as f:
     for r in rows:
@@ -47,13 +54,12 @@ def _jsonl(path, rows):
 
 
 @pytest.mark.slow  # A tokenizer, a fine-tune, two exports, sentence-transformers loading.
-def test_nli_classification_exports_for_sentence_transformers_and_embed(tmp_path):
-  hf_tokenizer_dirs.make_dir('bert', str(tmp_path / 'hf'))
+def test_nli_classification_exports_for_sentence_transformers_and_embed(bert_dir, tmp_path):
   train = _jsonl(tmp_path / 'nli.jsonl', [dict(premise=a, hypothesis=b, label=y)
                                           for a, b, y in NLI])
   sts = _jsonl(tmp_path / 'sts.jsonl', [dict(sentence1=a, sentence2=b, label=y)
                                         for a, b, y in STS])
-  config = sbert.sbert_config(dict(hf_dir=str(tmp_path / 'hf')), train, sts, epochs=3,
+  config = sbert.sbert_config(dict(hf_dir=bert_dir), train, sts, epochs=3,
                               batch_size=8, learning_rate=1e-3)
   out = str(tmp_path / 'out')
   result = sbert.finetune(config, out, sbert.SbertSettings(max_len=32))
@@ -78,19 +84,18 @@ def test_nli_classification_exports_for_sentence_transformers_and_embed(tmp_path
 
 
 @pytest.mark.slow
-def test_contrastive_triples_loss_is_in_batch_cross_entropy(tmp_path):
-  hf_tokenizer_dirs.make_dir('bert', str(tmp_path / 'hf'))
+def test_contrastive_triples_loss_is_in_batch_cross_entropy(bert_dir, tmp_path):
   rows = [dict(anchor=a, positive=b, negative=NLI[(i + 2) % len(NLI)][1])
           for i, (a, b, y) in enumerate(NLI) if y == 'entailment'] * 3
   train = _jsonl(tmp_path / 'triples.jsonl', rows)
-  config = sbert.sbert_config(dict(hf_dir=str(tmp_path / 'hf')), train, epochs=2,
+  config = sbert.sbert_config(dict(hf_dir=bert_dir), train, epochs=2,
                               batch_size=8, learning_rate=1e-3)
   s = sbert.SbertSettings(objective='contrastive', fields=('anchor', 'positive', 'negative'),
                           max_len=32, pooling='max')
   result = sbert.finetune(config, str(tmp_path / 'out'), s)
   assert np.isfinite(result['train_loss']) and result['train_rows'] == 9
   # The loss on a batch equals cross-entropy over scale x cosine against every candidate.
-  loaded = encoder_jax.load(str(tmp_path / 'hf'))
+  loaded = encoder_jax.load(bert_dir)
   tok = loaded.tokenizer
   texts = [(r['anchor'], r['positive'], r['negative']) for r in rows[:3]]
   batch = {k: jnp.asarray(v) for k, v in sbert.encode(tok, texts, 32, 3).items()}
