@@ -59,6 +59,23 @@ def define_source_flags() -> None:
                       'instead of a workdir.')
 
 
+def define_finetune_flags(out_help: str, *, epochs: int, batch_size: int,
+                          learning_rate: float, max_len: int, seed: bool = True) -> None:
+  """The flags every downstream command shares: the pretrained source (--workdir or
+  --hf_dir), --out, the fine-tuning budget and --tfds_data_dir."""
+  flags.DEFINE_string('workdir', None, 'A pretraining workdir (its latest checkpoint).')
+  flags.DEFINE_string('hf_dir', None, 'Or a Hugging Face directory of any registered kind.')
+  flags.DEFINE_string('out', None, out_help)
+  flags.DEFINE_integer('epochs', epochs, 'Epochs.')
+  flags.DEFINE_integer('batch_size', batch_size, 'Examples per step.')
+  flags.DEFINE_float('learning_rate', learning_rate, 'Peak learning rate.')
+  flags.DEFINE_integer('max_len', max_len, 'Tokens per example (QA: per window).')
+  if seed:
+    flags.DEFINE_integer('seed', 0, 'Seed of head init, dropout and order.')
+  flags.DEFINE_string('tfds_data_dir', '', 'tfds data_dir where the datasets are prepared.')
+  flags.mark_flags_as_required(['out'])
+
+
 def load_from_flags(f, with_tokenizer: bool = True):
   """The ``loading.Loaded`` model the source flags name."""
   from encoder_jax import loading  # pylint: disable=g-import-not-at-top

@@ -148,17 +148,9 @@ def main(argv):
 if __name__ == '__main__':
   from absl import flags  # pylint: disable=g-import-not-at-top
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('workdir', None, 'A pretraining workdir (its latest checkpoint).')
-  flags.DEFINE_string('hf_dir', None, 'Or a Hugging Face directory.')
-  flags.DEFINE_string('out', None, 'Where each task runs and glue.md / glue.json go.')
+  cli.define_finetune_flags('Where each task runs and glue.md / glue.json go.',
+                            epochs=3, batch_size=32, learning_rate=2e-5, max_len=128)
   flags.DEFINE_string('tasks', '', f'Comma-separated subset of {list(TASKS)}; default all.')
-  flags.DEFINE_integer('epochs', 3, 'Epochs per task.')
-  flags.DEFINE_integer('batch_size', 32, 'Examples per step.')
-  flags.DEFINE_float('learning_rate', 2e-5, 'Peak learning rate.')
-  flags.DEFINE_integer('max_len', 128, 'Tokens per example.')
-  flags.DEFINE_integer('seed', 0, 'Seed of head init, dropout and order.')
   flags.DEFINE_string('dtype', '', "'' (the checkpoint's), 'float32' or 'bfloat16'.")
   flags.DEFINE_string('tfds_name', 'glue', 'The tfds dataset holding the task configs.')
-  flags.DEFINE_string('tfds_data_dir', '', 'tfds data_dir where GLUE is prepared.')
-  flags.mark_flags_as_required(['out'])
   cli.run(main)

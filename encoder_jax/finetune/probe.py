@@ -178,21 +178,16 @@ def main(argv):
 
 def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('workdir', None, 'A pretraining workdir (its latest checkpoint).')
-  flags.DEFINE_string('hf_dir', None, 'Or a Hugging Face directory.')
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.define_finetune_flags('Where probe.json (and the BBC split) go.', epochs=5,
+                            batch_size=16, learning_rate=1e-3, max_len=128, seed=False)
   flags.DEFINE_bool('from_scratch', False, "The source's network and tokenizer, random init.")
-  flags.DEFINE_string('out', None, 'Where probe.json (and the BBC split) go.')
   flags.DEFINE_string('train', '', "A finetune data spec ('jsonl:PATH', 'tsv:PATH'); "
                       'default: the BBC News train split.')
   flags.DEFINE_string('test', '', 'The scored split (default: BBC News test).')
   flags.DEFINE_integer('seeds', 3, 'Fine-tuning seeds 0..N-1.')
-  flags.DEFINE_integer('epochs', 5, 'Epochs per seed.')
-  flags.DEFINE_integer('batch_size', 16, 'Examples per step.')
-  flags.DEFINE_float('learning_rate', 1e-3, 'Peak learning rate (small models; base: 2e-5..1e-4).')
-  flags.DEFINE_integer('max_len', 128, 'Tokens per example.')
   flags.DEFINE_integer('train_examples', 500, 'First N train examples (0 = all).')
   flags.DEFINE_string('dtype', '', "'' (the checkpoint's), 'float32' or 'bfloat16'.")
-  flags.mark_flags_as_required(['out'])
 
 
 if __name__ == '__main__':

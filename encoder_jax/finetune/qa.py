@@ -362,19 +362,11 @@ def main(argv):
 if __name__ == '__main__':
   from absl import flags  # pylint: disable=g-import-not-at-top
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('workdir', None, 'A pretraining workdir (its latest checkpoint).')
-  flags.DEFINE_string('hf_dir', None, 'Or a Hugging Face directory.')
-  flags.DEFINE_string('out', None, 'The fine-tuning workdir (checkpoints, predictions.json).')
+  cli.define_finetune_flags('The fine-tuning workdir (checkpoints, predictions.json).',
+                            epochs=2, batch_size=32, learning_rate=3e-5, max_len=384)
   flags.DEFINE_string('train', 'tfds:squad/v1.1:train', "'tfds:NAME:SPLIT' or 'json:PATH'.")
   flags.DEFINE_string('eval', 'tfds:squad/v1.1:validation', 'The scored split.')
   flags.DEFINE_bool('version_2', False, 'SQuAD v2: predict no-answer by the null score.')
   flags.DEFINE_float('null_score_threshold', 0.0, 'v2: answer "" when null - best > this.')
-  flags.DEFINE_integer('max_len', 384, 'Pieces per window.')
   flags.DEFINE_integer('doc_stride', 128, 'Pieces between window starts.')
-  flags.DEFINE_integer('epochs', 2, 'Epochs.')
-  flags.DEFINE_integer('batch_size', 32, 'Windows per step.')
-  flags.DEFINE_float('learning_rate', 3e-5, 'Peak learning rate.')
-  flags.DEFINE_integer('seed', 0, 'Seed.')
-  flags.DEFINE_string('tfds_data_dir', '', 'tfds data_dir where SQuAD is prepared.')
-  flags.mark_flags_as_required(['out'])
   cli.run(main)

@@ -296,9 +296,8 @@ def main(argv):
 if __name__ == '__main__':
   from absl import flags  # pylint: disable=g-import-not-at-top
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('workdir', None, 'A pretraining workdir (its latest checkpoint).')
-  flags.DEFINE_string('hf_dir', None, 'Or a Hugging Face directory.')
-  flags.DEFINE_string('out', None, 'Output: finetune/, sentence_transformers/, workdir/.')
+  cli.define_finetune_flags('Output: finetune/, sentence_transformers/, workdir/.',
+                            epochs=1, batch_size=16, learning_rate=2e-5, max_len=128)
   flags.DEFINE_string('train', 'tfds:multi_nli:train', 'Training pairs / triples.')
   flags.DEFINE_string('eval', '', "STS data: 'tfds:glue/stsb:validation', 'tsv:PATH'...")
   flags.DEFINE_enum('objective', 'classification', list(OBJECTIVES), 'The training loss.')
@@ -306,11 +305,4 @@ if __name__ == '__main__':
   flags.DEFINE_string('fields', 'premise,hypothesis', 'Text fields of a training row.')
   flags.DEFINE_string('label_field', 'label', 'Classification label field.')
   flags.DEFINE_bool('normalize', True, 'L2-normalised embeddings in the export.')
-  flags.DEFINE_integer('max_len', 128, 'Tokens per sentence.')
-  flags.DEFINE_integer('epochs', 1, 'Epochs.')
-  flags.DEFINE_integer('batch_size', 16, 'Rows per step (in-batch negatives: more is better).')
-  flags.DEFINE_float('learning_rate', 2e-5, 'Peak learning rate.')
-  flags.DEFINE_integer('seed', 0, 'Seed.')
-  flags.DEFINE_string('tfds_data_dir', '', 'tfds data_dir.')
-  flags.mark_flags_as_required(['out'])
   cli.run(main)
