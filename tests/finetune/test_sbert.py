@@ -59,13 +59,13 @@ def test_nli_classification_exports_for_sentence_transformers_and_embed(bert_dir
                                           for a, b, y in NLI])
   sts = _jsonl(tmp_path / 'sts.jsonl', [dict(sentence1=a, sentence2=b, label=y)
                                         for a, b, y in STS])
-  config = sbert.sbert_config(dict(hf_dir=bert_dir), train, sts, epochs=3,
+  config = sbert.sbert_config(dict(hf_dir=bert_dir), train, sts, epochs=2,
                               batch_size=8, learning_rate=1e-3)
   out = str(tmp_path / 'out')
   result = sbert.finetune(config, out, sbert.SbertSettings(max_len=32))
   assert result['train_rows'] == 8 and -1.0 <= result['eval_spearman'] <= 1.0
   assert result['eval_examples'] == 8
-  print(f"STS (8 pairs, tiny BERT after 3 NLI epochs): Spearman {result['eval_spearman']:.3f}")
+  print(f"STS (8 pairs, tiny BERT after 2 NLI epochs): Spearman {result['eval_spearman']:.3f}")
   # The sentence-transformers export embeds as encoder_jax's workdir does.
   from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
   st = SentenceTransformer(result['export'], device='cpu')

@@ -243,10 +243,12 @@ def test_sbo_head_lives_beside_berts_unchanged_params():
   assert head['output_bias'] == (50,)
   network, downstream = setup.downstream(params)
   assert network.config.kind == 'bert' and set(downstream) == set(plain)
-  # An HF import (the network alone) gets a fresh head, the same init() gives it.
+  # An HF import (the network alone) gets a fresh head, the same init() gives it (the same
+  # draws; another compiled program, so equal to float rounding).
   full, fresh = setup.from_downstream(downstream, jax.random.key(0))
   assert fresh == ['sbo_head']
-  jax.tree.map(np.testing.assert_array_equal, full['sbo_head'], params['sbo_head'])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               full['sbo_head'], params['sbo_head'])
 
 
 def test_sbo_loss_trains_the_head_and_the_tied_embedding():
