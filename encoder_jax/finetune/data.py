@@ -50,7 +50,7 @@ def _decode(x) -> Any:
   return x
 
 
-def _read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Sequence[str]
+def read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Sequence[str]
                ) -> tuple[list[dict], dict[str, list[str]]]:
   """Rows as dicts, and the label names tfds declares for ``label_keys`` (if any)."""
   kind, _, rest = spec.partition(':')
@@ -82,7 +82,7 @@ def _read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Se
                    "'jsonl:PATH'")
 
 
-def _field(row: dict, key: str, spec: str):
+def field(row: dict, key: str, spec: str):
   if key not in row:
     raise KeyError(f'config.data: {spec!r} has no field {key!r}; it has {sorted(row)}')
   return row[key]
@@ -109,14 +109,14 @@ def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
   """(examples, label names) of one split. ``label_names`` (from train) fixes the mapping."""
   d = data_config
   label_key = d.tags_field if task == 'token_classification' else d.label_field
-  rows, declared = _read_rows(spec, d, [label_key])
+  rows, declared = read_rows(spec, d, [label_key])
   if not rows:
     raise ValueError(f'config.data: {spec!r} has no examples')
   if task == 'sequence_regression':  # A real-valued score per text (STS-B): no label names.
     out = Examples()
     for r in rows:
-      out.texts.append(tuple(str(_field(r, k, spec)) for k in d.text_fields))
-      value = _field(r, label_key, spec)
+      out.texts.append(tuple(str(field(r, k, spec)) for k in d.text_fields))
+      value = field(r, label_key, spec)
       try:
         out.labels.append(float(value))
       except (TypeError, ValueError) as e:
@@ -125,7 +125,7 @@ def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
     return out, []
   names = list(label_names or d.labels or declared.get(label_key, []))
   if not names:  # Strings or ints in the file: the sorted set of the values seen.
-    values = [_field(r, label_key, spec) for r in rows]
+    values = [field(r, label_key, spec) for r in rows]
     flat = [v for x in values for v in (x.split() if isinstance(x, str) and task ==
                                          'token_classification' else
                                          (x if isinstance(x, list) else [x]))]
@@ -136,10 +136,10 @@ def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
   out = Examples()
   for r in rows:
     if task == 'sequence_classification':
-      out.texts.append(tuple(str(_field(r, k, spec)) for k in d.text_fields))
-      out.labels.append(to_id(_field(r, label_key, spec), spec))
+      out.texts.append(tuple(str(field(r, k, spec)) for k in d.text_fields))
+      out.labels.append(to_id(field(r, label_key, spec), spec))
     else:
-      words, tags = _field(r, d.tokens_field, spec), _field(r, label_key, spec)
+      words, tags = field(r, d.tokens_field, spec), field(r, label_key, spec)
       words = words.split() if isinstance(words, str) else list(words)
       tags = tags.split() if isinstance(tags, str) else list(tags)
       if len(words) != len(tags):

@@ -89,7 +89,6 @@ def _stack(batch, sides):
 class SiameseTask(task_lib.Task):
   """The engine's contract for Sentence-BERT: loss of the chosen objective; prediction =
   the cosine of the first two sides (scored against the gold similarity)."""
-  metric_weights = {'loss': 'examples', 'accuracy': 'examples'}
 
   def __init__(self, model: Siamese, network, max_len: int, objective: str, sides: int,
                scale: float = 20.0):
@@ -134,16 +133,16 @@ class SiameseTask(task_lib.Task):
 def read(spec: str, fields: tuple[str, ...], label_field: str | None,
          data_config: ml_collections.ConfigDict) -> tuple[list[tuple[str, ...]], list, int]:
   """(texts per row, labels or [], rows skipped for a missing gold label)."""
-  rows, _ = data_lib._read_rows(spec, data_config, [label_field] if label_field else [])  # pylint: disable=protected-access
+  rows, _ = data_lib.read_rows(spec, data_config, [label_field] if label_field else [])
   texts, labels, skipped = [], [], 0
   for r in rows:
     if label_field:
-      label = data_lib._field(r, label_field, spec)  # pylint: disable=protected-access
+      label = data_lib.field(r, label_field, spec)
       if isinstance(label, (int, np.integer)) and int(label) < 0:  # SNLI: no gold label.
         skipped += 1
         continue
       labels.append(label)
-    texts.append(tuple(str(data_lib._field(r, f, spec)) for f in fields))  # pylint: disable=protected-access
+    texts.append(tuple(str(data_lib.field(r, f, spec)) for f in fields))
   if not texts:
     raise ValueError(f'{spec!r} has no usable rows ({skipped} without a gold label)')
   return texts, labels, skipped
@@ -256,7 +255,8 @@ def export_sentence_transformers(pretrained: loading.Loaded, params: dict, out: 
   tok = pretrained.tokenizer
   hf.save_hf(out, network.config, full, pad_token_id=tok.pad_id)
   tokenizer_io.export_hf_tokenizer(tok, out, pretrained.max_length)
-  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': 'sentence_transformers.models.Transformer'},
+  modules = [{'idx': 0, 'name': '0', 'path': '',
+              'type': 'sentence_transformers.models.Transformer'},
              {'idx': 1, 'name': '1', 'path': '1_Pooling',
               'type': 'sentence_transformers.models.Pooling'}]
   if normalize:

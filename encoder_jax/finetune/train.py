@@ -97,8 +97,8 @@ def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
                      'of the steps in [0, 1]')
   if o.grad_clip_norm < 0:
     raise ValueError(f'config.optim.grad_clip_norm={o.grad_clip_norm}; expected >= 0')
-  tx = optax.adamw(learning_rate_schedule(o, total_steps), b1=0.9, b2=0.999, eps=1e-6, weight_decay=o.weight_decay,
-                   mask=optimizer_lib.decay_mask)
+  tx = optax.adamw(learning_rate_schedule(o, total_steps), b1=0.9, b2=0.999, eps=1e-6,
+                   weight_decay=o.weight_decay, mask=optimizer_lib.decay_mask)
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
   return tx
