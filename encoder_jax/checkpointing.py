@@ -30,6 +30,7 @@ from absl import logging
 from etils import epath
 
 from encoder_jax import workdir as workdir_lib
+from encoder_jax.data import iterators as data_iterators
 
 ITEMS = ('params', 'opt_state', 'data', 'meta')
 # Saved only by setups that carry state across steps (``TrainState.extra``, e.g. XLNet's
@@ -160,7 +161,7 @@ def _gather_json(obj) -> list:
   """Every process's JSON-serialisable ``obj``, in process order (a collective call).
 
   Orbax writes JSON items from the primary host only, so each host's data-iterator state
-  is gathered there and saved as one list; each host restores its own entry.
+  (its own streams) is gathered there and merged into the one global state it saves.
   """
   if jax.process_count() == 1:
     return [obj]
@@ -173,15 +174,21 @@ def _gather_json(obj) -> list:
   return [json.loads(bytes(rows[i, :lengths[i]]).decode('utf-8')) for i in range(len(lengths))]
 
 
-def _own_data_state(saved: dict | None, step: int) -> dict:
-  states = (saved or {}).get('processes', [{}])
+def _data_state(saved: dict | None, step: int) -> dict:
+  """The global data-iterator state of a checkpoint ({} when it has none: the stream starts
+  from the beginning, e.g. an imported checkpoint)."""
+  saved = saved or {}
+  if 'global' in saved:
+    return saved['global'] or {}
+  states = saved.get('processes', [{}])  # Written by an older version, per process.
   if all(not s for s in states):
-    return {}  # E.g. an imported checkpoint: the stream starts from the beginning.
-  if len(states) != jax.process_count():
-    raise CheckpointError(
-        f'checkpoint step {step} holds the data-iterator state of {len(states)} processes; '
-        f'this run has {jax.process_count()}: resume with the same number of hosts')
-  return states[jax.process_index()]
+    return {}
+  if len(states) == 1:
+    return states[0]  # The iterator says whether it can continue it.
+  raise CheckpointError(
+      f'checkpoint step {step} holds the data-iterator states of {len(states)} processes '
+      'in the format of an older version, which continues only on the same topology and '
+      'this version cannot read; resume it with the version that wrote it.')
 
 
 class Checkpointer:
@@ -208,7 +215,8 @@ class Checkpointer:
   def save(self, step: int, state, data_state: dict[str, Any]) -> None:
     items = dict(params=ocp.args.StandardSave(state.params),
                  opt_state=ocp.args.StandardSave(state.opt_state),
-                 data=ocp.args.JsonSave({'processes': _gather_json(data_state)}),
+                 data=ocp.args.JsonSave({'global': data_iterators.merge_states(
+                     _gather_json(data_state))}),
                  meta=ocp.args.JsonSave({'step': int(step)}))
     if getattr(state, 'extra', None) is not None:
       items[EXTRA] = ocp.args.StandardSave(state.extra)
@@ -258,7 +266,7 @@ class Checkpointer:
         self._set_aside(failures)
         logging.warning('Restored step %d after setting aside unrestorable checkpoints: %s',
                         step, '; '.join(f'step {s}: {r}' for s, r in failures))
-      return got.params, got.opt_state, _own_data_state(got.data, step), step
+      return got.params, got.opt_state, _data_state(got.data, step), step
     raise CheckpointError(
         f'No checkpoint in {self.manager.directory} could be restored; refusing to start from '
         'scratch over them. Reasons: ' + ' | '.join(f'step {s}: {r}' for s, r in failures) +

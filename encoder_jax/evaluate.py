@@ -98,12 +98,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   def counted(batches):
     nonlocal sequences
     for batch in batches:
-      sequences += int(batch['input_ids'].shape[0]) * jax.process_count()
+      sequences += int(config.train.batch_size)
       yield batch
 
+  rows = sharding.process_rows(mesh, int(config.train.batch_size))
   m = train.evaluate(eval_step, params, counted(data.make_eval_iterator(
-      config, prepared, phase.seq_len, jax.process_index(), jax.process_count())), mesh,
-                     objective)
+      config, prepared, phase.seq_len, rows=rows)), mesh, objective,
+                     int(config.train.batch_size))
   out = {'step': int(step), 'seq_len': phase.seq_len, 'max_predictions': phase.max_predictions,
          'batches': int(m.pop('batches')), 'batch_size': int(config.train.batch_size),
          'sequences': sequences, 'seed': int(config.seed),

@@ -16,10 +16,16 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 
-def to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-  """This process's rows -> one global array per key, split over the batch mesh axes."""
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in batch.items()}
+def to_global(batch: dict[str, np.ndarray], sharding: NamedSharding,
+              global_rows: int | None = None) -> dict[str, jax.Array]:
+  """This process's rows -> one global array per key of ``global_rows`` rows (default: the
+  processes' rows side by side), split over the batch mesh axes."""
+  out = {}
+  for k, v in batch.items():
+    v = np.asarray(v)
+    shape = None if global_rows is None else (int(global_rows),) + v.shape[1:]
+    out[k] = jax.make_array_from_process_local_data(sharding, v, shape)
+  return out
 
 
 class Prefetcher:

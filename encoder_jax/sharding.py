@@ -86,6 +86,22 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(('data', 'fsdp')))
 
 
+def process_rows(mesh: Mesh, batch_size: int) -> tuple[int, int]:
+  """The global batch rows ``[lo, hi)`` this process's devices hold under ``batch_sharding``:
+  what its input pipeline materialises (all rows when the batch is replicated across hosts)."""
+  spans = sorted({(s[0].start or 0, batch_size if s[0].stop is None else s[0].stop)
+                  for s in batch_sharding(mesh).addressable_devices_indices_map(
+                      (batch_size,)).values()})
+  lo, hi = spans[0]
+  for start, stop in spans[1:]:
+    if start > hi:
+      raise ValueError(
+          f'This process holds global batch rows {spans}, not one contiguous range; order '
+          f'the mesh devices by process (mesh {dict(mesh.shape)}).')
+    hi = max(hi, stop)
+  return lo, hi
+
+
 def check_batch(batch_size: int, mesh: Mesh, what: str = 'config.train.batch_size'):
   n = mesh.shape['data'] * mesh.shape['fsdp']
   if batch_size % n:

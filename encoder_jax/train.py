@@ -108,7 +108,8 @@ def make_eval_step(config, objective, mesh, param_shardings, phase: schedule.Pha
   return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
 
 
-def evaluate(eval_step, params, eval_batches, mesh, objective) -> dict[str, float]:
+def evaluate(eval_step, params, eval_batches, mesh, objective,
+             global_rows: int | None = None) -> dict[str, float]:
   """Held-out metrics over a finite iterator of host batches.
 
   A metric named in the objective's ``metric_weights`` is a mean over a per-batch count and
@@ -117,7 +118,7 @@ def evaluate(eval_step, params, eval_batches, mesh, objective) -> dict[str, floa
   """
   metric_weights = objective.metric_weights
   per_batch = [jax.device_get(eval_step(
-      params, feeding.to_global(batch, sharding.batch_sharding(mesh)), i))
+      params, feeding.to_global(batch, sharding.batch_sharding(mesh), global_rows), i))
                for i, batch in enumerate(eval_batches)]
   if not per_batch:
     raise ValueError('The held-out split produced no evaluation batch')
@@ -149,9 +150,6 @@ def validate(config: ml_collections.ConfigDict, mesh) -> tuple[schedule.Phase, .
                      f'grad_accum_steps={t.grad_accum_steps} (>= 1)')
   sharding.check_batch(t.batch_size // t.grad_accum_steps, mesh,
                        'config.train.batch_size / grad_accum_steps')
-  if t.batch_size % jax.process_count():
-    raise ValueError(f'config.train.batch_size={t.batch_size} is not divisible by the '
-                     f'{jax.process_count()} processes')
   longest = max(p.seq_len for p in phases)
   model = models.make_config(config.model)
   if longest > model.max_length:
@@ -235,6 +233,7 @@ class _Run:
   console: console_lib.Console
   ckpt: checkpointing.Checkpointer
   iterator: Any  # data iterator with get/set_state
+  rows: tuple[int, int]  # The global batch rows this process feeds.
   lead: bool  # Process 0: prints and writes the workdir.
   table: str  # The parameter table (parameters.txt).
   n_params: int
@@ -269,6 +268,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
   objective = objectives.build(config, vocab_tables(config, prepared))
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
   boxed, shards = state_shardings(config, mesh, objective, tx)
+  rows = sharding.process_rows(mesh, int(config.train.batch_size))
   lead = jax.process_index() == 0
   if lead:
     workdir_lib.check_pinned_tokenizer(workdir, prepared.tokenizer)  # May refuse: nothing written.
@@ -278,8 +278,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
               tx=tx, objective=objective, schedule_fn=schedule_fn, shards=shards,
               console=console_lib.Console(enabled=lead, shown=objective.console_metrics),
               ckpt=checkpointing.Checkpointer(workdir, config.checkpoint),
-              iterator=data_lib.make_train_iterator(config, prepared, jax.process_index(),
-                                                    jax.process_count()),
+              iterator=data_lib.make_train_iterator(config, prepared, rows=rows), rows=rows,
               lead=lead, table=table,
               n_params=sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params))))
 
@@ -410,7 +409,7 @@ def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlu
     """The held-out batches at a phase's length: built once, the same at every eval."""
     if phase.index not in eval_sets:
       eval_sets[phase.index] = list(data_lib.make_eval_iterator(
-          config, run.prepared, phase.seq_len, jax.process_index(), jax.process_count()))
+          config, run.prepared, phase.seq_len, rows=run.rows))
     return eval_sets[phase.index]
 
   step = int(jax.device_get(state.step))
@@ -435,7 +434,8 @@ def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlu
         raise RuntimeError(f'Step {step}: the data iterator gave length '
                            f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
                            f'{phase.seq_len}')
-      state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard))
+      state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard,
+                                                                t.batch_size))
       step += 1
       flusher.add(m, state)
       if step % t.log_every_steps == 0 or step == t.num_steps:
@@ -445,7 +445,7 @@ def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlu
           eval_fns[phase.index] = make_eval_step(config, run.objective, run.mesh,
                                                  run.shards.params, phase)
         held_out = evaluate(eval_fns[phase.index], state.params, eval_set(phase), run.mesh,
-                            run.objective)
+                            run.objective, t.batch_size)
         writer.write(step, held_out, prefix='eval')
         out.metrics(step, t.num_steps, held_out, 'eval')
         flusher.restart_timer()

@@ -71,6 +71,7 @@ OWN_RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('data.pair_kind', registry('encoder_jax.data.builders', 'REGISTRY', 'an example builder')),
     ('data.short_seq_prob', number(0, 1)),
     ('data.shuffle_pool_examples', integer(1)),
+    ('data.streams', integer(0)),
     # tokenizer
     ('tokenizer.kind', registry('encoder_jax.data.tokenizer', 'KINDS', 'a tokenizer kind')),
     ('tokenizer.path', string()),

@@ -212,9 +212,13 @@ def test_checkpoint_of_another_shape_is_reported_not_ignored(prepared_dir, unint
     checkpointing.restore_params(str(tmp_path / 'nowhere'), train.abstract_state(c, mesh).params)
 
 
-def test_data_state_of_each_process_is_saved_and_restored(monkeypatch):
+def test_data_states_of_the_processes_are_saved_as_one_global_state(monkeypatch):
   from jax.experimental import multihost_utils
-  states = [{'step': 3, 'pool': None, 'name': 'process 0'}, {'step': 3, 'pool': [1, 2]}]
+  fingerprint = {'batch_size': 8, 'streams': 4}
+  states = [{'format': 2, 'step': 3, 'fingerprint': fingerprint, 'streams': {'0': None,
+                                                                              '1': None}},
+            {'format': 2, 'step': 3, 'fingerprint': fingerprint, 'streams': {'2': {'a': 1},
+                                                                              '3': None}}]
   other = np.frombuffer(json.dumps(states[0]).encode(), np.uint8)
 
   def all_gather_with_process_0(x):  # What process 1 receives from a 2-process all-gather.
@@ -228,11 +232,18 @@ def test_data_state_of_each_process_is_saved_and_restored(monkeypatch):
   monkeypatch.setattr(multihost_utils, 'process_allgather', all_gather_with_process_0)
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
-  assert checkpointing._gather_json(states[1]) == states
-  assert checkpointing._own_data_state({'processes': states}, 7) == states[1]
-  assert checkpointing._own_data_state({'processes': [{}]}, 0) == {}  # Imported: start over.
-  with pytest.raises(checkpointing.CheckpointError, match='state of 1 processes; this run has 2'):
-    checkpointing._own_data_state({'processes': states[:1]}, 7)
+  gathered = checkpointing._gather_json(states[1])
+  assert gathered == states
+  merged = data_lib.merge_states(gathered)
+  assert merged['streams'] == {'0': None, '1': None, '2': {'a': 1}, '3': None}
+  assert checkpointing._data_state({'global': merged}, 7) == merged
+  assert checkpointing._data_state({'global': {}}, 0) == {}  # Imported: start over.
+  assert checkpointing._data_state({'processes': [{}]}, 0) == {}
+  with pytest.raises(ValueError, match='disagree on step'):
+    data_lib.merge_states([states[0], dict(states[1], step=4)])
+  with pytest.raises(checkpointing.CheckpointError, match='2 processes in the format of an '
+                     'older version'):
+    checkpointing._data_state({'processes': states}, 7)
 
 
 def test_workdir_pins_the_tokenizer_and_refuses_another(prepared_dir, uninterrupted):

@@ -34,7 +34,13 @@ def data_config() -> ml_collections.ConfigDict:
       # 'doc_sentences' (RoBERTa). Must match the objective (nsp/sop heads need pairs).
       pair_kind='nsp',
       short_seq_prob=0.1,  # nsp/sop: probability of a random shorter target length.
-      shuffle_pool_examples=4096,  # Examples built and shuffled together at load time.
+      # Examples built and shuffled together at load time (over all streams together).
+      shuffle_pool_examples=4096,
+      # Independent example streams that every global batch draws from equally (batch_size /
+      # streams rows each). They, not the processes, split the documents, so the batches do
+      # not depend on the topology. 0 = the largest divisor of batch_size <= 64 (and <= the
+      # train documents); a process count that divides it feeds whole streams.
+      streams=0,
   ))
 
 

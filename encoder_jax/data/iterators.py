@@ -1,18 +1,26 @@
-"""Deterministic, sharded, resumable batches for training and evaluation.
+"""Deterministic, resumable batches for training and evaluation, the same on any topology.
 
-Order of the training stream (for one process):
+The global batch of step ``s`` is a function of the config and ``s`` alone: not of the number
+of processes, the devices per process or the mesh. Order of the training stream:
   1. Epoch ``e`` orders all train documents by a permutation seeded from ``(seed, e)``
-     (with several sources: the mixture of ``mixing.epoch_order``). Process ``p`` of ``P``
-     takes positions ``p, p + P, p + 2P, ...``: disjoint slices whose union is every document.
-  2. The builder for ``config.data.pair_kind`` turns that document stream into instances
-     (randomness seeded per document, so instances do not depend on the process layout).
-  3. Instances are built ``shuffle_pool_examples`` at a time into a pool at the current
-     sequence length and emitted in a permutation seeded from ``(seed, process, pool number)``,
-     so a batch mixes many documents.
+     (with several sources: the mixture of ``mixing.epoch_order``).
+  2. ``G = config.data.streams`` streams split it: stream ``j`` reads positions
+     ``j, j + G, j + 2G, ...`` of every epoch (disjoint, together every document).
+  3. In each stream, the builder for ``config.data.pair_kind`` turns its documents into
+     instances (randomness seeded per document), built ``shuffle_pool_examples / G`` at a
+     time into a pool at the current sequence length and emitted in a permutation seeded
+     from ``(seed, stream, pool number)``.
+  4. Global row ``r`` of every batch comes from stream ``r // (batch_size / G)``: each stream
+     gives ``batch_size / G`` rows per step.
+A process materialises only the global rows its devices hold (``rows = (lo, hi)``, from the
+batch sharding; by default the ``process_index``-th of ``process_count`` equal blocks): it
+builds the streams that cover them and nothing else, so loading stays per-host work.
 
-The iterator state is where the current pool started (a cursor ``(epoch, position, sub)``),
-its length, its number and how many rows were taken, plus the step: restoring it rebuilds
-that pool and continues with exactly the batch the uninterrupted iterator would have given.
+The iterator state is the step plus, per stream, where its current pool started (a cursor
+``(epoch, position, sub)``), its length, number and how many rows were taken: restoring
+rebuilds those pools and continues with exactly the batch the uninterrupted iterator would
+have given. Every process saves the states of its own streams; ``merge_states`` joins them
+into the global state a checkpoint holds, which any topology can resume from.
 Sequence-length phases (``schedule.phase_at``): a batch for a longer phase pads the rest of
 a shorter pool; when the length shrinks, the rest of the longer pool is dropped. A new
 length starts pair builders at the next document boundary (their instances depend on it).
@@ -30,33 +38,33 @@ from encoder_jax.data import builders
 from encoder_jax.data import mixing
 from encoder_jax.data import seeding
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # 2: per-stream pools (1: per-process pools).
 
 
 class DocumentStream:
-  """One process's documents, epoch by epoch, over a memory-mapped corpus split."""
+  """Positions ``index, index + count, ...`` of every epoch's document order, over a
+  memory-mapped corpus split (a stream's documents; with ``count = 1`` all of them)."""
 
-  def __init__(self, corpus, order_fn, process_index: int, process_count: int):
-    if not 0 <= process_index < process_count:
-      raise ValueError(f'process_index must be in [0, process_count); got {process_index} '
-                       f'of {process_count}')
+  def __init__(self, corpus, order_fn, index: int = 0, count: int = 1):
+    if not 0 <= index < count:
+      raise ValueError(f'index must be in [0, count); got {index} of {count}')
     self.corpus = corpus
     self.num_documents = corpus.num_documents
     self.document = corpus.document
     self._order_fn = order_fn
-    self._process_index, self._process_count = process_index, process_count
+    self._index, self._count = index, count
     self._cache: dict = {}
 
   def order(self, epoch: int):
-    """Global document ids of this process in ``epoch`` (None when the stream has ended)."""
+    """Global document ids of this stream in ``epoch`` (None when the stream has ended)."""
     if epoch not in self._cache:
       order = self._order_fn(epoch)
       if order is not None:
-        order = order[self._process_index::self._process_count]
+        order = order[self._index::self._count]
         if len(order) == 0:
           raise ValueError(
-              f'Process {self._process_index} of {self._process_count} gets no documents: '
-              f'the split has only {self.num_documents}; use more data or fewer processes.')
+              f'Stream {self._index} of {self._count} gets no documents: the split has only '
+              f'{self.num_documents}; use more data or fewer config.data.streams.')
       if len(self._cache) >= 2:
         self._cache.pop(min(self._cache))
       self._cache[epoch] = order
@@ -95,14 +103,6 @@ def _batch(ids, seg, lengths, labels, seq_len: int, pad_id: int) -> dict:
     seg = np.pad(seg, ((0, 0), (0, pad)))
   mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
   return {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'pair_labels': labels}
-
-
-def _local_batch_size(config, process_count: int) -> int:
-  b = int(config.train.batch_size)
-  if process_count < 1 or b % process_count:
-    raise ValueError(f'config.train.batch_size = {b} must be divisible by process_count = '
-                     f'{process_count} (each process loads batch_size // process_count).')
-  return b // process_count
 
 
 def _make_builder(config, seed: int):
@@ -146,11 +146,138 @@ def _one_class_warning(config, labels, seq_len: int) -> str | None:
           'documents.')
 
 
-class TrainIterator:
-  """Infinite iterator of training batches for one process; see the module docstring."""
+_MAX_AUTO_STREAMS = 64
 
-  def __init__(self, config, prepared, process_index: int = 0, process_count: int = 1):
-    self.batch_size = _local_batch_size(config, process_count)
+
+def num_streams(config, num_documents: int) -> int:
+  """``config.data.streams``, or (0) the largest divisor of the batch size that is at most
+  64 and at most ``num_documents`` (so every stream has documents)."""
+  b, g = int(config.train.batch_size), int(config.data.streams)
+  if g == 0:
+    cap = max(1, min(_MAX_AUTO_STREAMS, num_documents))
+    return max(d for d in range(1, min(b, cap) + 1) if b % d == 0)
+  if g < 1 or b % g:
+    raise ValueError(f'config.data.streams = {g} must divide config.train.batch_size = {b} '
+                     '(each stream gives batch_size / streams rows per step); 0 picks one.')
+  if g > num_documents:
+    raise ValueError(f'config.data.streams = {g} is more than the {num_documents} train '
+                     'documents (each stream reads its own documents); lower it, or 0.')
+  return g
+
+
+def process_rows(batch_size: int, process_index: int = 0,
+                 process_count: int = 1) -> tuple[int, int]:
+  """Global rows ``[lo, hi)`` of the ``process_index``-th of ``process_count`` equal blocks."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index must be in [0, process_count); got {process_index} '
+                     f'of {process_count}')
+  if batch_size % process_count:
+    raise ValueError(f'config.train.batch_size = {batch_size} must be divisible by '
+                     f'process_count = {process_count} (each process loads its block).')
+  n = batch_size // process_count
+  return process_index * n, (process_index + 1) * n
+
+
+def _check_rows(rows, batch_size: int) -> tuple[int, int]:
+  lo, hi = (int(r) for r in rows)
+  if not 0 <= lo < hi <= batch_size:
+    raise ValueError(f'rows {rows} must be a non-empty range within the global batch of '
+                     f'{batch_size}')
+  return lo, hi
+
+
+def _order_cache(order_fn, keep: int = 4):
+  """``order_fn`` remembering its last ``keep`` epochs (streams share it; they may be an
+  epoch apart)."""
+  cache: dict = {}
+
+  def cached(epoch):
+    if epoch not in cache:
+      if len(cache) >= keep:
+        cache.pop(min(cache))
+      cache[epoch] = order_fn(epoch)
+    return cache[epoch]
+  return cached
+
+
+class _Stream:
+  """One example stream: documents ``j, j + G, ...`` of each epoch, built into pools."""
+
+  def __init__(self, it: 'TrainIterator', index: int, stream: DocumentStream):
+    self.it, self.index, self.stream = it, index, stream
+    self.pool = None
+
+  def build_pool(self, cursor, seq_len: int, number: int, taken: int = 0):
+    it = self.it
+    gen = it.builder.generate(self.stream, tuple(cursor), seq_len)
+    instances, end = [], tuple(cursor)
+    for instance, end in itertools.islice(gen, it.stream_pool_size):
+      instances.append(instance)
+    if not instances:
+      raise StopIteration
+    arrays = getattr(it.builder, 'render', render)(instances, seq_len, it._cls, it._sep,
+                                                   it._pad)
+    rng = np.random.Generator(np.random.PCG64(seeding.mix(
+        it.seed, seeding.POOL_SHUFFLE, self.index, number)))
+    self.pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
+                     taken=taken, end=end, arrays=arrays, perm=rng.permutation(len(instances)))
+    it.check_labels(arrays[3], seq_len)
+
+  def next_pool(self, seq_len: int):
+    if self.pool is None:
+      self.build_pool((0, 0, 0), seq_len, 0)
+      return
+    epoch, k, sub = self.pool['end']
+    if self.it.builder.length_dependent_cursor and sub and seq_len != self.pool['seq_len']:
+      k, sub = k + 1, 0  # Instances of a document depend on the length: restart cleanly.
+    self.build_pool((epoch, k, sub), seq_len, self.pool['number'] + 1)
+
+  def take(self, need: int, seq_len: int) -> list:
+    """The stream's next ``need`` rows as [(ids, seg, lengths, labels)] at ``seq_len``."""
+    parts = []
+    while need:
+      pool = self.pool
+      if pool is None or pool['taken'] == len(pool['perm']) or pool['seq_len'] > seq_len:
+        self.next_pool(seq_len)
+        pool = self.pool
+      take = min(need, len(pool['perm']) - pool['taken'])
+      rows = pool['perm'][pool['taken']:pool['taken'] + take]
+      pool['taken'] += take
+      need -= take
+      ids, seg, lengths, labels = (a[rows] for a in pool['arrays'])
+      if ids.shape[1] < seq_len:
+        pad = seq_len - ids.shape[1]
+        ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=self.it._pad)
+        seg = np.pad(seg, ((0, 0), (0, pad)))
+      parts.append((ids, seg, lengths, labels))
+    return parts
+
+  def get_state(self):
+    if self.pool is None:
+      return None
+    state = {k: self.pool[k] for k in ('seq_len', 'number', 'taken')}
+    state['cursor'] = list(self.pool['cursor'])
+    return state
+
+  def set_state(self, state):
+    if state is None:
+      self.pool = None
+    else:
+      self.build_pool(state['cursor'], int(state['seq_len']), int(state['number']),
+                      int(state['taken']))
+
+
+class TrainIterator:
+  """Infinite iterator of this process's rows of every global batch; see the module
+  docstring."""
+
+  def __init__(self, config, prepared, process_index: int = 0, process_count: int = 1,
+               rows: tuple[int, int] | None = None):
+    self.global_batch_size = int(config.train.batch_size)
+    if rows is None:
+      rows = process_rows(self.global_batch_size, process_index, process_count)
+    self.rows = _check_rows(rows, self.global_batch_size)
+    self.batch_size = self.rows[1] - self.rows[0]
     self.phases = schedule.phases(config.train)
     self.seed = int(config.seed)
     self.pool_size = int(config.data.shuffle_pool_examples)
@@ -159,8 +286,10 @@ class TrainIterator:
                        f'{self.pool_size}')
     tok = prepared.tokenizer
     self._cls, self._sep, self._pad = tok.cls_id, tok.sep_id, tok.pad_id
-    self.process_index, self.process_count = process_index, process_count
     corpus = prepared.split('train')
+    self.num_streams = num_streams(config, corpus.num_documents)
+    self.rows_per_stream = self.global_batch_size // self.num_streams
+    self.stream_pool_size = max(self.rows_per_stream, -(-self.pool_size // self.num_streams))
     sources = prepared.manifest['sources']
     q = None
     if len(sources) > 1:
@@ -175,52 +304,36 @@ class TrainIterator:
         counts.extend(corpus.sentence_counts_by_source())
       return mixing.epoch_order(self.seed, epoch, corpus.source_offsets, q, counts or None)
 
-    self.stream = DocumentStream(corpus, order_fn, process_index, process_count)
+    orders = _order_cache(order_fn)
+    lo, hi = self.rows
+    own = range(lo // self.rows_per_stream, -(-hi // self.rows_per_stream))
+    self._streams = [_Stream(self, j, DocumentStream(corpus, orders, j, self.num_streams))
+                     for j in own]
+    self._offset = lo - own[0] * self.rows_per_stream  # First own row in the streams' rows.
     self.builder = _make_builder(config, self.seed)
     # What the corpus means for the pair objective: stops here if nothing can be built.
     self.corpus_warnings = check_corpus(config, prepared, 'train')
     self._config = config
     self._fingerprint = dict(
         config_hash=prepared.manifest['config_hash'], pair_kind=str(config.data.pair_kind),
-        seed=self.seed, process_index=process_index, process_count=process_count,
-        batch_size=self.batch_size, pool_size=self.pool_size,
-        short_seq_prob=float(config.data.short_seq_prob))
+        seed=self.seed, batch_size=self.global_batch_size, streams=self.num_streams,
+        pool_size=self.pool_size, short_seq_prob=float(config.data.short_seq_prob))
     self.step = 0
-    self._pool = None
     self._labels_checked = False
 
-  # ---- pools ----
-
-  def _build_pool(self, cursor, seq_len: int, number: int, taken: int = 0):
-    gen = self.builder.generate(self.stream, tuple(cursor), seq_len)
-    instances, end = [], tuple(cursor)
-    for instance, end in itertools.islice(gen, self.pool_size):
-      instances.append(instance)
-    if not instances:
-      raise StopIteration
-    arrays = getattr(self.builder, 'render', render)(instances, seq_len, self._cls, self._sep,
-                                                     self._pad)
-    rng = np.random.Generator(np.random.PCG64(seeding.mix(
-        self.seed, seeding.POOL_SHUFFLE, self.process_index, number)))
-    self._pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
-                      taken=taken, end=end, arrays=arrays,
-                      perm=rng.permutation(len(instances)))
-    if (self.builder.pair_labels and not self._labels_checked
-        and not self.corpus_warnings):  # Once: reads the labels, changes nothing.
+  def check_labels(self, labels, seq_len: int):
+    """Once, on the first pool: warns when its pair labels are all of one class."""
+    if self.builder.pair_labels and not self._labels_checked and not self.corpus_warnings:
       self._labels_checked = True
-      warning = _one_class_warning(self._config, arrays[3], seq_len)
+      warning = _one_class_warning(self._config, labels, seq_len)
       if warning:
         logging.warning('%s', warning)
         self.corpus_warnings.append(warning)
 
-  def _next_pool(self, seq_len: int):
-    if self._pool is None:
-      self._build_pool((0, 0, 0), seq_len, 0)
-      return
-    epoch, k, sub = self._pool['end']
-    if (self.builder.length_dependent_cursor and sub and seq_len != self._pool['seq_len']):
-      k, sub = k + 1, 0  # Instances of a document depend on the length: restart cleanly.
-    self._build_pool((epoch, k, sub), seq_len, self._pool['number'] + 1)
+  @property
+  def streams(self) -> list[int]:
+    """The streams this process builds."""
+    return [s.index for s in self._streams]
 
   # ---- iteration ----
 
@@ -229,57 +342,78 @@ class TrainIterator:
 
   def __next__(self) -> dict:
     seq_len = schedule.phase_at(self.phases, self.step).seq_len
-    parts, need = [], self.batch_size
-    while need:
-      pool = self._pool
-      if pool is None or pool['taken'] == len(pool['perm']) or pool['seq_len'] > seq_len:
-        self._next_pool(seq_len)
-        pool = self._pool
-      take = min(need, len(pool['perm']) - pool['taken'])
-      rows = pool['perm'][pool['taken']:pool['taken'] + take]
-      pool['taken'] += take
-      need -= take
-      parts.append((pool['seq_len'], [a[rows] for a in pool['arrays']]))
+    parts = []
+    for s in self._streams:
+      parts.extend(s.take(self.rows_per_stream, seq_len))
     self.step += 1
-    if len(parts) == 1:
-      return _batch(*parts[0][1], seq_len, self._pad)
-    batches = [_batch(*arrays, seq_len, self._pad) for _, arrays in parts]
-    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+    arrays = [np.concatenate(a) if len(parts) > 1 else a[0] for a in zip(*parts)]
+    lo = self._offset
+    if lo or len(arrays[0]) != self.batch_size:
+      arrays = [a[lo:lo + self.batch_size] for a in arrays]
+    return _batch(*arrays, seq_len, self._pad)
 
   # ---- checkpointing ----
 
   def get_state(self) -> dict:
-    """JSON-serializable; ``set_state`` of it makes ``next`` return the following batch."""
-    pool = None
-    if self._pool is not None:
-      pool = {k: self._pool[k] for k in ('seq_len', 'number', 'taken')}
-      pool['cursor'] = list(self._pool['cursor'])
-    return {'format': STATE_FORMAT, 'step': self.step, 'pool': pool,
+    """JSON-serializable: the step and this process's streams (``merge_states`` joins the
+    processes'); ``set_state`` of it makes ``next`` return the following batch."""
+    return {'format': STATE_FORMAT, 'step': self.step,
+            'streams': {str(s.index): s.get_state() for s in self._streams},
             'fingerprint': dict(self._fingerprint)}
 
   def set_state(self, state: dict) -> None:
+    """Continues from a state of any topology that holds this process's streams."""
     if state.get('format') != STATE_FORMAT:
       raise ValueError(f"Data iterator state has format {state.get('format')!r}; this code "
-                       f'reads format {STATE_FORMAT}.')
+                       f'reads format {STATE_FORMAT} (a checkpoint of an older version: its '
+                       'data position cannot be continued).')
     saved = state.get('fingerprint', {})
     diff = {k: (saved.get(k), v) for k, v in self._fingerprint.items() if saved.get(k) != v}
+    if 'batch_size' in diff:
+      raise ValueError(
+          f'The checkpoint was trained with config.train.batch_size = {diff["batch_size"][0]}; '
+          f'this run has {diff["batch_size"][1]}. Its data stream continues only with the '
+          'same global batch: resume with the saved batch size (any number of hosts), or '
+          'start a new workdir that initialises from this one.')
     if diff:
       raise ValueError(
           'The data iterator state was saved with different settings, so resuming would not '
           f'continue the same stream: {{setting: (saved, now)}} = {diff}.')
+    streams = state.get('streams', {})
+    missing = [s.index for s in self._streams if str(s.index) not in streams]
+    if missing:
+      raise ValueError(f'The data iterator state holds streams {sorted(map(int, streams))}; '
+                       f'this process needs {missing} as well.')
     self.step = int(state['step'])
-    pool = state['pool']
-    if pool is None:
-      self._pool = None
-    else:
-      self._build_pool(pool['cursor'], int(pool['seq_len']), int(pool['number']),
-                       int(pool['taken']))
+    for s in self._streams:
+      s.set_state(streams[str(s.index)])
 
 
-def make_train_iterator(config, prepared, process_index: int = 0,
-                        process_count: int = 1) -> TrainIterator:
-  """Batches of ``config.train.batch_size // process_count`` rows for this process."""
-  return TrainIterator(config, prepared, process_index, process_count)
+def merge_states(states: list[dict]) -> dict:
+  """Every process's ``get_state`` -> the global state (all streams) a checkpoint holds."""
+  states = [s for s in states if s]
+  if not states:
+    return {}
+  first = states[0]
+  if any('streams' not in s for s in states):  # Another loop's position (fine-tuning's).
+    if any(s != first for s in states):
+      raise ValueError(f'The processes saved different data positions: {states} (bug).')
+    return first
+  merged = dict(first, streams={})
+  for s in states:
+    if (s.get('format'), s.get('step'), s.get('fingerprint')) != (
+        first.get('format'), first.get('step'), first.get('fingerprint')):
+      raise ValueError('The processes\' data iterators disagree on step or settings: '
+                       f'{[(x.get("step"), x.get("fingerprint")) for x in states]} (bug).')
+    merged['streams'].update(s.get('streams', {}))
+  return merged
+
+
+def make_train_iterator(config, prepared, process_index: int = 0, process_count: int = 1,
+                        rows: tuple[int, int] | None = None) -> TrainIterator:
+  """This process's rows of every global batch: ``rows = (lo, hi)`` of the global batch
+  (from the batch sharding), or else the ``process_index``-th of ``process_count`` blocks."""
+  return TrainIterator(config, prepared, process_index, process_count, rows)
 
 
 class EvalIterator:
@@ -303,9 +437,18 @@ class EvalIterator:
 
 
 def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
-                       process_count: int = 1) -> EvalIterator:
-  """At most ``config.train.eval_batches`` held-out batches of this process's slice."""
-  batch_size = _local_batch_size(config, process_count)
+                       process_count: int = 1,
+                       rows: tuple[int, int] | None = None) -> EvalIterator:
+  """This process's rows of at most ``config.train.eval_batches`` held-out global batches.
+
+  The held-out set is one stream over the split in document order, the same for every
+  topology (each process builds it whole, at most ``eval_batches * batch_size`` examples,
+  and keeps its ``rows`` of each batch).
+  """
+  batch_size = int(config.train.batch_size)
+  if rows is None:
+    rows = process_rows(batch_size, process_index, process_count)
+  lo, hi = _check_rows(rows, batch_size)
   corpus = prepared.split('held_out') if prepared.manifest['splits']['held_out'][
       'documents'] else None
   if corpus is None:
@@ -314,8 +457,7 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
         'config.data.held_out_fraction > 0 and config.data.held_out_max_documents > 0 '
         '(this re-prepares), or disable evaluation with config.train.eval_every_steps = 0.')
   n = corpus.num_documents
-  stream = DocumentStream(corpus, lambda e: np.arange(n) if e == 0 else None,
-                          process_index, process_count)
+  stream = DocumentStream(corpus, lambda e: np.arange(n) if e == 0 else None)
   check_corpus(config, prepared, 'held_out')
   builder = _make_builder(config, seeding.mix(int(config.seed), seeding.EVAL))
   max_batches = int(config.train.eval_batches)
@@ -326,14 +468,14 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
   num_batches = len(instances) // batch_size
   if num_batches == 0:
     raise ValueError(
-        f'The held-out split ({n} documents, {len(instances)} examples of length {seq_len} '
-        f'for process {process_index}/{process_count}) is smaller than one batch of '
-        f'{batch_size}; raise config.data.held_out_fraction / held_out_max_documents.')
+        f'The held-out split ({n} documents, {len(instances)} examples of length {seq_len}) '
+        f'is smaller than one batch of config.train.batch_size = {batch_size}; raise '
+        'config.data.held_out_fraction / held_out_max_documents.')
   ids, seg, lengths, labels = getattr(builder, 'render', render)(
       instances[:num_batches * batch_size], int(seq_len), tok.cls_id, tok.sep_id, tok.pad_id)
   batches = []
   for b in range(num_batches):
-    rows = slice(b * batch_size, (b + 1) * batch_size)
-    batches.append(_batch(ids[rows], seg[rows], lengths[rows], labels[rows], int(seq_len),
+    own = slice(b * batch_size + lo, b * batch_size + hi)
+    batches.append(_batch(ids[own], seg[own], lengths[own], labels[own], int(seq_len),
                           tok.pad_id))
   return EvalIterator(batches)

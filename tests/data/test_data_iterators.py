@@ -1,4 +1,5 @@
-"""Loading: determinism, per-process disjointness, exact resume, eval split, mixing."""
+"""Loading: determinism, the same global batches on every topology, exact resume (on another
+topology too), eval split, mixing."""
 
 import collections
 import json
@@ -47,8 +48,8 @@ def test_same_seed_same_stream_other_seed_other_stream(prepared_small, kind):
   assert len(set(_rows(a)) & set(_rows(b))) < len(_rows(a)) // 4
 
 
-def test_processes_read_disjoint_slices_whose_union_is_everything(prepared_small):
-  """NSP over one epoch: process 0 + process 1 give exactly the single-process examples."""
+def test_streams_read_disjoint_slices_whose_union_is_everything(prepared_small):
+  """NSP over one epoch: stream 0 + stream 1 give exactly the single-stream examples."""
   _, prepared = prepared_small
   corpus = prepared.split('train')
 
@@ -68,14 +69,64 @@ def test_processes_read_disjoint_slices_whose_union_is_everything(prepared_small
   assert abs(sum(p0.values()) - sum(p1.values())) < 0.2 * sum(single.values())
 
 
-def test_train_iterators_of_two_processes_are_disjoint(prepared_small):
-  c, prepared = _config(prepared_small)
-  its = [data_lib.make_train_iterator(c, prepared, i, 2) for i in range(2)]
-  rows = [_rows(_take(it, 8)) for it in its]
-  assert next(its[0])['input_ids'].shape == (8, 64)  # batch_size 16 // 2 processes.
-  assert not set(rows[0]) & set(rows[1])
+def _global(c, prepared, n, steps, states=None):
+  """``n`` processes' batches side by side (optionally restored from one global state)."""
+  its = [data_lib.make_train_iterator(c, prepared, i, n) for i in range(n)]
+  for it in its:
+    if states is not None:
+      it.set_state(json.loads(json.dumps(states)))  # As stored via ocp.args.JsonSave.
+  batches = [[next(it) for it in its] for _ in range(steps)]
+  out = [{k: np.concatenate([p[k] for p in parts]) for k in parts[0]} for parts in batches]
+  return out, its
+
+
+@pytest.mark.parametrize('kind, streams', [('nsp', 0), ('full_sentences', 0), ('sop', 4)])
+def test_global_batches_do_not_depend_on_the_number_of_processes(prepared_small, kind,
+                                                                 streams):
+  """Steps 0..23 across the 64 -> 128 switch: 2, 4, 8 processes side by side give exactly
+  the 1-process batches (with 4 streams, 8 processes split streams in half)."""
+  c, prepared = _config(prepared_small, pair_kind=kind, streams=streams)
+  reference, (single,) = _global(c, prepared, 1, 24)
+  assert single.num_streams == (streams or 16) and single.streams == list(range(
+      single.num_streams))
+  for n in (2, 4, 8):
+    got, its = _global(c, prepared, n, 24)
+    _same(reference, got)
+    assert got[0]['input_ids'].shape == (16, 64) and its[0].batch_size == 16 // n
+  # A process builds only the streams of its rows.
+  assert [it.streams for it in its] == ([[2 * j, 2 * j + 1] for j in range(8)] if not streams else
+                                        [[j // 2] for j in range(8)])
+  # Any contiguous rows (e.g. a process's from a mesh) are the same rows of the batch.
+  part = _take(data_lib.make_train_iterator(c, prepared, rows=(3, 11)), 24)
+  _same([{k: v[3:11] for k, v in b.items()} for b in reference], part)
   with pytest.raises(ValueError, match='divisible by process_count = 3'):
     data_lib.make_train_iterator(c, prepared, 0, 3)
+
+
+@pytest.mark.parametrize('saved_by, resumed_by', [(1, 2), (2, 1), (4, 2), (8, 1)])
+def test_resume_on_another_number_of_processes(prepared_small, saved_by, resumed_by):
+  c, prepared = _config(prepared_small, pair_kind='nsp')
+  reference, _ = _global(c, prepared, 1, 30)
+  _, its = _global(c, prepared, saved_by, 17)  # Mid-pool, after the phase switch.
+  state = data_lib.merge_states([it.get_state() for it in its])
+  assert sorted(map(int, state['streams'])) == list(range(16)) and state['step'] == 17
+  got, _ = _global(c, prepared, resumed_by, 13, state)
+  _same(reference[17:], got)
+
+
+def test_a_changed_batch_size_on_resume_is_refused(prepared_small):
+  c, prepared = _config(prepared_small)
+  it = data_lib.make_train_iterator(c, prepared)
+  next(it)
+  state = it.get_state()
+  c.train.batch_size = 32
+  with pytest.raises(ValueError, match=r'trained with config.train.batch_size = 16; this run '
+                     'has 32.*same global batch'):
+    data_lib.make_train_iterator(c, prepared).set_state(state)
+  c.train.batch_size, c.data.streams = 16, 5
+  with pytest.raises(ValueError, match=r'config.data.streams = 5 must divide '
+                     'config.train.batch_size = 16'):
+    data_lib.make_train_iterator(c, prepared)
 
 
 @pytest.mark.parametrize('kind', ['nsp', 'sop', 'full_sentences', 'doc_sentences'])
@@ -118,9 +169,12 @@ def test_restore_refuses_a_state_from_other_settings(prepared_small):
   c.data.pair_kind = 'sop'
   with pytest.raises(ValueError, match=r"pair_kind.*'nsp', 'sop'"):
     data_lib.make_train_iterator(c, prepared).set_state(state)
-  with pytest.raises(ValueError, match='process_count'):
-    c.data.pair_kind = 'nsp'
+  c.data.pair_kind = 'nsp'
+  with pytest.raises(ValueError, match=r"'streams': \(16, 8\)"):
+    c.data.streams = 8
     data_lib.make_train_iterator(c, prepared, 0, 2).set_state(state)
+  with pytest.raises(ValueError, match='format 1'):
+    data_lib.make_train_iterator(c, prepared).set_state(dict(state, format=1))
 
 
 def test_epochs_reshuffle_and_cover_every_document(prepared_small):
@@ -140,9 +194,10 @@ def test_eval_iterator_is_finite_deterministic_and_held_out(prepared_small):
   assert a[0]['input_ids'].shape == (16, 64)
   train_rows = set(_rows(_take(data_lib.make_train_iterator(c, prepared), 20)))
   assert not set(_rows(a)) & train_rows
+  # Each process keeps its rows of the same global batches.
   halves = [list(data_lib.make_eval_iterator(c, prepared, 64, i, 2)) for i in range(2)]
   assert halves[0][0]['input_ids'].shape == (8, 64)
-  assert not set(_rows(halves[0])) & set(_rows(halves[1]))
+  _same(a, [{k: np.concatenate([h0[k], h1[k]]) for k in h0} for h0, h1 in zip(*halves)])
   c.train.batch_size = 4096
   with pytest.raises(ValueError, match='smaller than one batch'):
     data_lib.make_eval_iterator(c, prepared, 64)
