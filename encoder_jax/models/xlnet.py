@@ -20,8 +20,10 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   positions its permutation mask allows, never its own content). Both use the same layer
   weights; keys and values always come from the content stream (and the memory). The query
   stream runs only when a ``target_mapping`` [B, P, L] (one-hot rows, zero rows for
-  padding) picks the P targets: as in Hugging Face, their queries are spread to their
-  positions, attend like any row, and are gathered back.
+  padding) picks the P targets, and attends from those P rows only (their rows of the
+  masks and segments, each its window of relative distances): what Hugging Face computes
+  by spreading the queries to all L positions and gathering them back, at P / L of the
+  attention cost.
 * **Blocks**: post-LN as ``XLNetLayer``: attention -> output projection ``o`` -> dropout ->
   residual -> LayerNorm; feed-forward -> activation -> dropout -> dense -> dropout ->
   residual -> LayerNorm.
@@ -114,11 +116,14 @@ class Layer(nn.Module):
   deterministic: bool
   collect_hidden: bool = False
 
-  def _core(self, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, context, masked_BxLxK):
+  def _core(self, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, segment_differs_BxLxK,
+            masked_BxLxK, rows_BxL=None):
     """Relative attention: content + position + segment scores, masked softmax, values.
 
     ``p``: this layer's biases and segment vectors (``r_w_bias``, ``r_r_bias``,
-    ``r_s_bias``, ``seg_embed``). Scores and softmax in float32.
+    ``r_s_bias``, ``seg_embed``). Scores and softmax in float32. The queries are every
+    position in order, or (``rows_BxL`` given: [B, P] positions) the rows of those positions
+    only, whose relative-position scores are read from each row's own window of distances.
     """
     c, dt = self.config, self.config.jnp_dtype
     f32 = jnp.float32
@@ -130,12 +135,16 @@ class Layer(nn.Module):
       bd = jnp.einsum('blnd,rnd->bnlr', q_r, kr_XxRxNxD[0], preferred_element_type=f32)
     else:
       bd = jnp.einsum('blnd,brnd->bnlr', q_r, kr_XxRxNxD, preferred_element_type=f32)
-    bd = rel_shift(bd, klen)
+    if rows_BxL is None:
+      bd = rel_shift(bd, klen)
+    else:  # Query at position i reads distances from entry (qlen - i) on (as rel_shift).
+      qlen = bd.shape[-1] - klen
+      index_BxLxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
+      bd = jnp.take_along_axis(bd, index_BxLxK[:, None], axis=-1)
     ef_BxLxNx2 = jnp.einsum('blnd,snd->blns', q_BxLxNxD + p['r_s_bias'].astype(dt),
                             p['seg_embed'].astype(dt), preferred_element_type=f32)
     ef_BxNxLx2 = ef_BxLxNx2.transpose(0, 2, 1, 3)
-    ef = jnp.where(context['segment_differs_BxLxK'][:, None],
-                   ef_BxNxLx2[..., 1:2], ef_BxNxLx2[..., 0:1])
+    ef = jnp.where(segment_differs_BxLxK[:, None], ef_BxNxLx2[..., 1:2], ef_BxNxLx2[..., 0:1])
     score = (ac + bd + ef) * (1.0 / c.head_dim ** 0.5)
     score = score - _MASK_PENALTY * masked_BxLxK[:, None].astype(f32)
     prob = jax.nn.softmax(score, axis=-1)
@@ -177,17 +186,18 @@ class Layer(nn.Module):
     else:
       cat_BxKxE = h_BxLxE
     k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
-    kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)
-    a_h = self._core(p, project(h_BxLxE, wq), k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, context,
-                     context['content_masked_BxLxK'])
+    kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)  # Once per direction, not per row.
+    if context['direction_B'] is not None:
+      kr_XxRxNxD = kr_XxRxNxD[context['direction_B']]  # [B, R, N, D]: each row's direction.
+    a_h = self._core(p, project(h_BxLxE, wq), k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
+                     context['segment_differs_BxLxK'], context['content_masked_BxLxK'])
     h_out = feed_forward(post_attention(h_BxLxE, a_h))
     g_out = None
-    if g_BxPxE is not None:
-      tm_BxPxL = context['target_mapping_BxPxL'].astype(dt)
-      q_BxLxNxD = jnp.einsum('bpnd,bpl->blnd', project(g_BxPxE, wq), tm_BxPxL)
-      a_BxLxNxD = self._core(p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, context,
-                             context['query_masked_BxLxK'])
-      a_g = jnp.einsum('blnd,bpl->bpnd', a_BxLxNxD, tm_BxPxL)
+    if g_BxPxE is not None:  # Only the P target rows attend (their masks and segments).
+      a_g = self._core(p, project(g_BxPxE, wq), k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
+                       context['target_segment_differs_BxPxK'],
+                       context['target_masked_BxPxK'], context['target_rows_BxP'])
+      a_g = a_g * context['target_valid_BxP'][:, :, None, None].astype(a_g.dtype)
       g_out = feed_forward(post_attention(g_BxPxE, a_g))
     hidden = (h_out, g_out) if self.collect_hidden else None
     return (h_out, g_out), (new_mem, hidden)
@@ -225,18 +235,27 @@ class Encoder(nn.Module):
     if backward_B is None:
       pos_emb_XxRxE = sinusoid(pos_R, c.hidden_size)[None]
     else:  # Forward rows read +distance, backward rows -distance (the original's bi_data).
-      both_2xRxE = sinusoid(jnp.stack([pos_R, -pos_R]), c.hidden_size)
-      pos_emb_XxRxE = both_2xRxE[backward_B.astype(jnp.int32)]
+      pos_emb_XxRxE = sinusoid(jnp.stack([pos_R, -pos_R]), c.hidden_size)
     pos_emb_XxRxE = nn.Dropout(c.hidden_dropout_rate)(
         pos_emb_XxRxE.astype(c.jnp_dtype), deterministic=deterministic)
     context = dict(pos_emb_XxRxE=pos_emb_XxRxE, segment_differs_BxLxK=segment_differs_BxLxK,
                    content_masked_BxLxK=content_masked_BxLxK,
-                   query_masked_BxLxK=query_masked_BxLxK,
-                   target_mapping_BxPxL=target_mapping_BxPxL)
+                   direction_B=None if backward_B is None else backward_B.astype(jnp.int32))
+    if target_mapping_BxPxL is not None:
+      # The query stream attends from its P targets only: each slot's position (a one-hot
+      # row of target_mapping; a zero row is an empty slot, whose attention output is 0 as
+      # when its query is spread over no position), and that row of the masks and segments.
+      rows_BxP = jnp.argmax(target_mapping_BxPxL, axis=-1).astype(jnp.int32)
+      row_of = lambda x_BxLxK: jnp.take_along_axis(x_BxLxK, rows_BxP[:, :, None], axis=1)
+      context.update(target_rows_BxP=rows_BxP,
+                     target_valid_BxP=target_mapping_BxPxL.sum(-1) > 0,
+                     target_masked_BxPxK=row_of(query_masked_BxLxK),
+                     target_segment_differs_BxPxK=row_of(segment_differs_BxLxK))
     body = nn.remat(Layer, prevent_cse=False) if c.remat else Layer
     stack = nn.scan(body, variable_axes={'params': 0},
                     split_rngs={'params': True, 'dropout': True},
                     in_axes=(0, nn.broadcast), length=c.num_layers,
+                    unroll=c.layers_per_iteration,
                     metadata_params={nn.PARTITION_NAME: 'layers'})
     (h_BxLxE, g_BxPxE), (new_mems_NxBxMxE, hidden) = stack(
         c, deterministic, collect_hidden, name='layers')((h_BxLxE, g_BxPxE), mems_NxBxMxE,

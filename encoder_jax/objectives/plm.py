@@ -267,15 +267,13 @@ class PermutationLM(base.Pretraining):
   def flops_per_sequence(self, phase):
     """Content stream (``models.xlnet.flops_per_token``) + query stream + LM head, 3x fwd.
 
-    The query stream, per layer: q/o projections and the feed-forward block on the P
-    targets, their spreading to and gathering from the L positions, and attention computed
-    for all L rows (as Hugging Face; rows of non-targets are zero queries).
+    The query stream, per layer, on the P target rows only: q/o projections, attention
+    over the ``L + M`` keys and ``2L + M`` distances, and the feed-forward block.
     """
     c = self.network.config
     d, f, v, n_layers, m = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers, c.mem_len
     l, p = phase.seq_len, phase.max_predictions
-    query = (4 * p * d * d + 4 * p * l * d + l * (4 * d * (l + m) + 2 * d * (2 * l + m))
-             + 4 * p * d * f)
+    query = p * (4 * d * d + 4 * d * (l + m) + 2 * d * (2 * l + m) + 4 * d * f)
     content = self.network.flops_per_token(l) * l
     return float(content + 3 * (n_layers * query + 2 * p * d * v))
 
