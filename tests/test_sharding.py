@@ -51,6 +51,13 @@ def test_batch_that_does_not_divide_the_mesh_is_an_error():
     sharding.check_batch(12, mesh)
 
 
+def test_one_process_feeds_every_row_of_the_batch():
+  """``process_rows``: the global rows this process's devices hold (all of them here; the
+  multi-process runs of tests/test_multihost.py feed through it)."""
+  assert sharding.process_rows(_mesh(data=2, fsdp=2, tensor=2), 16) == (0, 16)
+  assert sharding.process_rows(_mesh(data=1, fsdp=1, tensor=8), 4) == (0, 4)
+
+
 def test_state_is_born_sharded():
   c = config_base.base_config()
   config_base.shrink_for_local_run(c)
