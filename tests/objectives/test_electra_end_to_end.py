@@ -36,7 +36,7 @@ def _config(prepared_dir):
   c.model.update(vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128,
                  embedding_size=32, max_position_embeddings=64)
   c.data.update(sources='embedded;max_documents=300', prepared_dir=prepared_dir)
-  c.train.update(num_steps=12, batch_size=16, seq_lens=(64,), max_predictions=(10,),
+  c.train.update(num_steps=12, batch_size=8, seq_lens=(32,), max_predictions=(5,),
                  phase_fractions=(1.0,), log_every_steps=2, eval_every_steps=12,
                  eval_batches=2)
   c.optim.update(learning_rate=2e-3, warmup_steps=2)
