@@ -3,6 +3,7 @@ r"""Train-step throughput, FLOPs and memory: every encoder_jax kind beside its H
   python benchmarks/bench_train.py                      # small BERT (4 x 256), batch 32 x 128
   python benchmarks/bench_train.py --kind=xlnet         # one kind beside its HF peer
   python benchmarks/bench_train.py --kind=all           # every kind: the table
+  python benchmarks/bench_train.py --kind=xlnet --profile   # where our step's time goes
   python benchmarks/bench_train.py --preset=base --dtype=bfloat16 --batch_size=256   # MFU (GPU/TPU)
   python benchmarks/bench_train.py --check_flops        # ours vs XLA: small@128, base@128, base@512
   python benchmarks/bench_train.py --compile_only --preset=base --seq_len=512 \
@@ -500,6 +501,70 @@ def side_by_side(args) -> dict:
   return dict(ours=ours, hf=hf, ratio=ours['tokens_per_s'] / hf['tokens_per_s'])
 
 
+# Op categories of --profile, first match wins: (name, test on (HLO op name, its metadata)).
+PROFILE_CATEGORIES = (
+    ('matmuls', lambda name, meta: 'ynn' in name or name.startswith(('dot', 'onednn'))),
+    ('dropout bits', lambda name, meta: any(w in meta for w in (
+        'rng_bit_generator', 'threefry', '_bernoulli', 'random_bits'))),
+    ('dropout apply', lambda name, meta: 'Dropout' in meta),
+    ('layer-scan stacking', lambda name, meta: 'dynamic-update-slice' in name),
+    ('zero-init broadcasts', lambda name, meta: name.startswith('wrapped_broadcast')),
+    ('copies / transposes', lambda name, meta: 'copy' in name or 'transpose' in name),
+    ('other elementwise', lambda name, meta: True),
+)
+
+
+def profile(args, top: int = 12) -> None:
+  """Where our step's time goes: ``jax.profiler`` over 3 steps (XLA:CPU per-op trace
+  events), each op's time summed and put in a category by its HLO name and metadata."""
+  import collections
+  import glob
+  import gzip
+  import json
+  import re
+  import tempfile
+
+  import jax
+  run, _ = ours_runner(args)
+  run()
+  run()
+  directory = tempfile.mkdtemp(prefix='bench_train_profile_')
+  with jax.profiler.trace(directory, create_perfetto_trace=True):
+    for _ in range(3):
+      run()
+  built = build(args)
+  from encoder_jax import train_state  # pylint: disable=g-import-not-at-top
+  state = train_state.abstract_state(built.config, built.mesh, built.objective)
+  from encoder_jax import sharding  # pylint: disable=g-import-not-at-top
+  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.batch_sharding(
+      built.mesh)) for k, x in host_batch(args).items()}
+  hlo = built.step_fn.lower(state, batch).compile().as_text()
+  meta = {m.group(1): m.group(2) for m in re.finditer(
+      r'^\s*%(\S+) = .*?op_name="([^"]*)"', hlo, re.M)}
+  (path,) = glob.glob(os.path.join(directory, '**', '*.trace.json.gz'), recursive=True)
+  with gzip.open(path) as f:
+    events = json.load(f)
+  events = events['traceEvents'] if isinstance(events, dict) else events
+  by_category, by_op = collections.Counter(), collections.Counter()
+  for e in events:
+    name = e.get('name', '')
+    if e.get('ph') != 'X' or 'dur' not in e or name.startswith(('$', 'Thunk', 'call')):
+      continue
+    ms = e['dur'] / 3 / 1e3
+    category = next(c for c, test in PROFILE_CATEGORIES if test(name, meta.get(name, '')))
+    by_category[category] += ms
+    where = re.sub(r'/while/body/closed_call|jit\(step_fn\)/', '', meta.get(name, name))
+    by_op[(category, where[:90])] += ms
+  total = sum(by_category.values())
+  print(f'Per-op time of one step, summed over threads (jax.profiler, {args.kind}): '
+        f'{total:.0f} ms')
+  for category, ms in by_category.most_common():
+    print(f'  {category:22s} {ms:8.1f} ms  {ms / total:5.1%}')
+  print(f'The {top} largest ops:')
+  for (category, where), ms in by_op.most_common(top):
+    print(f'  {ms:8.1f} ms  {category:20s} {where}')
+
+
 def kind_args(args, kind: str) -> argparse.Namespace:
   """``args`` for one kind of ``--kind=all``: XLNet predicts ``seq_len / K`` (K = 6) targets."""
   changes = dict(kind=kind)
@@ -552,12 +617,17 @@ def main():
                   help='preset:seq_len[:max_predictions],... for --check_flops.')
   ap.add_argument('--skip_flops_check', action='store_true',
                   help='Do not compile the unrolled step to check FLOPs after timing.')
+  ap.add_argument('--profile', action='store_true',
+                  help='Where our step goes: per-op time by category (XLA:CPU trace).')
   ap.add_argument('--compile_only', '--memory_only', dest='compile_only', action='store_true',
                   help='Compile the step, print its memory against the device; run nothing.')
   ap.add_argument('--device_memory_gib', type=float, default=H100_GIB,
                   help='Device memory the CPU-host estimate compares with (H100 80GB).')
   args = ap.parse_args()
   args.max_predictions_given = args.max_predictions is not None
+  if args.profile:  # Per-op trace events; read when JAX starts its CPU backend.
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                               ' --xla_cpu_enable_xprof_traceme=true').strip()
   if args.max_predictions is None:
     args.max_predictions = PREDICTIONS.get(args.seq_len, max(1, round(0.15 * args.seq_len)))
 
@@ -568,6 +638,10 @@ def main():
     table(args)
     return
   args = kind_args(args, args.kind)
+  if args.profile:
+    print(_describe(args))
+    profile(args)
+    return
   if args.check_flops:
     print(f'Model FLOPs per train step (ours: MFU formula; XLA: cost_analysis of the compiled '
           f'step, layers unrolled, 1 device), JAX backend {jax.default_backend()}:')
