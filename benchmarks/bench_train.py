@@ -532,13 +532,7 @@ def profile(args, top: int = 12) -> None:
   with jax.profiler.trace(directory, create_perfetto_trace=True):
     for _ in range(3):
       run()
-  built = build(args)
-  from encoder_jax import train_state  # pylint: disable=g-import-not-at-top
-  state = train_state.abstract_state(built.config, built.mesh, built.objective)
-  from encoder_jax import sharding  # pylint: disable=g-import-not-at-top
-  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.batch_sharding(
-      built.mesh)) for k, x in host_batch(args).items()}
-  hlo = built.step_fn.lower(state, batch).compile().as_text()
+  hlo = compile_step(args)[1].as_text()  # The same program, for each op's metadata.
   meta = {m.group(1): m.group(2) for m in re.finditer(
       r'^\s*%(\S+) = .*?op_name="([^"]*)"', hlo, re.M)}
   (path,) = glob.glob(os.path.join(directory, '**', '*.trace.json.gz'), recursive=True)

@@ -96,11 +96,8 @@ def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
   return ids, seg, lengths, labels
 
 
-def _batch(ids, seg, lengths, labels, seq_len: int, pad_id: int) -> dict:
-  if ids.shape[1] < seq_len:
-    pad = seq_len - ids.shape[1]
-    ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=pad_id)
-    seg = np.pad(seg, ((0, 0), (0, pad)))
+def _batch(ids, seg, lengths, labels, seq_len: int) -> dict:
+  """Rendered rows (already ``seq_len`` wide) and their lengths -> the batch dict."""
   mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
   return {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'pair_labels': labels}
 
@@ -350,7 +347,7 @@ class TrainIterator:
     lo = self._offset
     if lo or len(arrays[0]) != self.batch_size:
       arrays = [a[lo:lo + self.batch_size] for a in arrays]
-    return _batch(*arrays, seq_len, self._pad)
+    return _batch(*arrays, seq_len)
 
   # ---- checkpointing ----
 
@@ -476,6 +473,5 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
   batches = []
   for b in range(num_batches):
     own = slice(b * batch_size + lo, b * batch_size + hi)
-    batches.append(_batch(ids[own], seg[own], lengths[own], labels[own], int(seq_len),
-                          tok.pad_id))
+    batches.append(_batch(ids[own], seg[own], lengths[own], labels[own], int(seq_len)))
   return EvalIterator(batches)
