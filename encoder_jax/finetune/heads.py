@@ -52,7 +52,7 @@ class Classifier(nn.Module):
       m = input_mask_BxL[..., None].astype(jnp.float32)
       h = (out['sequence_output'].astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
       h = h.astype(c.jnp_dtype)
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    h = layers.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return layers.Dense((c.hidden_size,), (self.num_labels,), ('embed',), (None,),
                         c.initializer_range, c.jnp_dtype, name='classifier')(h).astype(jnp.float32)
 

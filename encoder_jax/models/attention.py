@@ -130,8 +130,7 @@ def explicit_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropo
   logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
   probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)
   if dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxLxS.shape)
-    probs_BxHxLxS = jnp.where(keep, probs_BxHxLxS / (1.0 - dropout_rate), 0.0)
+    probs_BxHxLxS = layers.dropout(probs_BxHxLxS, dropout_rate, dropout_rng)
   return jnp.einsum('bhls,bshd->blhd', probs_BxHxLxS.astype(v_BxSxHxD.dtype), v_BxSxHxD)
 
 

@@ -65,7 +65,7 @@ class Embeddings(nn.Module):
     if c.type_vocab_size:  # 0: no segment embeddings at all (no table).
       x_BxLxW = x_BxLxW + segment(segment_ids_BxL)
     x_BxLxW = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='layer_norm')(x_BxLxW)
-    x_BxLxW = nn.Dropout(c.hidden_dropout_rate)(x_BxLxW, deterministic=deterministic)
+    x_BxLxW = layers.Dropout(c.hidden_dropout_rate)(x_BxLxW, deterministic=deterministic)
     if c.embedding_width != c.hidden_size:  # Factorized: vocab -> E -> hidden.
       x_BxLxW = layers.Dense((c.embedding_width,), (c.hidden_size,), ('embed',), ('embed',),
                              c.initializer_range, c.jnp_dtype, name='projection')(x_BxLxW)
@@ -83,7 +83,7 @@ class AttentionBlock(nn.Module):
     attend = attention_kinds.get(c.attention_kind)(c, self.deterministic)
     nn.share_scope(self, attend)  # Its parameters live here: query/key/value/attention_output.
     a_BxLxE = attend(x_BxLxE, mask_Bx1x1xL, context)
-    a_BxLxE = nn.Dropout(c.hidden_dropout_rate, name='attention_dropout')(
+    a_BxLxE = layers.Dropout(c.hidden_dropout_rate, name='attention_dropout')(
         a_BxLxE, deterministic=self.deterministic)
     return layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype,
                             name='attention_layer_norm')(x_BxLxE + a_BxLxE)
@@ -103,7 +103,7 @@ class FeedForwardBlock(nn.Module):
     f_BxLxF = config_lib.ACTIVATIONS[c.activation](f_BxLxF)
     f_BxLxE = layers.Dense((c.intermediate_size,), (e,), ('mlp',), ('embed',),
                            c.initializer_range, dt, name='output')(f_BxLxF)
-    f_BxLxE = nn.Dropout(c.hidden_dropout_rate, name='output_dropout')(
+    f_BxLxE = layers.Dropout(c.hidden_dropout_rate, name='output_dropout')(
         f_BxLxE, deterministic=self.deterministic)
     return layers.LayerNorm(c.layer_norm_eps, dt, name='output_layer_norm')(x_BxLxE + f_BxLxE)
 

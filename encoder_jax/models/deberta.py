@@ -83,7 +83,7 @@ class Embeddings(nn.Module):
           segment_ids_BxL)
     x_BxLxE = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='layer_norm')(x_BxLxE)
     x_BxLxE = x_BxLxE * input_mask_BxL[..., None].astype(x_BxLxE.dtype)
-    x_BxLxE = nn.Dropout(c.hidden_dropout_rate)(x_BxLxE, deterministic=deterministic)
+    x_BxLxE = layers.Dropout(c.hidden_dropout_rate)(x_BxLxE, deterministic=deterministic)
     return x_BxLxE, word, position_PxE
 
 

@@ -157,7 +157,7 @@ class DisentangledAttention(nn.Module):
     logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD,
                                 preferred_element_type=jnp.float32) / scale
     if terms:
-      rel_RxE = nn.Dropout(c.hidden_dropout_rate, name='rel_dropout')(
+      rel_RxE = layers.Dropout(c.hidden_dropout_rate, name='rel_dropout')(
           context['rel_embeddings'], deterministic=self.deterministic)
       index_XxLxS = context['rel_index']
       if 'c2p' in terms:
@@ -174,7 +174,7 @@ class DisentangledAttention(nn.Module):
         logits_BxHxLxS += gather_p2c(p2c_BxHxSxR, index_XxLxS) / scale
     logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
     probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)
-    probs_BxHxLxS = nn.Dropout(c.attention_dropout_rate, name='probs_dropout')(
+    probs_BxHxLxS = layers.Dropout(c.attention_dropout_rate, name='probs_dropout')(
         probs_BxHxLxS, deterministic=self.deterministic)
     a_BxLxHxD = jnp.einsum('bhls,bshd->blhd', probs_BxHxLxS.astype(dt), v_BxSxHxD)
     return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,

@@ -101,7 +101,8 @@ class Embeddings(nn.Module):
     c = self.config
     word = layers.Embed(c.vocab_size, c.hidden_size, ('vocab', 'embed'), c.initializer_range,
                         c.jnp_dtype, name='word_embeddings')
-    x_BxLxE = nn.Dropout(c.hidden_dropout_rate)(word(input_ids_BxL), deterministic=deterministic)
+    x_BxLxE = layers.Dropout(c.hidden_dropout_rate)(word(input_ids_BxL),
+                                                    deterministic=deterministic)
     return x_BxLxE, word
 
 
@@ -148,7 +149,7 @@ class Layer(nn.Module):
     score = (ac + bd + ef) * (1.0 / c.head_dim ** 0.5)
     score = score - _MASK_PENALTY * masked_BxLxK[:, None].astype(f32)
     prob = jax.nn.softmax(score, axis=-1)
-    prob = nn.Dropout(c.attention_dropout_rate)(prob, deterministic=self.deterministic)
+    prob = layers.Dropout(c.attention_dropout_rate)(prob, deterministic=self.deterministic)
     return jnp.einsum('bnlk,bknd->blnd', prob.astype(dt), v_BxKxNxD)
 
   @nn.compact
@@ -167,7 +168,7 @@ class Layer(nn.Module):
     output = layers.Dense((f,), (e,), ('mlp',), ('embed',), c.initializer_range, dt,
                           name='output')
     output_norm = layers.LayerNorm(c.layer_norm_eps, dt, name='output_layer_norm')
-    dropout = lambda x: nn.Dropout(c.hidden_dropout_rate)(x, deterministic=self.deterministic)
+    dropout = lambda x: layers.Dropout(c.hidden_dropout_rate)(x, deterministic=self.deterministic)
     project = lambda x, w: jnp.einsum('...e,end->...nd', x.astype(dt), w.astype(dt))
 
     def post_attention(x_BxTxE, a_BxTxNxD):
@@ -236,7 +237,7 @@ class Encoder(nn.Module):
       pos_emb_XxRxE = sinusoid(pos_R, c.hidden_size)[None]
     else:  # Forward rows read +distance, backward rows -distance (the original's bi_data).
       pos_emb_XxRxE = sinusoid(jnp.stack([pos_R, -pos_R]), c.hidden_size)
-    pos_emb_XxRxE = nn.Dropout(c.hidden_dropout_rate)(
+    pos_emb_XxRxE = layers.Dropout(c.hidden_dropout_rate)(
         pos_emb_XxRxE.astype(c.jnp_dtype), deterministic=deterministic)
     context = dict(pos_emb_XxRxE=pos_emb_XxRxE, segment_differs_BxLxK=segment_differs_BxLxK,
                    content_masked_BxLxK=content_masked_BxLxK,
@@ -282,7 +283,7 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   x_BxLxE, _, _, hidden = Encoder(c, name='encoder')(
       h_BxLxE, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
       collect_hidden=collect_hidden)
-  out = {'sequence_output': nn.Dropout(c.hidden_dropout_rate)(x_BxLxE,
+  out = {'sequence_output': layers.Dropout(c.hidden_dropout_rate)(x_BxLxE,
                                                               deterministic=deterministic),
          'word_embed': word}
   if pool:
@@ -360,14 +361,14 @@ class XLNetLMHeadModel(nn.Module):
     if target_mapping is not None:
       g_BxPxE = jnp.broadcast_to(mask_emb_E.astype(c.jnp_dtype),
                                  (b, target_mapping.shape[1], c.hidden_size))
-      g_BxPxE = nn.Dropout(c.hidden_dropout_rate)(g_BxPxE, deterministic=deterministic)
+      g_BxPxE = layers.Dropout(c.hidden_dropout_rate)(g_BxPxE, deterministic=deterministic)
     mems_NxBxMxE = None if mems is None else jnp.swapaxes(mems, 0, 1)
     x_BxLxE, y_BxPxE, new_NxBxMxE, hidden = Encoder(c, name='encoder')(
         h_BxLxE, segment_ids_BxL, input_mask_BxL, deterministic=deterministic, g_BxPxE=g_BxPxE,
         perm_mask_BxLxL=perm_mask, target_mapping_BxPxL=target_mapping,
         mems_NxBxMxE=mems_NxBxMxE, mem_mask_BxM=mem_mask, backward_B=backward,
         collect_hidden=collect_hidden)
-    final_dropout = nn.Dropout(c.hidden_dropout_rate)
+    final_dropout = layers.Dropout(c.hidden_dropout_rate)
     out = {'sequence_output': final_dropout(x_BxLxE, deterministic=deterministic)}
     head_in = out['sequence_output']
     if y_BxPxE is not None:

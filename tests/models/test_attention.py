@@ -1,6 +1,7 @@
 """Attention implementation choice (``config.model.attention_implementation``): padding as
 key lengths (cuDNN's form) equals the boolean mask, the cuDNN path is what a GPU host
-selects, and a cuDNN request that cannot run is an error naming the key.
+selects, and a cuDNN request that cannot run is an error naming the key. Dropout (shared
+by every attention kind and layer) keeps 1 - rate of the elements, scaled.
 
 No GPU runs here: the GPU host is simulated by replacing ``attention._backend`` and
 ``jax.nn.dot_product_attention`` (the recorder checks what would reach cuDNN, then
@@ -19,6 +20,7 @@ from encoder_jax import validation
 from encoder_jax.models import attention
 from encoder_jax.models import attention_kinds
 from encoder_jax.models import config as config_lib
+from encoder_jax.models import layers
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=40,
             max_position_embeddings=32)
@@ -152,3 +154,27 @@ def test_config_rejects_an_unknown_implementation():
     validation.validate(c)
   c.model.attention_implementation = 'cudnn'
   assert not any('attention_implementation' in p for p in validation.problems(c))
+
+
+@pytest.mark.parametrize('shape', [(4, 64, 256), (3, 7, 33)])  # Even and odd last axes.
+def test_dropout_keeps_one_minus_rate_scaled_and_is_deterministic_per_key(shape):
+  rate = 0.1
+  x = jnp.ones(shape, jnp.float32)
+  y = layers.dropout(x, rate, jax.random.key(0))
+  kept = np.asarray(y) != 0
+  assert y.shape == x.shape
+  np.testing.assert_allclose(np.asarray(y)[kept], 1.0 / (1.0 - rate), rtol=1e-6)
+  n = kept.size
+  # Binomial: the kept share within 5 standard deviations of 1 - rate.
+  assert abs(kept.mean() - (1 - rate)) < 5 * (rate * (1 - rate) / n) ** 0.5
+  # Both 16-bit halves of the words decide: each half of the last axis drops its share.
+  half = shape[-1] // 2
+  for part in (kept[..., :half], kept[..., half:]):
+    assert abs(part.mean() - (1 - rate)) < 5 * (rate * (1 - rate) / part.size) ** 0.5
+  np.testing.assert_array_equal(np.asarray(layers.dropout(x, rate, jax.random.key(0))), y)
+  assert not np.array_equal(np.asarray(layers.dropout(x, rate, jax.random.key(1))), y)
+  module = layers.Dropout(rate)
+  assert module.apply({}, x, deterministic=True) is x
+  train = module.apply({}, x, deterministic=False, rngs={'dropout': jax.random.key(0)})
+  assert 0.0 < (np.asarray(train) == 0).mean() < 2 * rate
+  assert np.asarray(layers.dropout(x, 1.0, jax.random.key(0))).max() == 0.0
