@@ -47,13 +47,18 @@ class Dense(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = param(self, 'kernel', truncated_normal(self.init_stddev),
                    self.in_shape + self.out_shape, self.in_axes + self.out_axes)
-    n_in = len(self.in_shape)
-    contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+    bias = None
     if self.use_bias:
       bias = param(self, 'bias', nn.initializers.zeros, self.out_shape, self.out_axes)
-      y = y + bias.astype(self.dtype)
-    return y
+    return dense(x, kernel, bias, len(self.in_shape), self.dtype)
+
+
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, n_in: int,
+          dtype=jnp.float32) -> jax.Array:
+  """:class:`Dense`'s computation on its arrays (``kernel`` [*in, *out], ``bias`` [*out])."""
+  contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+  y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), (contract, ((), ())))
+  return y if bias is None else y + bias.astype(dtype)
 
 
 class LayerNorm(nn.Module):
@@ -66,11 +71,42 @@ class LayerNorm(nn.Module):
     d = x.shape[-1]
     scale = param(self, 'scale', nn.initializers.ones, (d,), ('embed',))
     bias = param(self, 'bias', nn.initializers.zeros, (d,), ('embed',))
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias
-    return y.astype(self.dtype)
+    return layer_norm(x, scale, bias, self.eps, self.dtype)
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float,
+               dtype=jnp.float32) -> jax.Array:
+  """:class:`LayerNorm`'s computation on its arrays."""
+  x32 = x.astype(jnp.float32)
+  mean = x32.mean(-1, keepdims=True)
+  var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+  return ((x32 - mean) * jax.lax.rsqrt(var + eps) * scale + bias).astype(dtype)
+
+
+class ParamGroup(nn.Module):
+  """Parameters in a scope of their own, returned as arrays, for code that computes with
+  plain functions (e.g. inside ``jax.lax.cond``, where modules cannot be called).
+
+  ``specs``: ((name, init, shape, axes), ...). :func:`dense_params` and
+  :func:`layer_norm_params` make the same tree and initial values as :class:`Dense` and
+  :class:`LayerNorm` of the same name.
+  """
+  specs: tuple
+
+  @nn.compact
+  def __call__(self) -> dict[str, jax.Array]:
+    return {name: param(self, name, init, shape, axes) for name, init, shape, axes in self.specs}
+
+
+def dense_params(in_shape: tuple[int, ...], out_shape: tuple[int, ...], in_axes: Axes,
+                 out_axes: Axes, init_stddev: float) -> tuple:
+  return (('kernel', truncated_normal(init_stddev), in_shape + out_shape, in_axes + out_axes),
+          ('bias', nn.initializers.zeros, out_shape, out_axes))
+
+
+def layer_norm_params(d: int) -> tuple:
+  return (('scale', nn.initializers.ones, (d,), ('embed',)),
+          ('bias', nn.initializers.zeros, (d,), ('embed',)))
 
 
 class Embed(nn.Module):

@@ -106,54 +106,64 @@ class Embeddings(nn.Module):
     return x_BxLxE, word
 
 
+def _relative_attention(c, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
+                        segment_differs_BxLxK, masked_BxLxK, rows_BxL=None, dropout_key=None):
+  """Relative attention: content + position + segment scores, masked softmax, values.
+
+  ``p``: the layer's biases and segment vectors (``r_w_bias``, ``r_r_bias``, ``r_s_bias``,
+  ``seg_embed``). Scores and softmax in float32. The queries are every position in order,
+  or (``rows_BxL`` given: [B, P] positions) the rows of those positions only, whose
+  relative-position scores are read from each row's own window of distances.
+  ``dropout_key``: attention dropout on the probabilities (None: none).
+  """
+  dt = c.jnp_dtype
+  f32 = jnp.float32
+  klen = k_BxKxNxD.shape[1]
+  ac = jnp.einsum('blnd,bknd->bnlk', q_BxLxNxD + p['r_w_bias'].astype(dt), k_BxKxNxD,
+                  preferred_element_type=f32)
+  q_r = q_BxLxNxD + p['r_r_bias'].astype(dt)
+  if kr_XxRxNxD.shape[0] == 1:  # One direction for every row: no batch axis to carry.
+    bd = jnp.einsum('blnd,rnd->bnlr', q_r, kr_XxRxNxD[0], preferred_element_type=f32)
+  else:
+    bd = jnp.einsum('blnd,brnd->bnlr', q_r, kr_XxRxNxD, preferred_element_type=f32)
+  if rows_BxL is None:
+    bd = rel_shift(bd, klen)
+  else:  # Query at position i reads distances from entry (qlen - i) on (as rel_shift).
+    qlen = bd.shape[-1] - klen
+    index_BxLxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
+    bd = jnp.take_along_axis(bd, index_BxLxK[:, None], axis=-1)
+  ef_BxLxNx2 = jnp.einsum('blnd,snd->blns', q_BxLxNxD + p['r_s_bias'].astype(dt),
+                          p['seg_embed'].astype(dt), preferred_element_type=f32)
+  ef_BxNxLx2 = ef_BxLxNx2.transpose(0, 2, 1, 3)
+  ef = jnp.where(segment_differs_BxLxK[:, None], ef_BxNxLx2[..., 1:2], ef_BxNxLx2[..., 0:1])
+  score = (ac + bd + ef) * (1.0 / c.head_dim ** 0.5)
+  score = score - _MASK_PENALTY * masked_BxLxK[:, None].astype(f32)
+  prob = jax.nn.softmax(score, axis=-1)
+  if dropout_key is not None:
+    prob = layers.dropout(prob, c.attention_dropout_rate, dropout_key)
+  return jnp.einsum('bnlk,bknd->blnd', prob.astype(dt), v_BxKxNxD)
+
+
 class Layer(nn.Module):
   """One XLNet block on both streams (the ``nn.scan`` body).
 
-  Carry ``(h, g)`` (``g`` None: content stream only); per-layer input: the memory
-  [B, M, E] (or None); broadcast: ``context`` (positions, segments, masks, target mapping).
-  Emits the layer's new memory and, with ``collect_hidden``, its outputs.
+  Carry ``(h, g)`` (``g`` None: content stream only); per-layer inputs: the memory
+  [B, M, E] (or None) and whether the content stream's output is needed (None: it is);
+  broadcast: ``context`` (positions, segments, masks, target mapping). Emits the layer's
+  new memory and, with ``collect_hidden``, its outputs.
+
+  The block's arithmetic is plain functions of its parameters (``layers.ParamGroup`` for
+  the norms and the feed-forward, the same tree as ``layers.Dense``/``LayerNorm``), so the
+  content stream can run under ``jax.lax.cond``: in pretraining the last layer's content
+  output is read by nothing (the loss reads the query stream; the memory caches layer
+  inputs), and that layer skips it, forward and backward.
   """
   config: config_lib.EncoderConfig
   deterministic: bool
   collect_hidden: bool = False
 
-  def _core(self, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, segment_differs_BxLxK,
-            masked_BxLxK, rows_BxL=None):
-    """Relative attention: content + position + segment scores, masked softmax, values.
-
-    ``p``: this layer's biases and segment vectors (``r_w_bias``, ``r_r_bias``,
-    ``r_s_bias``, ``seg_embed``). Scores and softmax in float32. The queries are every
-    position in order, or (``rows_BxL`` given: [B, P] positions) the rows of those positions
-    only, whose relative-position scores are read from each row's own window of distances.
-    """
-    c, dt = self.config, self.config.jnp_dtype
-    f32 = jnp.float32
-    klen = k_BxKxNxD.shape[1]
-    ac = jnp.einsum('blnd,bknd->bnlk', q_BxLxNxD + p['r_w_bias'].astype(dt), k_BxKxNxD,
-                    preferred_element_type=f32)
-    q_r = q_BxLxNxD + p['r_r_bias'].astype(dt)
-    if kr_XxRxNxD.shape[0] == 1:  # One direction for every row: no batch axis to carry.
-      bd = jnp.einsum('blnd,rnd->bnlr', q_r, kr_XxRxNxD[0], preferred_element_type=f32)
-    else:
-      bd = jnp.einsum('blnd,brnd->bnlr', q_r, kr_XxRxNxD, preferred_element_type=f32)
-    if rows_BxL is None:
-      bd = rel_shift(bd, klen)
-    else:  # Query at position i reads distances from entry (qlen - i) on (as rel_shift).
-      qlen = bd.shape[-1] - klen
-      index_BxLxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
-      bd = jnp.take_along_axis(bd, index_BxLxK[:, None], axis=-1)
-    ef_BxLxNx2 = jnp.einsum('blnd,snd->blns', q_BxLxNxD + p['r_s_bias'].astype(dt),
-                            p['seg_embed'].astype(dt), preferred_element_type=f32)
-    ef_BxNxLx2 = ef_BxLxNx2.transpose(0, 2, 1, 3)
-    ef = jnp.where(segment_differs_BxLxK[:, None], ef_BxNxLx2[..., 1:2], ef_BxNxLx2[..., 0:1])
-    score = (ac + bd + ef) * (1.0 / c.head_dim ** 0.5)
-    score = score - _MASK_PENALTY * masked_BxLxK[:, None].astype(f32)
-    prob = jax.nn.softmax(score, axis=-1)
-    prob = layers.Dropout(c.attention_dropout_rate)(prob, deterministic=self.deterministic)
-    return jnp.einsum('bnlk,bknd->blnd', prob.astype(dt), v_BxKxNxD)
-
   @nn.compact
-  def __call__(self, carry, mem_BxMxE, context: dict[str, Any]):
+  def __call__(self, carry, mem_BxMxE, content_needed, context: dict[str, Any]):
     c, dt = self.config, self.config.jnp_dtype
     e, n, d, f = c.hidden_size, c.num_heads, c.head_dim, c.intermediate_size
     init = nn.initializers.normal(c.initializer_range)
@@ -162,22 +172,33 @@ class Layer(nn.Module):
     p = {name: layers.param(self, name, init, (n, d), ('heads', 'kv'))
          for name in ('r_w_bias', 'r_r_bias', 'r_s_bias')}
     p['seg_embed'] = layers.param(self, 'seg_embed', init, (2, n, d), (None, 'heads', 'kv'))
-    attention_norm = layers.LayerNorm(c.layer_norm_eps, dt, name='attention_layer_norm')
-    intermediate = layers.Dense((e,), (f,), ('embed',), ('mlp',), c.initializer_range, dt,
-                                name='intermediate')
-    output = layers.Dense((f,), (e,), ('mlp',), ('embed',), c.initializer_range, dt,
-                          name='output')
-    output_norm = layers.LayerNorm(c.layer_norm_eps, dt, name='output_layer_norm')
-    dropout = lambda x: layers.Dropout(c.hidden_dropout_rate)(x, deterministic=self.deterministic)
+    group = lambda name, specs: layers.ParamGroup(specs, name=name)()
+    attention_norm = group('attention_layer_norm', layers.layer_norm_params(e))
+    intermediate = group('intermediate', layers.dense_params(
+        (e,), (f,), ('embed',), ('mlp',), c.initializer_range))
+    output = group('output', layers.dense_params(
+        (f,), (e,), ('mlp',), ('embed',), c.initializer_range))
+    output_norm = group('output_layer_norm', layers.layer_norm_params(e))
     project = lambda x, w: jnp.einsum('...e,end->...nd', x.astype(dt), w.astype(dt))
+    train = not self.deterministic
 
-    def post_attention(x_BxTxE, a_BxTxNxD):
+    rates = (c.attention_dropout_rate,) + (c.hidden_dropout_rate,) * 3
+
+    def keys():  # Dropout keys of one stream: attention, its output, FFN inner and output.
+      return tuple(self.make_rng('dropout') if train and r > 0 else None for r in rates)
+
+    def drop(x, key):
+      return x if key is None else layers.dropout(x, c.hidden_dropout_rate, key)
+
+    def block(x_BxTxE, a_BxTxNxD, ks):  # Output projection, residual, LN; feed-forward.
       out_BxTxE = jnp.einsum('btnd,end->bte', a_BxTxNxD, wo.astype(dt))
-      return attention_norm(dropout(out_BxTxE) + x_BxTxE)
-
-    def feed_forward(x_BxTxE):
-      y = dropout(config_lib.ACTIVATIONS[c.activation](intermediate(x_BxTxE)))
-      return output_norm(dropout(output(y)) + x_BxTxE)
+      x_BxTxE = layers.layer_norm(drop(out_BxTxE, ks[1]) + x_BxTxE, attention_norm['scale'],
+                                  attention_norm['bias'], c.layer_norm_eps, dt)
+      y = layers.dense(x_BxTxE, intermediate['kernel'], intermediate['bias'], 1, dt)
+      y = layers.dense(drop(config_lib.ACTIVATIONS[c.activation](y), ks[2]), output['kernel'],
+                       output['bias'], 1, dt)
+      return layers.layer_norm(drop(y, ks[3]) + x_BxTxE, output_norm['scale'],
+                               output_norm['bias'], c.layer_norm_eps, dt)
 
     h_BxLxE, g_BxPxE = carry
     new_mem = None
@@ -190,16 +211,27 @@ class Layer(nn.Module):
     kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)  # Once per direction, not per row.
     if context['direction_B'] is not None:
       kr_XxRxNxD = kr_XxRxNxD[context['direction_B']]  # [B, R, N, D]: each row's direction.
-    a_h = self._core(p, project(h_BxLxE, wq), k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
-                     context['segment_differs_BxLxK'], context['content_masked_BxLxK'])
-    h_out = feed_forward(post_attention(h_BxLxE, a_h))
+    attend = lambda q, rows_of, ks: _relative_attention(
+        c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
+
+    def content(h, ks):
+      a_h = attend(project(h, wq), (context['segment_differs_BxLxK'],
+                                    context['content_masked_BxLxK']), ks)
+      return block(h, a_h, ks)
+
+    h_keys = keys()
+    if content_needed is None:
+      h_out = content(h_BxLxE, h_keys)
+    else:  # The input passes through where nothing reads the output (shapes stay).
+      h_out = jax.lax.cond(content_needed, content, lambda h, ks: h, h_BxLxE, h_keys)
     g_out = None
     if g_BxPxE is not None:  # Only the P target rows attend (their masks and segments).
-      a_g = self._core(p, project(g_BxPxE, wq), k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
-                       context['target_segment_differs_BxPxK'],
-                       context['target_masked_BxPxK'], context['target_rows_BxP'])
+      g_keys = keys()
+      a_g = attend(project(g_BxPxE, wq), (context['target_segment_differs_BxPxK'],
+                                          context['target_masked_BxPxK'],
+                                          context['target_rows_BxP']), g_keys)
       a_g = a_g * context['target_valid_BxP'][:, :, None, None].astype(a_g.dtype)
-      g_out = feed_forward(post_attention(g_BxPxE, a_g))
+      g_out = block(g_BxPxE, a_g, g_keys)
     hidden = (h_out, g_out) if self.collect_hidden else None
     return (h_out, g_out), (new_mem, hidden)
 
@@ -212,7 +244,7 @@ class Encoder(nn.Module):
   def __call__(self, h_BxLxE, segment_ids_BxL, input_mask_BxL, *, deterministic: bool,
                g_BxPxE=None, perm_mask_BxLxL=None, target_mapping_BxPxL=None,
                mems_NxBxMxE=None, mem_mask_BxM=None, backward_B=None,
-               collect_hidden: bool = False):
+               collect_hidden: bool = False, content_output: bool = True):
     c = self.config
     b, l = input_mask_BxL.shape
     m = 0 if mems_NxBxMxE is None else mems_NxBxMxE.shape[2]
@@ -252,15 +284,20 @@ class Encoder(nn.Module):
                      target_valid_BxP=target_mapping_BxPxL.sum(-1) > 0,
                      target_masked_BxPxK=row_of(query_masked_BxLxK),
                      target_segment_differs_BxPxK=row_of(segment_differs_BxLxK))
+    # Without content_output (pretraining: the loss reads the query stream), the last
+    # layer's content stream is skipped: the last layer's output is read by nothing else.
+    content_needed_N = None
+    if not content_output and g_BxPxE is not None and not collect_hidden:
+      content_needed_N = jnp.arange(c.num_layers) < c.num_layers - 1
     body = nn.remat(Layer, prevent_cse=False) if c.remat else Layer
     stack = nn.scan(body, variable_axes={'params': 0},
                     split_rngs={'params': True, 'dropout': True},
-                    in_axes=(0, nn.broadcast), length=c.num_layers,
+                    in_axes=(0, 0, nn.broadcast), length=c.num_layers,
                     unroll=c.layers_per_iteration,
                     metadata_params={nn.PARTITION_NAME: 'layers'})
     (h_BxLxE, g_BxPxE), (new_mems_NxBxMxE, hidden) = stack(
         c, deterministic, collect_hidden, name='layers')((h_BxLxE, g_BxPxE), mems_NxBxMxE,
-                                                         context)
+                                                         content_needed_N, context)
     return h_BxLxE, g_BxPxE, new_mems_NxBxMxE, hidden
 
 
@@ -338,6 +375,9 @@ class XLNetLMHeadModel(nn.Module):
   ``target_mapping`` [B, P, L] itself, and ``mems`` [B, N, M, E] with ``mem_mask`` [B, M]
   when ``mem_len`` > 0; ``backward`` [B] flags rows that read negated distances.
 
+  ``content_output=False`` (the permutation objective) leaves out ``sequence_output`` when
+  the query stream runs, and with it the last layer's content stream.
+
   Returns ``sequence_output`` (content stream), ``query_output`` (query stream, if run),
   ``mlm_logits`` float32 [B, P, V], ``new_mems``/``new_mem_mask`` (when ``mems`` is given),
   ``all_hidden_states`` / ``all_query_states`` (when ``collect_hidden``).
@@ -347,8 +387,8 @@ class XLNetLMHeadModel(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
                *, perm_mask=None, target_mapping=None, mems=None, mem_mask=None,
-               backward=None, deterministic: bool = True, collect_hidden: bool = False
-               ) -> dict[str, Any]:
+               backward=None, deterministic: bool = True, collect_hidden: bool = False,
+               content_output: bool = True) -> dict[str, Any]:
     c = self.config
     b, l = input_ids_BxL.shape
     if target_mapping is None and masked_positions_BxP is not None:
@@ -367,10 +407,11 @@ class XLNetLMHeadModel(nn.Module):
         h_BxLxE, segment_ids_BxL, input_mask_BxL, deterministic=deterministic, g_BxPxE=g_BxPxE,
         perm_mask_BxLxL=perm_mask, target_mapping_BxPxL=target_mapping,
         mems_NxBxMxE=mems_NxBxMxE, mem_mask_BxM=mem_mask, backward_B=backward,
-        collect_hidden=collect_hidden)
+        collect_hidden=collect_hidden, content_output=content_output)
     final_dropout = layers.Dropout(c.hidden_dropout_rate)
-    out = {'sequence_output': final_dropout(x_BxLxE, deterministic=deterministic)}
-    head_in = out['sequence_output']
+    out, head_in = {}, None
+    if content_output or y_BxPxE is None:
+      out['sequence_output'] = head_in = final_dropout(x_BxLxE, deterministic=deterministic)
     if y_BxPxE is not None:
       out['query_output'] = head_in = final_dropout(y_BxPxE, deterministic=deterministic)
     bias_V = layers.param(self, 'lm_bias', nn.initializers.zeros, (c.vocab_size,), ('vocab',))

@@ -243,7 +243,7 @@ class PermutationLM(base.Pretraining):
         perm_mask=x['perm_mask'], target_mapping=x['target_mapping'],
         mems=None if extra is None else extra['mems'],
         mem_mask=None if extra is None else extra['mem_mask'], backward=x['backward'],
-        deterministic=not train,
+        content_output=False, deterministic=not train,
         rngs={'dropout': self.dropout_key(k_dropout)} if train else None)
     loss, accuracy = base.cross_entropy(out['mlm_logits'], x['target_labels'],
                                         x['target_weights'])
@@ -268,14 +268,16 @@ class PermutationLM(base.Pretraining):
     """Content stream (``models.xlnet.flops_per_token``) + query stream + LM head, 3x fwd.
 
     The query stream, per layer, on the P target rows only: q/o projections, attention
-    over the ``L + M`` keys and ``2L + M`` distances, and the feed-forward block.
+    over the ``L + M`` keys and ``2L + M`` distances, and the feed-forward block. The last
+    layer's content stream is not computed (nothing reads it; ``content_output=False``)
+    except its keys and values, which the query stream reads.
     """
     c = self.network.config
     d, f, v, n_layers, m = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers, c.mem_len
     l, p = phase.seq_len, phase.max_predictions
-    query = p * (4 * d * d + 4 * d * (l + m) + 2 * d * (2 * l + m) + 4 * d * f)
-    content = self.network.flops_per_token(l) * l
-    return float(content + 3 * (n_layers * query + 2 * p * d * v))
+    per_row = 4 * d * d + 4 * d * (l + m) + 2 * d * (2 * l + m) + 4 * d * f
+    content = self.network.flops_per_token(l) * l - 3 * l * per_row
+    return float(content + 3 * (n_layers * p * per_row + 2 * p * d * v))
 
   def downstream(self, params):
     return self.network, params

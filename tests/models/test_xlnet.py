@@ -180,6 +180,30 @@ def test_encoder_is_the_content_stream_of_the_pretraining_network():
   assert content['mlm_logits'].shape == (2, 8, TINY['vocab_size'])  # No targets: every h.
 
 
+def test_without_content_output_the_query_stream_and_its_gradients_are_unchanged():
+  """Pretraining (``content_output=False``) skips the last layer's content stream: the
+  logits and every parameter's gradient equal the full computation's, with and without
+  memory; the skip is a conditional in the compiled program."""
+  net = _net(mem_len=4)
+  params = _params(net)
+  ids, seg, mask = _inputs(np.random.RandomState(5), 2, 8, [8, 6])
+  pos = np.array([[1, 2], [3, 4]], np.int32)
+  mems = jax.random.normal(jax.random.key(1), (2, TINY['num_layers'], 4, TINY['hidden_size']))
+  for extra in ({}, dict(mems=mems, mem_mask=np.ones((2, 4), np.int32))):
+    def loss(p, content_output, extra=extra):
+      out = net.pretraining.apply({'params': p}, ids, seg, mask, pos,
+                                  content_output=content_output, **extra)
+      assert ('sequence_output' in out) == content_output
+      return (out['mlm_logits'] ** 2).mean(), out['mlm_logits']
+    grad = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)
+    (g_full, logits_full), (g_skip, logits_skip) = grad(params, True), grad(params, False)
+    np.testing.assert_allclose(logits_skip, logits_full, rtol=1e-6, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_skip), jax.tree.leaves(g_full)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  hlo = jax.jit(lambda p: jax.grad(lambda p: loss(p, False)[0])(p)).lower(params).as_text()
+  assert hlo.count('stablehlo.case') + hlo.count('mhlo.case') >= 1  # The skipped branch.
+
+
 def test_config_checks_name_the_key():
   with pytest.raises(ValueError, match='mem_len'):
     _net(mem_len=-1)
