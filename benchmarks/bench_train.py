@@ -548,7 +548,7 @@ def profile(args, top: int = 12) -> None:
     category = next(c for c, test in PROFILE_CATEGORIES if test(name, meta.get(name, '')))
     by_category[category] += ms
     where = re.sub(r'/while/body/closed_call|jit\(step_fn\)/', '', meta.get(name, name))
-    by_op[(category, where[:90])] += ms
+    by_op[(category, where if len(where) <= 90 else '...' + where[-87:])] += ms  # The op end.
   total = sum(by_category.values())
   print(f'Per-op time of one step, summed over threads (jax.profiler, {args.kind}): '
         f'{total:.0f} ms')
