@@ -31,7 +31,8 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   read by nothing in pretraining (the loss reads the query stream; the memory caches each
   layer's input). The permutation objective passes ``content_output=False`` and that layer
   skips it (under ``lax.cond``, forward and backward); its keys and values, which the query
-  stream reads, are still computed. A 4-layer step: 1,160 -> 1,014 ms on 2 CPU cores.
+  stream reads, are still computed. A 4-layer step
+  (``benchmarks/bench_train.py --kind=xlnet``, 2 CPU cores): 1,160 -> 1,014 ms.
 * **LM head** (``XLNetLMHeadModel.lm_loss``): tied to the word embedding, with a bias.
 * **Memory** (``mem_len`` > 0): each layer's input content states are cached (the last
   ``mem_len`` of memory + current, ``stop_gradient``) and prepended to that layer's keys
