@@ -7,7 +7,8 @@ Attention kinds are looked up by ``config.model.attention_kind`` in
 and anything else it needs, e.g. DeBERTa's relative-position projections) and returns
 the attention block's output before dropout and the residual. ``context`` is a dict the
 encoder builds once per forward pass and hands to every layer (e.g. relative-position
-embeddings or a second stream); plain dot-product attention ignores it.
+embeddings or a second stream); plain dot-product attention reads only ``kv_states``
+(keys and values from other rows than the queries), when present.
 
 Encoder layers call a kind with ``nn.share_scope``, so its parameters sit directly in the
 layer's scope (``query``, ``key``, ``value``, ``attention_output`` for dot-product), the
@@ -158,12 +159,15 @@ class DotProductAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_Bx1x1xL, context: dict[str, Any] | None = None):
-    del context
+    # Keys and values from context['kv_states'] [B, S, E] when given (queries at a subset
+    # of the rows, e.g. the last layer at the predicted positions), else from x.
+    kv_BxSxE = (context or {}).get('kv_states', x_BxLxE)
     c, dt = self.config, self.config.jnp_dtype
     h, d, e = c.num_heads, c.head_dim, c.hidden_size
     qkv = lambda n: layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'),
                                  c.initializer_range, dt, name=n)
-    q_BxLxHxD, k_BxLxHxD, v_BxLxHxD = (qkv(n)(x_BxLxE) for n in ('query', 'key', 'value'))
+    q_BxLxHxD = qkv('query')(x_BxLxE)
+    k_BxLxHxD, v_BxLxHxD = qkv('key')(kv_BxSxE), qkv('value')(kv_BxSxE)
     use_dropout = not self.deterministic and c.attention_dropout_rate > 0
     if use_dropout and c.attention_implementation == 'cudnn':
       raise ValueError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from encoder_jax.models import attention_kinds
@@ -140,10 +141,29 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxE, input_mask_BxL, deterministic: bool, collect_hidden: bool = False,
-               context: dict[str, Any] | None = None):
+               context: dict[str, Any] | None = None, rows_BxQ=None,
+               rows_context: dict[str, Any] | None = None):
     c = self.config
     context = {} if context is None else context
     mask_Bx1x1xL = input_mask_BxL.astype(bool)[:, None, None, :]
+    if rows_BxQ is not None:
+      if collect_hidden:
+        raise ValueError('Encoder: rows_BxQ (the last layer at some rows) and collect_hidden '
+                         '(every layer at every row) exclude each other')
+      if not self.is_initializing():
+        return self._last_layer_at_rows(x_BxLxE, mask_Bx1x1xL, deterministic, context,
+                                        rows_BxQ, rows_context or {})
+      collect_hidden = True  # Initialising: the whole stack (it creates the parameters).
+    embedded_BxLxE = x_BxLxE
+    x_BxLxE, all_NxBxLxE = self._stack(x_BxLxE, mask_Bx1x1xL, deterministic, collect_hidden,
+                                       context)
+    if rows_BxQ is None:
+      return x_BxLxE, all_NxBxLxE
+    before_BxLxE = all_NxBxLxE[-2] if c.num_layers > 1 else embedded_BxLxE
+    return jnp.take_along_axis(x_BxLxE, rows_BxQ[..., None], axis=1), before_BxLxE
+
+  def _stack(self, x_BxLxE, mask_Bx1x1xL, deterministic, collect_hidden, context):
+    c = self.config
     if c.share_layers in ('none', 'all'):
       body = nn.remat(Layer, prevent_cse=False) if c.remat else Layer
       shared = c.share_layers == 'all'
@@ -171,21 +191,104 @@ class Encoder(nn.Module):
       outputs.append(x_BxLxE)
     return x_BxLxE, (jnp.stack(outputs) if collect_hidden else None)
 
+  def _last_layer_at_rows(self, x_BxLxE, mask_Bx1x1xL, deterministic, context, rows_BxQ,
+                          rows_context):
+    """Layers 1..N-1 at every row, then layer N at ``rows_BxQ`` only: (x_BxQxE, input of N).
+
+    A row's output depends on its own input and on every row's keys and values, so layer
+    N runs its queries, residuals and feed-forward at the Q rows and its keys and values at
+    all L (``context['kv_states']``): exact, and layer N costs about Q/L of a layer when
+    the loss reads only those rows (the MLM head's positions, [CLS], SBO's boundaries).
+    ``rows_context`` replaces context entries for layer N (e.g. DeBERTa's relative index
+    at the rows). The parameters are the scan's, sliced: layout and checkpoints unchanged.
+    When initialising, the whole stack runs (it creates the parameters) and the rows are
+    taken from its output.
+    """
+    c = self.config
+    take = lambda x_BxLxE: jnp.take_along_axis(x_BxLxE, rows_BxQ[..., None], axis=1)
+    n = c.num_layers
+    params = nn.meta.unbox(self.variables['params'])
+    dropout_keys = (None if deterministic
+                    else jax.random.split(self.make_rng('dropout'), n))
+
+    def rngs(key):
+      return None if key is None else {'dropout': key}
+
+    last_context = {**context, **rows_context, 'kv_states': x_BxLxE}
+    if c.share_layers in ('none', 'all'):
+      shared = c.share_layers == 'all'
+      stacked = params['layers']
+      layer = Layer(c, deterministic, parent=None)
+
+      def body(x_BxLxE, p_key):
+        p, key = p_key
+        return layer.apply({'params': stacked if shared else p}, x_BxLxE, mask_Bx1x1xL,
+                           context, rngs=rngs(key))[0], None
+
+      if c.remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+      head = None if shared else jax.tree.map(lambda p: p[:-1], stacked)
+      keys = None if dropout_keys is None else dropout_keys[:-1]
+      if n > 1:
+        x_BxLxE, _ = jax.lax.scan(body, x_BxLxE, (head, keys), length=n - 1,
+                                  unroll=min(c.layers_per_iteration, n - 1))
+      last = stacked if shared else jax.tree.map(lambda p: p[-1], stacked)
+      last_context['kv_states'] = x_BxLxE
+      y_BxQxE, _ = layer.apply({'params': last}, take(x_BxLxE), mask_Bx1x1xL, last_context,
+                               rngs=rngs(None if dropout_keys is None else dropout_keys[-1]))
+      return y_BxQxE, x_BxLxE
+    shared_attention = c.share_layers == 'attention'
+    block = lambda cls, name: lambda *a, key: cls(c, deterministic, parent=None).apply(
+        {'params': params[name]}, *a, rngs=rngs(key))
+    for i in range(n):
+      key = None if dropout_keys is None else dropout_keys[i]
+      k1, k2 = (None, None) if key is None else jax.random.split(key)
+      attention = block(AttentionBlock, 'shared' if shared_attention else f'layer_{i}')
+      ffn = block(FeedForwardBlock, f'layer_{i}' if shared_attention else 'shared')
+      if i < n - 1:
+        x_BxLxE = ffn(attention(x_BxLxE, mask_Bx1x1xL, context, key=k1), key=k2)
+      else:
+        last_context['kv_states'] = x_BxLxE
+        y_BxQxE = ffn(attention(take(x_BxLxE), mask_Bx1x1xL, last_context, key=k1), key=k2)
+    return y_BxQxE, x_BxLxE
+
+
+def last_layer_rows(length: int, wanted: list, pool: bool, collect_hidden: bool = False):
+  """The rows [B, Q] the last layer computes when a pretraining loss reads only ``wanted``
+  ([B, k] position arrays, concatenated; [CLS] comes first inside ``encode`` when
+  ``pool``), or None for every row: when every layer's states are collected, or when Q
+  would not be below the sequence length (then the plain full pass is as cheap)."""
+  wanted = [w for w in wanted if w is not None]
+  if collect_hidden or not wanted:
+    return None
+  rows_BxQ = jnp.concatenate(wanted, axis=1) if len(wanted) > 1 else wanted[0]
+  return rows_BxQ if rows_BxQ.shape[1] + int(pool) < length else None
+
 
 def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
-           deterministic: bool, pool: bool = True, collect_hidden: bool = False
+           deterministic: bool, pool: bool = True, collect_hidden: bool = False, rows_BxQ=None
            ) -> dict[str, Any]:
   """Embeddings -> encoder [-> tanh pooler on the first token], inside the calling module.
 
   The submodules are named 'embeddings', 'encoder' and 'pooler' in whatever module calls
   this, so every model built on it (pretraining, encoder-only, fine-tuning heads) shares
   one parameter layout and loads the same checkpoints.
+
+  ``rows_BxQ`` (pretraining, see ``last_layer_rows``): the last layer runs at those rows
+  (and [CLS] for the pooler) only, and ``row_output`` [B, Q, H] replaces
+  ``sequence_output``.
   """
   embedded_BxLxE, word_embed = Embeddings(c, name='embeddings')(
       input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
+  if rows_BxQ is not None and pool:
+    rows_BxQ = jnp.concatenate([jnp.zeros((rows_BxQ.shape[0], 1), rows_BxQ.dtype), rows_BxQ], 1)
   x_BxLxE, all_NxBxLxE = Encoder(c, name='encoder')(embedded_BxLxE, input_mask_BxL,
-                                                    deterministic, collect_hidden)
-  out = {'sequence_output': x_BxLxE, 'word_embed': word_embed}
+                                                    deterministic, collect_hidden,
+                                                    rows_BxQ=rows_BxQ)
+  if rows_BxQ is None:
+    out = {'sequence_output': x_BxLxE, 'word_embed': word_embed}
+  else:  # x is [B, Q, H] at the rows ([CLS] first when pooling).
+    out = {'row_output': x_BxLxE[:, 1:] if pool else x_BxLxE, 'word_embed': word_embed}
   if pool:
     out['pooled_output'] = jnp.tanh(layers.Dense(
         (c.hidden_size,), (c.hidden_size,), ('embed',), ('embed',), c.initializer_range,
@@ -193,6 +296,31 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   if collect_hidden:  # Embedding output, then each layer's output (as Hugging Face).
     out['all_hidden_states'] = (embedded_BxLxE, *all_NxBxLxE)
   return out
+
+
+def rows_with_cls(c: config_lib.EncoderConfig, predictions: int, gathered: int) -> int:
+  """``ModelKind.last_layer_rows`` of a pretraining network with a pooler."""
+  del c
+  return predictions + gathered + 1
+
+
+def rows_without_cls(c: config_lib.EncoderConfig, predictions: int, gathered: int) -> int:
+  """``ModelKind.last_layer_rows`` of a pretraining network without a pooler."""
+  del c
+  return predictions + gathered
+
+
+def read_rows(out: dict[str, Any], masked_positions_BxP, gather_positions_BxG):
+  """(states at the masked positions, states at the gathered positions or None) from an
+  ``encode`` output with or without ``row_output`` (rows = masked, then gathered)."""
+  p = masked_positions_BxP.shape[1]
+  if 'row_output' in out:
+    h_BxQxE = out.pop('row_output')
+  else:
+    positions = [masked_positions_BxP, gather_positions_BxG]
+    rows_BxQ = jnp.concatenate([x for x in positions if x is not None], axis=1)
+    h_BxQxE = jnp.take_along_axis(out['sequence_output'], rows_BxQ[..., None], axis=1)
+  return h_BxQxE[:, :p], (None if gather_positions_BxG is None else h_BxQxE[:, p:])
 
 
 class MlmHead(nn.Module):
@@ -230,6 +358,9 @@ class PreTraining(nn.Module):
 
   ``masked_positions_BxP`` selects where the MLM head runs: vocabulary logits are computed
   only there (the head is the most expensive part of a small model at full length).
+  ``gather_positions_BxG``: more rows a loss reads (SpanBERT's span boundaries), returned as
+  ``gathered_output`` [B, G, H]. With positions given, the last layer runs only at those
+  rows and [CLS] (``last_layer_rows``), and ``sequence_output`` is then absent.
   """
   config: config_lib.EncoderConfig
   pooler: bool = True
@@ -237,19 +368,26 @@ class PreTraining(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
-               *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+               *, deterministic: bool = True, collect_hidden: bool = False,
+               gather_positions_BxG=None) -> dict[str, Any]:
     c = self.config
-    out = encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                 deterministic=deterministic, pool=self.pooler, collect_hidden=collect_hidden)
+    length = input_ids_BxL.shape[1]
+    rows_BxQ = None
+    if masked_positions_BxP is None:
+      masked_positions_BxP = jnp.broadcast_to(jnp.arange(length), input_ids_BxL.shape)
+    else:
+      rows_BxQ = last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
+                                 self.pooler, collect_hidden)
+    out = encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
+                 pool=self.pooler, collect_hidden=collect_hidden, rows_BxQ=rows_BxQ)
     word_embed = out.pop('word_embed')
-    x_BxLxE = out['sequence_output']
     if self.pair_head:
       out['pair_logits'] = layers.Dense(
           (c.hidden_size,), (2,), ('embed',), (None,), c.initializer_range, c.jnp_dtype,
           name='pair_head')(out['pooled_output']).astype(jnp.float32)
-    if masked_positions_BxP is None:
-      masked_positions_BxP = jnp.broadcast_to(jnp.arange(x_BxLxE.shape[1]), input_ids_BxL.shape)
-    h_BxPxE = jnp.take_along_axis(x_BxLxE, masked_positions_BxP[..., None], axis=1)
+    h_BxPxE, gathered = read_rows(out, masked_positions_BxP, gather_positions_BxG)
+    if gathered is not None:
+      out['gathered_output'] = gathered
     out['mlm_logits'] = MlmHead(c, name='mlm_head')(h_BxPxE, word_embed)
     return out
 
@@ -272,7 +410,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 
 KIND = config_lib.ModelKind(
     name='bert', pretraining=BertForPreTraining, encoder=BertModel, encode=encode, pooler=True,
-    pair_head=True, check=_check,
+    pair_head=True, check=_check, last_layer_rows=rows_with_cls,
     description='BERT: post-LN Transformer, absolute positions, segments, MLM + NSP/SOP heads',
     import_objectives=('mlm', 'nsp'), import_pair_kind='nsp')
 

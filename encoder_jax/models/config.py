@@ -201,6 +201,14 @@ def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
   return float(flops)
 
 
+def encoder_row_flops(c: EncoderConfig, seq_len: int) -> float:
+  """Training FLOPs of one layer's query side for one row: the q and output projections,
+  the feed-forward block and the row's attention scores and weighted sum (its keys and
+  values stay). What the last layer saves per row when the loss does not read it."""
+  d, f = c.hidden_size, c.intermediate_size
+  return float(6 * (2 * d * d + 2 * d * f) + 12 * seq_len * d)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelKind:
   """One entry of ``models.registry``: how to build and count a kind of encoder.
@@ -235,6 +243,23 @@ class ModelKind:
   # subtrees of ``embeddings`` the two share (stored once, in this kind's tree).
   companion_config: Callable[..., EncoderConfig] | None = None
   shared_embeddings: tuple[str, ...] = ()
+  # Rows the pretraining network's last layer computes, from (config, masked positions,
+  # gathered positions): the rows its losses read ([CLS] included when pooling), as the
+  # module decides them (e.g. ``bert.last_layer_rows``); None = every row. With
+  # ``row_flops`` (one row's query-side FLOPs) it keeps the MFU count to the work done.
+  last_layer_rows: Callable[[EncoderConfig, int, int], int] | None = None
+  row_flops: Callable[[EncoderConfig, int], float] = encoder_row_flops
+
+  def pretraining_flops(self, c: EncoderConfig, seq_len: int, predictions: int,
+                        gathered: int = 0) -> float:
+    """Training FLOPs of the encoder for one sequence whose losses read ``predictions``
+    masked positions and ``gathered`` other rows (the last layer skips the rest)."""
+    flops = self.flops_per_token(c, seq_len) * seq_len
+    if self.last_layer_rows is not None:
+      rows = self.last_layer_rows(c, predictions, gathered)
+      if rows < seq_len:
+        flops -= (seq_len - rows) * self.row_flops(c, seq_len)
+    return float(flops)
 
   def init_inputs(self, batch_size: int = 2, seq_len: int = 8, max_predictions: int = 2):
     """Dummy inputs of the right shapes and dtypes, for init and ``jax.eval_shape``."""

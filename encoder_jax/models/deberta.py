@@ -96,7 +96,8 @@ class Encoder(nn.Module):
   config: config_lib.EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxE, input_mask_BxL, deterministic: bool, collect_hidden: bool = False):
+  def __call__(self, x_BxLxE, input_mask_BxL, deterministic: bool, collect_hidden: bool = False,
+               rows_BxQ=None):
     c = self.config
     span = da.relative_span(c)
     table_RxE = layers.param(self, 'rel_embeddings', layers.truncated_normal(c.initializer_range),
@@ -109,19 +110,35 @@ class Encoder(nn.Module):
                'rel_index': jnp.asarray(index_LxL)[None]}
     stack = bert.Encoder(c)
     nn.share_scope(self, stack)  # Its 'layers' sit here, as in BERT: encoder/layers/...
-    x_BxLxE, all_NxBxLxE = stack(x_BxLxE, input_mask_BxL, deterministic, collect_hidden, context)
+    # With rows (``bert.Encoder``): the last layer's queries at the rows, their index rows.
+    rows_context = (None if rows_BxQ is None
+                    else {'rel_index': jnp.take(jnp.asarray(index_LxL), rows_BxQ, axis=0)})
+    x_BxLxE, all_NxBxLxE = stack(x_BxLxE, input_mask_BxL, deterministic, collect_hidden, context,
+                                 rows_BxQ=rows_BxQ, rows_context=rows_context)
     return x_BxLxE, all_NxBxLxE, dict(context, index_LxL=index_LxL)
 
 
 def _trunk(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
-           deterministic: bool, pool: bool, collect_hidden: bool) -> dict[str, Any]:
-  """``encode`` plus what the EMD needs (position table, relative context)."""
+           deterministic: bool, pool: bool, collect_hidden: bool, rows_BxQ=None
+           ) -> dict[str, Any]:
+  """``encode`` plus what the EMD needs (position table, relative context).
+
+  ``rows_BxQ`` as ``bert.encode``'s: the last layer at those rows ([CLS] first when
+  pooling) only; ``row_output`` replaces ``sequence_output`` and ``layer_input`` is the
+  last layer's input (the output of layer N-1, which the EMD reads).
+  """
   embedded_BxLxE, word_embed, position_PxE = Embeddings(c, name='embeddings')(
       input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
+  if rows_BxQ is not None and pool:
+    rows_BxQ = jnp.concatenate([jnp.zeros((rows_BxQ.shape[0], 1), rows_BxQ.dtype), rows_BxQ], 1)
   x_BxLxE, all_NxBxLxE, context = Encoder(c, name='encoder')(
-      embedded_BxLxE, input_mask_BxL, deterministic, collect_hidden)
-  out = {'sequence_output': x_BxLxE, 'word_embed': word_embed,
-         'position_table': position_PxE, 'context': context}
+      embedded_BxLxE, input_mask_BxL, deterministic, collect_hidden, rows_BxQ)
+  out = {'word_embed': word_embed, 'position_table': position_PxE, 'context': context}
+  if rows_BxQ is None:
+    out['sequence_output'] = x_BxLxE
+  else:  # x is [B, Q, E] at the rows; the second output is the last layer's input.
+    out['row_output'] = x_BxLxE[:, 1:] if pool else x_BxLxE
+    out['layer_input'], all_NxBxLxE = all_NxBxLxE, None
   if pool:  # DeBERTa's ContextPooler: dense + GELU on the first token.
     out['pooled_output'] = config_lib.ACTIVATIONS['gelu'](layers.Dense(
         (c.hidden_size,), (c.hidden_size,), ('embed',), ('embed',), c.initializer_range,
@@ -159,34 +176,59 @@ class PreTraining(nn.Module):
 
   ``mlm_logits`` are computed at ``masked_positions_BxP`` only (all positions if None);
   ``sequence_output`` is the encoder's output (the EMD's is ``emd_output`` [B, P, E]).
+  With positions given it is absent: the last layer runs only at the rows the losses read
+  (``bert.last_layer_rows``): [CLS] and ``gather_positions_BxG`` (returned as
+  ``gathered_output``), plus the masked positions without the EMD. With the EMD, whose
+  keys and values are layer N-1's output, the last layer otherwise feeds nothing.
   """
   config: config_lib.EncoderConfig
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
-               *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+               *, deterministic: bool = True, collect_hidden: bool = False,
+               gather_positions_BxG=None) -> dict[str, Any]:
     c = self.config
     emd = c.emd_layers > 0
+    length = input_ids_BxL.shape[1]
+    rows_BxQ = None
+    if masked_positions_BxP is None:
+      masked_positions_BxP = jnp.broadcast_to(jnp.arange(length), input_ids_BxL.shape)
+    elif emd and not collect_hidden:  # The EMD decodes; the last layer feeds [CLS] (+ gathers).
+      rows_BxQ = (jnp.zeros((input_ids_BxL.shape[0], 0), jnp.int32)
+                  if gather_positions_BxG is None else gather_positions_BxG)
+      rows_BxQ = rows_BxQ if rows_BxQ.shape[1] + 1 < length else None
+    elif not emd:
+      rows_BxQ = bert.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
+                                      True, collect_hidden)
     out = _trunk(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
-                 pool=True, collect_hidden=collect_hidden or emd)
+                 pool=True, collect_hidden=collect_hidden or (emd and rows_BxQ is None),
+                 rows_BxQ=rows_BxQ)
     word_embed, position_PxE = out.pop('word_embed'), out.pop('position_table')
     context = out.pop('context')
     out['pair_logits'] = layers.Dense(
         (c.hidden_size,), (2,), ('embed',), (None,), c.initializer_range, c.jnp_dtype,
         name='pair_head')(out['pooled_output']).astype(jnp.float32)
-    if masked_positions_BxP is None:
-      masked_positions_BxP = jnp.broadcast_to(jnp.arange(input_ids_BxL.shape[1]),
-                                              input_ids_BxL.shape)
     if emd:
-      hidden_BxLxE = out['all_hidden_states'][-2]  # Output of layer N-1 (embeddings if N=1).
-      if not collect_hidden:
-        del out['all_hidden_states']
+      if rows_BxQ is None:
+        hidden_BxLxE = out['all_hidden_states'][-2]  # Output of layer N-1 (embeddings if N=1).
+        if not collect_hidden:
+          del out['all_hidden_states']
+        if gather_positions_BxG is not None:
+          out['gathered_output'] = jnp.take_along_axis(
+              out['sequence_output'], gather_positions_BxG[..., None], axis=1)
+      else:
+        hidden_BxLxE = out.pop('layer_input')
+        if gather_positions_BxG is not None:
+          out['gathered_output'] = out['row_output']
+        del out['row_output']
       h_BxPxE = self.enhanced_mask_decoder(hidden_BxLxE, input_mask_BxL, masked_positions_BxP,
                                            position_PxE, context, deterministic)
       out['emd_output'] = h_BxPxE
     else:
-      h_BxPxE = jnp.take_along_axis(out['sequence_output'], masked_positions_BxP[..., None],
-                                    axis=1)
+      out.pop('layer_input', None)
+      h_BxPxE, gathered = bert.read_rows(out, masked_positions_BxP, gather_positions_BxG)
+      if gathered is not None:
+        out['gathered_output'] = gathered
     out['mlm_logits'] = bert.MlmHead(c, name='mlm_head')(h_BxPxE, word_embed)
     return out
 
@@ -234,6 +276,19 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
     query_side = 2 * d * d + 2 * seq_len * d + 2 * d * f + terms * rows * d
     flops += 6 * c.emd_layers * (2 * d * d + EMD_FLOPS_FRACTION * query_side)
   return float(flops)
+
+
+def last_layer_rows(c: config_lib.EncoderConfig, predictions: int, gathered: int) -> int:
+  """Rows of the pretraining network's last layer: [CLS] and the gathered rows, plus the
+  masked positions unless the EMD decodes them (from layer N-1's output)."""
+  return gathered + 1 + (0 if c.emd_layers else predictions)
+
+
+def row_flops(c: config_lib.EncoderConfig, seq_len: int) -> float:
+  """One row's query-side FLOPs in a layer: BERT's plus the row's relative-position terms."""
+  _, lo, hi = da.relative_layout(c, seq_len)
+  terms = len(da.position_terms(c))
+  return config_lib.encoder_row_flops(c, seq_len) + 6 * terms * (hi - lo) * c.hidden_size
 
 
 F = fields_lib.Field
@@ -300,9 +355,11 @@ def _check_v1(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='deberta', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
     pair_head=True, check=_check_v1, flops_per_token=flops_per_token, fields=FIELDS,
+    last_layer_rows=last_layer_rows, row_flops=row_flops,
     description='DeBERTa v1: disentangled attention (relative span k), enhanced mask decoder')
 KIND_V2 = config_lib.ModelKind(
     name='deberta_v2', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
     pair_head=True, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
+    last_layer_rows=last_layer_rows, row_flops=row_flops,
     description='DeBERTa v2/v3: + log-bucketed positions, shared keys, normalised relative '
                 'embeddings')

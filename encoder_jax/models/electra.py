@@ -61,13 +61,17 @@ class Discriminator(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
-               *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+               *, deterministic: bool = True, collect_hidden: bool = False,
+               gather_positions_BxG=None) -> dict[str, Any]:
     del masked_positions_BxP  # Every token is classified.
     out = bert.encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
                       deterministic=deterministic, pool=False, collect_hidden=collect_hidden)
     del out['word_embed']
     out['rtd_logits'] = DiscriminatorHead(self.config, name='discriminator_predictions')(
         out['sequence_output'])
+    if gather_positions_BxG is not None:
+      out['gathered_output'] = jnp.take_along_axis(out['sequence_output'],
+                                                   gather_positions_BxG[..., None], axis=1)
     return out
 
 
@@ -75,21 +79,29 @@ class Generator(nn.Module):
   """Encoder + MLM head with a GELU transform to E (``ElectraForMaskedLM``).
 
   ``masked_positions_BxP`` selects where the vocabulary logits are computed (all positions
-  when None), as BERT's ``PreTraining``.
+  when None), and the last layer then runs only there, as BERT's ``PreTraining``.
   """
   config: config_lib.EncoderConfig
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
-               *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+               *, deterministic: bool = True, collect_hidden: bool = False,
+               gather_positions_BxG=None) -> dict[str, Any]:
     c = self.config
-    out = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                      deterministic=deterministic, pool=False, collect_hidden=collect_hidden)
-    word_embed = out.pop('word_embed')
-    x_BxLxH = out['sequence_output']
+    length = input_ids_BxL.shape[1]
+    rows_BxQ = None
     if masked_positions_BxP is None:
-      masked_positions_BxP = jnp.broadcast_to(jnp.arange(x_BxLxH.shape[1]), input_ids_BxL.shape)
-    h_BxPxH = jnp.take_along_axis(x_BxLxH, masked_positions_BxP[..., None], axis=1)
+      masked_positions_BxP = jnp.broadcast_to(jnp.arange(length), input_ids_BxL.shape)
+    else:  # The last layer at the masked (and gathered) rows only, as BERT's PreTraining.
+      rows_BxQ = bert.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
+                                      False, collect_hidden)
+    out = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+                      deterministic=deterministic, pool=False, collect_hidden=collect_hidden,
+                      rows_BxQ=rows_BxQ)
+    word_embed = out.pop('word_embed')
+    h_BxPxH, gathered = bert.read_rows(out, masked_positions_BxP, gather_positions_BxG)
+    if gathered is not None:
+      out['gathered_output'] = gathered
     out['mlm_logits'] = bert.MlmHead(c.replace(activation='gelu'), name='mlm_head')(
         h_BxPxH, word_embed)
     return out
@@ -110,7 +122,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 
 GENERATOR_KIND = config_lib.ModelKind(
     name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=bert.encode,
-    pooler=False, pair_head=False, check=_check,
+    pooler=False, pair_head=False, check=_check, last_layer_rows=bert.rows_without_cls,
     description='ELECTRA generator: factorized embedding, MLM head (GELU, tied decoder)')
 
 

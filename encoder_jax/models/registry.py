@@ -72,6 +72,11 @@ class Network:
   def flops_per_token(self, seq_len: int) -> float:
     return self.kind.flops_per_token(self.config, seq_len)
 
+  def pretraining_flops(self, seq_len: int, predictions: int, gathered: int = 0) -> float:
+    """``ModelKind.pretraining_flops``: one sequence through the pretraining network's
+    encoder, the last layer at the rows its losses read."""
+    return self.kind.pretraining_flops(self.config, seq_len, predictions, gathered)
+
 
 def make_config(model_config: ml_collections.ConfigDict | dict | EncoderConfig) -> EncoderConfig:
   """The validated EncoderConfig of ``config.model`` (kind-specific checks included)."""

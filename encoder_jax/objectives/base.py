@@ -146,6 +146,8 @@ class Objective:
   # ``loss(outputs, batch, params)`` with the whole tree (the head under ``head_key``, the
   # network's parameters beside it, e.g. a tied word embedding).
   head_key: str | None = None
+  # Whether ``corrupt`` selects ``masked_positions`` (phase.max_predictions per sequence).
+  masks_tokens: bool = False
 
   def check(self, network: models.Network) -> None:
     """Raises if the network lacks an output this objective reads."""
@@ -157,6 +159,19 @@ class Objective:
   def corrupt(self, batch: Batch, rng: jax.Array, phase: schedule.Phase) -> Batch:
     del rng, phase
     return batch
+
+  def gather_positions(self, batch: Batch, length: int) -> jax.Array | None:
+    """Rows [B, G] of the encoder's output this objective's loss reads (besides the MLM
+    head's ``masked_positions`` and the pooler's [CLS]), or None. ``Composite`` asks the
+    network for them, and ``loss`` finds the states in ``outputs['gathered'][name]``
+    [B, G, H]: the network's last layer then runs at the rows the losses read only."""
+    del batch, length
+    return None
+
+  def gathered_rows(self, phase: schedule.Phase) -> int:
+    """How many rows ``gather_positions`` returns per sequence (for the FLOPs count)."""
+    del phase
+    return 0
 
   def loss(self, outputs: dict[str, Any], batch: Batch) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
@@ -224,11 +239,21 @@ class Composite(Pretraining):
     positions = batch.get('masked_positions')
     if positions is None:  # No token-level objective: run the MLM head on one position only.
       positions = jnp.zeros((batch['input_ids'].shape[0], 1), jnp.int32)
+    length = batch['input_ids'].shape[1]
+    gathers = [(o.name, o.gather_positions(batch, length)) for o in self.objectives]
+    gathers = [(name, g_BxG) for name, g_BxG in gathers if g_BxG is not None]
+    extra = ({'gather_positions_BxG': jnp.concatenate([g for _, g in gathers], axis=1)}
+             if gathers else {})
     outputs = self.network.pretraining.apply(
         {'params': self.network_params(params)},
         batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
-        rngs={'dropout': self.dropout_key(rngs[0])} if train else None)
+        rngs={'dropout': self.dropout_key(rngs[0])} if train else None, **extra)
+    if gathers:  # Each objective's slice of the gathered rows.
+      outputs['gathered'], start = {}, 0
+      for name, g_BxG in gathers:
+        outputs['gathered'][name] = outputs['gathered_output'][:, start:start + g_BxG.shape[1]]
+        start += g_BxG.shape[1]
     total, metrics = jnp.float32(0.0), {}
     for objective in self.objectives:
       if objective.head_key:
@@ -241,7 +266,9 @@ class Composite(Pretraining):
     return total, metrics
 
   def flops_per_sequence(self, phase):
-    encoder = self.network.flops_per_token(phase.seq_len) * phase.seq_len
+    predictions = phase.max_predictions if any(o.masks_tokens for o in self.objectives) else 1
+    encoder = self.network.pretraining_flops(
+        phase.seq_len, predictions, sum(o.gathered_rows(phase) for o in self.objectives))
     return float(encoder + sum(o.head_flops_per_sequence(self.network, phase)
                                for o in self.objectives))
 

@@ -225,7 +225,7 @@ class Electra(base.Pretraining):
     s, p = phase.seq_len, phase.max_predictions
     g, d = self.generator.config, self.discriminator.config
     e = g.embedding_width
-    generator = (self.generator.flops_per_token(s) * s
+    generator = (self.generator.pretraining_flops(s, p)  # Last layer at the p positions.
                  + 6 * p * (g.hidden_size * e + e * g.vocab_size))
     discriminator = (self.discriminator.flops_per_token(s) * s
                      + 6 * s * (d.hidden_size * d.hidden_size + d.hidden_size))

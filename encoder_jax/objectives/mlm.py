@@ -16,6 +16,7 @@ from encoder_jax.objectives import span_masking
 
 class MaskedLM(base.Objective):
   name = 'mlm'
+  masks_tokens = True
   metric_weights = {'mlm_loss': 'mlm_predictions', 'mlm_accuracy': 'mlm_predictions'}
   console_metrics = (('mlm_accuracy', 'mlm_acc', '{:.1%}'), ('mlm_perplexity', 'ppl', '{:.2f}'))
 

@@ -63,15 +63,15 @@ class SpanBoundaryHead(nn.Module):
   config: config_lib.EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxH, left_BxP, right_BxP, relative_BxP, embedding_VxE):
+  def __call__(self, left_BxPxH, right_BxPxH, relative_BxP, embedding_VxE):
+    """``left``/``right``: the encoder's states at each slot's two span boundaries."""
     c, dt = self.config, self.config.jnp_dtype
     h = c.hidden_size
-    gather = lambda pos_BxP: jnp.take_along_axis(x_BxLxH, pos_BxP[..., None], axis=1)
     p_BxPxD = layers.Embed(MAX_TARGETS, POSITION_SIZE, (None, None), c.initializer_range, dt,
                            name='position_embeddings')(jnp.minimum(relative_BxP,
                                                                    MAX_TARGETS - 1))
-    z_BxPxI = jnp.concatenate([gather(left_BxP).astype(dt), gather(right_BxP).astype(dt),
-                               p_BxPxD], axis=-1)
+    z_BxPxI = jnp.concatenate([left_BxPxH.astype(dt), right_BxPxH.astype(dt), p_BxPxD],
+                              axis=-1)
     act = config_lib.ACTIVATIONS[c.activation]
     z_BxPxH = layers.Dense((2 * h + POSITION_SIZE,), (h,), (None,), ('embed',),
                            c.initializer_range, dt, name='dense_1')(z_BxPxI)
@@ -105,20 +105,28 @@ class SpanBoundary(base.Objective):
 
   def init_head(self, rng, network):
     c = network.config
-    x = jnp.zeros((1, 4, c.hidden_size), c.jnp_dtype)
-    pos = jnp.zeros((1, 2), jnp.int32)
-    return SpanBoundaryHead(c).init({'params': rng}, x, pos, pos, pos,
+    x = jnp.zeros((1, 2, c.hidden_size), c.jnp_dtype)
+    return SpanBoundaryHead(c).init({'params': rng}, x, x, jnp.zeros((1, 2), jnp.int32),
                                     jnp.zeros((c.vocab_size, c.hidden_size)))['params']
 
+  def gather_positions(self, batch, length):
+    """The encoder rows the loss reads: each slot's left, then right boundary [B, 2P]."""
+    left_BxP, right_BxP, _ = span_boundaries(batch['masked_positions'], batch['masked_weights'],
+                                             length)
+    return jnp.concatenate([left_BxP, right_BxP], axis=1)
+
+  def gathered_rows(self, phase):
+    return 2 * phase.max_predictions
+
   def loss(self, outputs, batch, params):
-    x_BxLxH = outputs['sequence_output']
     positions_BxP, weights_BxP = batch['masked_positions'], batch['masked_weights']
-    left_BxP, right_BxP, relative_BxP = span_boundaries(positions_BxP, weights_BxP,
-                                                        x_BxLxH.shape[1])
+    boundaries_Bx2PxH = outputs['gathered'][self.name]  # (gather_positions' rows)
+    p = positions_BxP.shape[1]
+    _, _, relative_BxP = span_boundaries(positions_BxP, weights_BxP, batch['input_ids'].shape[1])
     embedding_VxE = params['embeddings']['word_embeddings']['embedding']
     logits_BxPxV = SpanBoundaryHead(self.config).apply(
-        {'params': params[self.head_key]}, x_BxLxH, left_BxP, right_BxP, relative_BxP,
-        embedding_VxE)
+        {'params': params[self.head_key]}, boundaries_Bx2PxH[:, :p], boundaries_Bx2PxH[:, p:],
+        relative_BxP, embedding_VxE)
     weights_BxP = weights_BxP * (relative_BxP < MAX_TARGETS)
     loss, accuracy = base.cross_entropy(logits_BxPxV, batch['masked_labels'], weights_BxP)
     return loss, {'sbo_loss': loss, 'sbo_accuracy': accuracy,

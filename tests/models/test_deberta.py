@@ -183,7 +183,12 @@ def test_emd_shapes_and_exact_at_the_predicted_positions(kind):
   out = net.pretraining.apply({'params': params}, ids, seg, mask, POSITIONS)
   assert out['emd_output'].shape == (2, 4, c.hidden_size)
   assert out['mlm_logits'].shape == (2, 4, c.vocab_size)
-  assert out['sequence_output'].shape == (2, 12, c.hidden_size)
+  # The loss reads the EMD: the encoder's last layer ran at [CLS] only (no sequence output).
+  assert 'sequence_output' not in out
+  full = net.pretraining.apply({'params': params}, ids, seg, mask, POSITIONS, collect_hidden=True)
+  assert full['sequence_output'].shape == (2, 12, c.hidden_size)
+  np.testing.assert_allclose(full['emd_output'], out['emd_output'], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(full['pooled_output'], out['pooled_output'], atol=1e-5, rtol=1e-5)
   # Running the EMD at every position and picking the predicted ones gives the same logits:
   # a query's output depends only on its own input and the encoder states.
   every = net.pretraining.apply({'params': params}, ids, seg, mask)['mlm_logits']
@@ -195,7 +200,8 @@ def test_emd_shapes_and_exact_at_the_predicted_positions(kind):
 def test_emd_uses_absolute_positions_only_in_the_decoder():
   c = tiny(emd_layers=2)
   net, params, ids, seg, mask = _pretraining(c)
-  apply = lambda p: net.pretraining.apply({'params': p}, ids, seg, mask, POSITIONS)
+  apply = lambda p: net.pretraining.apply({'params': p}, ids, seg, mask, POSITIONS,
+                                          collect_hidden=True)
   before = apply(params)
   moved = jax.tree.map(lambda x: x, params)
   table = params['embeddings']['position_embeddings']['embedding']
@@ -248,7 +254,7 @@ def test_emd_layers_are_the_last_layer_applied_twice():
 def test_features_and_fine_tuning_use_the_encoder_output():
   c = tiny(emd_layers=2)
   net, params, ids, seg, mask = _pretraining(c)
-  pre = net.pretraining.apply({'params': params}, ids, seg, mask, POSITIONS)
+  pre = net.pretraining.apply({'params': params}, ids, seg, mask, POSITIONS, collect_hidden=True)
   enc = net.encoder.apply({'params': params}, ids, seg, mask)
   np.testing.assert_array_equal(enc['sequence_output'], pre['sequence_output'])
   np.testing.assert_array_equal(enc['pooled_output'], pre['pooled_output'])

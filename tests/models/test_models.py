@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -148,8 +149,58 @@ def test_padding_never_changes_real_positions(variant):
   for k in heads:
     np.testing.assert_allclose(short[k], longer[k], atol=1e-5, err_msg=k)
   real = mask.astype(bool)
-  np.testing.assert_allclose(np.asarray(short['sequence_output'])[real],
-                             np.asarray(longer['sequence_output'])[:, :10][real], atol=1e-5)
+  full = lambda *a: _apply(net, params, *a, collect_hidden=True)['sequence_output']
+  np.testing.assert_allclose(np.asarray(full(ids, seg, mask))[real],
+                             np.asarray(full(long_ids, np.concatenate([seg, zeros], 1),
+                                             np.concatenate([mask, zeros], 1)))[:, :10][real],
+                             atol=1e-5)
+
+
+# Every network whose last layer can run at the rows the losses read (its kind declares
+# ``last_layer_rows``), in each layer-sharing mode and with/without DeBERTa's EMD.
+ROW_NETWORKS = {
+    **{v: VARIANTS[v] for v in VARIANTS},
+    'deberta_emd': dict(kind='deberta', attention_kind='disentangled',
+                        position_biased_input=False, emd_layers=2, max_relative_positions=6),
+    'deberta_v2': dict(kind='deberta_v2', attention_kind='disentangled', position_buckets=4,
+                       max_relative_positions=8, share_att_key=True, norm_rel_ebd=True),
+    'electra_generator': dict(kind='electra_generator', embedding_size=10),
+}
+
+
+@pytest.mark.parametrize('variant', sorted(ROW_NETWORKS))
+def test_last_layer_at_the_read_rows_equals_the_full_pass(variant):
+  """With masked (and gathered) positions the last layer runs at those rows and [CLS]
+  only: the heads, the gathered states and every parameter's gradient equal the full
+  pass's (positions None: every row), with padding and repeated positions."""
+  net = registry.network({**TINY, **ROW_NETWORKS[variant]})
+  assert net.kind.last_layer_rows is not None
+  params = _params(net)
+  ids, seg, mask = _inputs(np.random.RandomState(2), 2, 16, [16, 11], TINY['vocab_size'])
+  pos = np.array([[1, 2, 2], [0, 9, 4]], np.int32)
+  gather = np.array([[0, 3, 15, 5], [10, 1, 1, 8]], np.int32)
+
+  def outputs(p, sparse):
+    out = _apply(net, p, ids, seg, mask, pos if sparse else None, gather_positions_BxG=gather)
+    if not sparse:
+      out['mlm_logits'] = np.take_along_axis(out['mlm_logits'], pos[..., None], 1)
+    assert ('sequence_output' in out) == (not sparse)
+    return {k: out[k] for k in ('mlm_logits', 'pair_logits', 'gathered_output') if k in out}
+
+  def loss(p, sparse):
+    return sum(jnp.sum(jnp.sin(v)) for v in outputs(p, sparse).values())
+
+  rows, full = outputs(params, True), outputs(params, False)
+  assert sorted(rows) == sorted(full) and 'gathered_output' in rows
+  for k in rows:
+    np.testing.assert_allclose(rows[k], full[k], atol=2e-5, err_msg=k)
+  g_rows, g_full = (jax.grad(loss)(params, s) for s in (True, False))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_rows), jax.tree.leaves(g_full)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5, err_msg=jax.tree_util.keystr(path))
+  # Training mode (dropout) takes the same path and runs.
+  out = _apply(net, params, ids, seg, mask, pos, deterministic=False,
+               rngs={'dropout': jax.random.key(1)})
+  assert out['mlm_logits'].shape == (2, 3, TINY['vocab_size'])
 
 
 def test_roberta_has_no_segment_signal_and_numbers_positions_after_the_pad_id():

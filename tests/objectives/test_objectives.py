@@ -93,12 +93,15 @@ def test_unknown_kind_lists_the_valid_ones():
 
 
 def test_flops_follow_the_documented_formula():
-  """BERT-base at 128 tokens / 20 predictions: encoder at every position, heads as used."""
+  """BERT-base at 128 tokens / 20 predictions: the encoder at every position but the last
+  layer's query side (q and output projections, feed-forward, scores) at the 20 predicted
+  positions and [CLS] only; the heads as used."""
   c = config_base.base_config()
   c.train.update(seq_lens=(128,), max_predictions=(20,), phase_fractions=(1.0,))
   setup = objectives.build(c)
   L, d, f, v, s, p = 12, 768, 3072, 30522, 128, 20
   expected = ((6 * L * (4 * d * d + 2 * d * f) + 12 * L * s * d) * s
+              - (s - p - 1) * (6 * (2 * d * d + 2 * d * f) + 12 * s * d)
               + 6 * p * (d * d + d * v) + 6 * (d * d + 2 * d))
   assert setup.flops_per_sequence(schedule.phases(c.train)[0]) == expected
 
