@@ -45,8 +45,9 @@ def base_config() -> ml_collections.ConfigDict:
       log_every_steps=100,
       eval_every_steps=10_000,  # 0 disables periodic held-out evaluation.
       eval_batches=20,  # Held-out batches per evaluation.
-      # PRNG for dropout masks: 'rbg' (fast; bits may depend on the mesh) or 'threefry'
-      # (identical bits on any mesh; several times slower in the layer scan on CPU).
+      # PRNG of the dropout keys: 'rbg' (XLA's RngBitGenerator; JAX does not promise the
+      # same values on every mesh) or 'threefry' (the same on any mesh). The masks are
+      # hashed from two words of each key (models/layers.random_words), so both are cheap.
       dropout_rng_impl='rbg',
       nonfinite_policy='stop',  # On NaN/inf loss: 'stop' (name the last good checkpoint) or 'skip'.
       peak_tflops_per_device=0.0,  # For MFU; 0 = look the device up in metrics.PEAK_TFLOPS.

@@ -30,8 +30,10 @@ from encoder_jax.models import registry as models
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
-# Generators for dropout masks. Threefry gives the same bits on any mesh but is slow
-# inside the scanned layer body on XLA:CPU; 'rbg' (XLA's RngBitGenerator) is fast.
+# Generators of the dropout keys (config.train.dropout_rng_impl). Each dropout hashes its
+# mask from two words of its key (``models.layers.random_words``), so the generator draws
+# a few words per layer, not a bit per element: either is cheap. Threefry's values are the
+# same on any mesh; JAX does not promise that of 'rbg' (XLA's RngBitGenerator).
 DROPOUT_RNG_IMPLS = {'threefry': 'threefry2x32', 'rbg': 'rbg'}
 
 

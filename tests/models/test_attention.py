@@ -178,3 +178,31 @@ def test_dropout_keeps_one_minus_rate_scaled_and_is_deterministic_per_key(shape)
   train = module.apply({}, x, deterministic=False, rngs={'dropout': jax.random.key(0)})
   assert 0.0 < (np.asarray(train) == 0).mean() < 2 * rate
   assert np.asarray(layers.dropout(x, 1.0, jax.random.key(0))).max() == 0.0
+
+
+def test_dropout_decisions_are_uncorrelated_across_neighbours_and_keys():
+  """The hashed words (``layers.random_words``): neighbouring elements (along each axis,
+  and the two halves one word decides) and two keys' masks agree as often as independent
+  draws would, p^2 + (1-p)^2, within 5 standard deviations."""
+  rate, shape = 0.3, (64, 96, 128)
+  keep = lambda seed: np.asarray(layers.keep_mask(jax.random.key(seed), shape, rate))
+  a, b = keep(0), keep(1)
+  p = 1 - rate
+  agree = p * p + rate * rate
+
+  def check(x, y):
+    share = (x == y).mean()
+    assert abs(share - agree) < 5 * (agree * (1 - agree) / x.size) ** 0.5, share
+
+  check(a, b)  # Two keys.
+  check(a[:, :, 1:], a[:, :, :-1])  # Neighbours on the last axis (one word apart or halves).
+  check(a[:, 1:], a[:, :-1])
+  check(a[1:], a[:-1])
+  check(a[..., :64], a[..., 64:])  # The two 16-bit halves of the same words.
+  # Keys one fold apart (per-layer / per-step keys) are as unrelated.
+  c = np.asarray(layers.keep_mask(jax.random.fold_in(jax.random.key(0), 1), shape, rate))
+  check(a, c)
+  words = np.asarray(layers.random_words(jax.random.key(2), (1 << 16,)))
+  # Every bit of the words is fair.
+  bits = (words[:, None] >> np.arange(32, dtype=np.uint32)) & 1
+  assert np.abs(bits.mean(0) - 0.5).max() < 5 * (0.25 / words.size) ** 0.5
