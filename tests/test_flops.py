@@ -44,17 +44,17 @@ def test_xlnet_formula_counts_both_streams():
   (two streams of elementwise score work, the [L, 2L] position scores; 1.09 at d=256 and
   at base/512); the content stream alone would be 0.6 of XLA's count (ratio ~1.7).
 
-  The formula leaves out the last layer's content stream, which training skips under a
-  ``lax.cond`` (nothing reads it); XLA's cost analysis counts a conditional as its larger
-  branch, so that layer is added back here before comparing."""
+  The formula leaves out the last layer's content stream, which training skips (nothing
+  reads it), and so does the compiled step: XLA's count is below the formula plus half
+  of that layer's content stream (1.23 of the formula here; 1.8 with the layer)."""
   bench = _bench()
   args = _args(kind='xlnet')
   f = bench.xla_flops(args)
   shape = bench.PRESETS[args.preset]
   d, ff, l = shape['hidden_size'], shape['intermediate_size'], args.seq_len
   skipped = 3 * l * (4 * d * d + 4 * d * l + 4 * d * l + 4 * d * ff) * args.batch_size
-  assert 0.9 <= f['xla'] / (f['ours'] + skipped) <= 1.4, (f, skipped)
-  assert f['xla'] / f['ours'] > 1.4  # The branch is really left out of the formula.
+  assert 0.9 <= f['ratio'] <= 1.4, f
+  assert f['xla'] < f['ours'] + 0.5 * skipped, (f, skipped)  # Really left out.
 
 
 @pytest.mark.parametrize('kind', ['deberta', 'deberta_v2'])

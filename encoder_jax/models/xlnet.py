@@ -29,10 +29,12 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   residual -> LayerNorm.
 * **The last layer's content stream** is computed by Hugging Face and the original, and
   read by nothing in pretraining (the loss reads the query stream; the memory caches each
-  layer's input). The permutation objective passes ``content_output=False`` and that layer
-  skips it (under ``lax.cond``, forward and backward); its keys and values, which the query
+  layer's input). The permutation objective passes ``content_output=False``: layers
+  1..N-1 run as a scan over the stacked parameters (sliced), and layer N on its own
+  without its content stream, forward and backward; its keys and values, which the query
   stream reads, are still computed. A 4-layer step
-  (``benchmarks/bench_train.py --kind=xlnet``, 2 CPU cores): 1,160 -> 1,014 ms.
+  (``benchmarks/bench_train.py --kind=xlnet``, 2 CPU cores): 1,160 -> 1,014 ms with the
+  stream under a ``lax.cond`` in every layer, 970 -> 935 ms without the conditional.
 * **LM head** (``XLNetLMHeadModel.lm_loss``): tied to the word embedding, with a bias.
 * **Memory** (``mem_len`` > 0): each layer's input content states are cached (the last
   ``mem_len`` of memory + current, ``stop_gradient``) and prepended to that layer's keys
@@ -154,15 +156,16 @@ class Layer(nn.Module):
   """One XLNet block on both streams (the ``nn.scan`` body).
 
   Carry ``(h, g)`` (``g`` None: content stream only); per-layer inputs: the memory
-  [B, M, E] (or None) and whether the content stream's output is needed (None: it is);
+  [B, M, E] (or None) and ``content_needed`` (None: compute the content stream; the
+  Python value False: skip it);
   broadcast: ``context`` (positions, segments, masks, target mapping). Emits the layer's
   new memory and, with ``collect_hidden``, its outputs.
 
   The block's arithmetic is plain functions of its parameters (``layers.ParamGroup`` for
-  the norms and the feed-forward, the same tree as ``layers.Dense``/``LayerNorm``), so the
-  content stream can run under ``jax.lax.cond``: in pretraining the last layer's content
-  output is read by nothing (the loss reads the query stream; the memory caches layer
-  inputs), and that layer skips it, forward and backward.
+  the norms and the feed-forward, the same tree as ``layers.Dense``/``LayerNorm``). In
+  pretraining the last layer's content output is read by nothing (the loss reads the
+  query stream; the memory caches layer inputs): ``Encoder`` applies that layer on its own
+  with ``content_needed=False``, forward and backward.
   """
   config: config_lib.EncoderConfig
   deterministic: bool
@@ -226,10 +229,9 @@ class Layer(nn.Module):
       return block(h, a_h, ks)
 
     h_keys = keys()
-    if content_needed is None:
-      h_out = content(h_BxLxE, h_keys)
-    else:  # The input passes through where nothing reads the output (shapes stay).
-      h_out = jax.lax.cond(content_needed, content, lambda h, ks: h, h_BxLxE, h_keys)
+    # content_needed False: nothing reads this layer's content output (the last layer in
+    # pretraining, applied on its own); the input passes through (shapes stay).
+    h_out = h_BxLxE if content_needed is False else content(h_BxLxE, h_keys)
     g_out = None
     if g_BxPxE is not None:  # Only the P target rows attend (their masks and segments).
       g_keys = keys()
@@ -292,9 +294,11 @@ class Encoder(nn.Module):
                      target_segment_differs_BxPxK=row_of(segment_differs_BxLxK))
     # Without content_output (pretraining: the loss reads the query stream), the last
     # layer's content stream is skipped: the last layer's output is read by nothing else.
-    content_needed_N = None
-    if not content_output and g_BxPxE is not None and not collect_hidden:
-      content_needed_N = jnp.arange(c.num_layers) < c.num_layers - 1
+    # (When initialising, every layer runs in full: that creates the parameters.)
+    skip_last = not content_output and g_BxPxE is not None and not collect_hidden
+    if skip_last and not self.is_initializing():
+      return self._skipping_last_content(h_BxLxE, g_BxPxE, mems_NxBxMxE, context,
+                                         deterministic)
     body = nn.remat(Layer, prevent_cse=False) if c.remat else Layer
     stack = nn.scan(body, variable_axes={'params': 0},
                     split_rngs={'params': True, 'dropout': True},
@@ -303,8 +307,43 @@ class Encoder(nn.Module):
                     metadata_params={nn.PARTITION_NAME: 'layers'})
     (h_BxLxE, g_BxPxE), (new_mems_NxBxMxE, hidden) = stack(
         c, deterministic, collect_hidden, name='layers')((h_BxLxE, g_BxPxE), mems_NxBxMxE,
-                                                         content_needed_N, context)
+                                                         None, context)
     return h_BxLxE, g_BxPxE, new_mems_NxBxMxE, hidden
+
+  def _skipping_last_content(self, h_BxLxE, g_BxPxE, mems_NxBxMxE, context, deterministic):
+    """Layers 1..N-1 (a scan over the stacked parameters, sliced), then layer N with its
+    content stream left out statically (its keys and values, which the query stream
+    reads, still computed). Parameters and their layout are the scan's."""
+    c = self.config
+    n = c.num_layers
+    params = nn.meta.unbox(self.variables['params']['layers'])
+    layer = Layer(c, deterministic, parent=None)
+    keys = None if deterministic else jax.random.split(self.make_rng('dropout'), n)
+
+    def apply(p, carry, mem, needed, key):
+      return layer.apply({'params': p}, carry, mem, needed, context,
+                         rngs=None if key is None else {'dropout': key})
+
+    def body(carry, xs):
+      p, mem, key = xs
+      carry, (new_mem, _) = apply(p, carry, mem, None, key)
+      return carry, new_mem
+
+    if c.remat:
+      body = jax.checkpoint(body, prevent_cse=False)
+    carry, new_mems = (h_BxLxE, g_BxPxE), None
+    pick = lambda tree, s: None if tree is None else jax.tree.map(lambda x: x[s], tree)
+    if n > 1:
+      carry, new_mems = jax.lax.scan(
+          body, carry, (pick(params, slice(0, -1)), pick(mems_NxBxMxE, slice(0, -1)),
+                        pick(keys, slice(0, -1))),
+          length=n - 1, unroll=min(c.layers_per_iteration, n - 1))
+    (h_BxLxE, g_BxPxE), (new_mem, _) = apply(pick(params, -1), carry, pick(mems_NxBxMxE, -1),
+                                             False, pick(keys, -1))
+    if mems_NxBxMxE is not None:
+      new_mems = (new_mem[None] if new_mems is None
+                  else jnp.concatenate([new_mems, new_mem[None]], axis=0))
+    return h_BxLxE, g_BxPxE, new_mems, None
 
 
 def _collected(first, per_layer):
