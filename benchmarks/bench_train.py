@@ -33,7 +33,8 @@ and for a table of shapes with ``--check_flops``, compile only). "ours" is what 
 by: ``objectives.build(config).flops_per_sequence(phase)`` * batch, i.e. *model* FLOPs
 (Kaplan et al. 2020; Chowdhery et al. 2022, PaLM App. B): forward + backward = 3x the
 forward's matmuls, ``6L(4d^2 + 2d*d_ff) + 12L*s*d`` per token for the encoder at every
-position, plus the MLM head (transform d x d, tied decoder d x vocab) at the predicted
+position (less the last layer's query side, ``6(2d^2 + 2d*d_ff) + 12s*d`` per row, at the
+rows no loss reads: ``ModelKind.last_layer_rows``), plus the MLM head (transform d x d, tied decoder d x vocab) at the predicted
 positions only. "XLA" is ``jax.jit(step).lower(...).compile().cost_analysis()['flops']``
 for the whole compiled train step on one device: every HLO op, a dot as 2*M*N*K, an
 elementwise op as one FLOP per element. So XLA also counts what the formula leaves out on
@@ -41,8 +42,8 @@ purpose, all of it small next to the matmuls at real widths: softmax, LayerNorm,
 dropout masks and bias adds; the pooler and NSP head; the embedding gradient; the
 gradient-norm clip and AdamW (~10-20 FLOPs per parameter); the loss. A ratio a little
 above 1 (shrinking as d grows) confirms the formula; far from 1 it would not. Measured on
-CPU: 1.031 small@128, 1.012 base@128, 1.017 base@512 (float32), 1.016 base@128 and
-large@512 (bf16). With ``--remat`` XLA also counts the recomputed forward (1.23 for
+CPU: 1.024 small@128, 1.010 base@128, 1.013 base@512 (float32), 1.015 base@128 and
+1.013 large@512 (bf16). With ``--remat`` XLA also counts the recomputed forward (1.23 for
 base@128; at most ~4/3): MFU counts model FLOPs only, recomputation is overhead. XLA's
 ``HloCostAnalysis`` counts a while loop's body once, whatever its trip count, and the
 layer stack is an ``nn.scan`` (a while loop), so the count is taken from the same step
@@ -218,10 +219,14 @@ class _UnrolledLax:
 
 @contextlib.contextmanager
 def layers_unrolled():
-  """Traces ``nn.scan`` (the layer stack) unrolled: XLA's cost analysis counts a loop's
-  body once, not once per iteration. Other ``lax.scan`` calls are left alone."""
+  """Traces ``nn.scan`` and ``layers.layer_scan`` (the layer stacks) unrolled: XLA's cost
+  analysis counts a loop's body once, not once per iteration. Other ``lax.scan`` calls
+  are left alone."""
   import flax.core.axes_scan
-  with mock.patch.object(flax.core.axes_scan, 'lax', _UnrolledLax()):
+  from encoder_jax.models import layers
+  unrolled = lambda body, init, xs, length, unroll: _UnrolledLax.scan(body, init, xs, length)
+  with mock.patch.object(flax.core.axes_scan, 'lax', _UnrolledLax()), \
+       mock.patch.object(layers, 'layer_scan', unrolled):
     yield
 
 

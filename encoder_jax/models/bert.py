@@ -230,8 +230,8 @@ class Encoder(nn.Module):
       head = None if shared else jax.tree.map(lambda p: p[:-1], stacked)
       keys = None if dropout_keys is None else dropout_keys[:-1]
       if n > 1:
-        x_BxLxE, _ = jax.lax.scan(body, x_BxLxE, (head, keys), length=n - 1,
-                                  unroll=min(c.layers_per_iteration, n - 1))
+        x_BxLxE, _ = layers.layer_scan(body, x_BxLxE, (head, keys), n - 1,
+                                       min(c.layers_per_iteration, n - 1))
       last = stacked if shared else jax.tree.map(lambda p: p[-1], stacked)
       last_context['kv_states'] = x_BxLxE
       y_BxQxE, _ = layer.apply({'params': last}, take(x_BxLxE), mask_Bx1x1xL, last_context,

@@ -146,6 +146,13 @@ class Embed(nn.Module):
 _DROP_RESOLUTION = 1 << 16
 
 
+def layer_scan(body, init, xs, length: int, unroll: int):
+  """``jax.lax.scan`` over a stack of layers' sliced parameters (the layer loops that run
+  outside ``nn.scan``: the last layer at some rows, XLNet's skipped content stream). One
+  name, so ``benchmarks/bench_train.py`` can trace it unrolled for XLA's FLOP count."""
+  return jax.lax.scan(body, init, xs, length=length, unroll=unroll)
+
+
 def _mix32(x: jax.Array) -> jax.Array:
   """lowbias32: a 32-bit integer hash with low bias (bijective on uint32)."""
   x = x ^ (x >> 16)

@@ -334,10 +334,10 @@ class Encoder(nn.Module):
     carry, new_mems = (h_BxLxE, g_BxPxE), None
     pick = lambda tree, s: None if tree is None else jax.tree.map(lambda x: x[s], tree)
     if n > 1:
-      carry, new_mems = jax.lax.scan(
+      carry, new_mems = layers.layer_scan(
           body, carry, (pick(params, slice(0, -1)), pick(mems_NxBxMxE, slice(0, -1)),
                         pick(keys, slice(0, -1))),
-          length=n - 1, unroll=min(c.layers_per_iteration, n - 1))
+          n - 1, min(c.layers_per_iteration, n - 1))
     (h_BxLxE, g_BxPxE), (new_mem, _) = apply(pick(params, -1), carry, pick(mems_NxBxMxE, -1),
                                              False, pick(keys, -1))
     if mems_NxBxMxE is not None:
