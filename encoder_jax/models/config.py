@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -104,6 +105,10 @@ class EncoderConfig:
   __slots__ = ('_values',)
 
   def __init__(self, **values):
+    # Every kind declares its fields when its module is imported: import them all first
+    # (a config built before models.registry was would miss e.g. XLNet's mem_len, and the
+    # 'kind' check below imports the registry, which must not grow _DECLARED mid-loop).
+    importlib.import_module('encoder_jax.models.registry')
     unknown = sorted(set(values) - set(_DECLARED))
     if unknown:
       raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(_DECLARED)}')

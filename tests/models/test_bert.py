@@ -114,6 +114,22 @@ def test_remat_and_jit_do_not_change_gradients():
   plain = jax.grad(loss)(params, cfg)
   remat = jax.jit(jax.grad(loss), static_argnums=1)(params, bert.BertConfig(**TINY, remat=True))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), plain, remat)
+  # With masked positions (the last layer at those rows and [CLS]) under remat, too.
+  pos = np.array([[1, 3], [0, 5]], np.int32)
+
+  def at_positions(p, c):
+    out = bert.BertForPreTraining(c).apply({'params': p}, ids, seg, mask, pos)
+    assert 'sequence_output' not in out  # The rows path.
+    return out['mlm_logits'].sum()
+
+  def full_at_positions(p):
+    logits = bert.BertForPreTraining(cfg).apply({'params': p}, ids, seg, mask)['mlm_logits']
+    return np.take_along_axis(logits, pos[..., None], 1).sum()
+
+  rows = jax.jit(jax.grad(at_positions), static_argnums=1)(params,
+                                                           bert.BertConfig(**TINY, remat=True))
+  full = jax.jit(jax.grad(full_at_positions))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), full, rows)
 
 
 def test_bfloat16_activations_keep_float32_params():
