@@ -203,12 +203,17 @@ class Encoder(nn.Module):
     at the rows). The parameters are the scan's, sliced: layout and checkpoints unchanged.
     When initialising, the whole stack runs (it creates the parameters) and the rows are
     taken from its output.
+
+    A position listed twice (e.g. one span boundary read by several SBO slots) is computed
+    twice, and in training each copy draws its own dropout: every prediction still reads
+    a proper dropout sample of that state, but two predictions no longer share one.
     """
     c = self.config
     take = lambda x_BxLxE: jnp.take_along_axis(x_BxLxE, rows_BxQ[..., None], axis=1)
     n = c.num_layers
     params = nn.meta.unbox(self.variables['params'])
-    dropout_keys = (None if deterministic
+    any_dropout = c.hidden_dropout_rate > 0 or c.attention_dropout_rate > 0
+    dropout_keys = (None if deterministic or not any_dropout
                     else jax.random.split(self.make_rng('dropout'), n))
 
     def rngs(key):
@@ -246,7 +251,11 @@ class Encoder(nn.Module):
       attention = block(AttentionBlock, 'shared' if shared_attention else f'layer_{i}')
       ffn = block(FeedForwardBlock, f'layer_{i}' if shared_attention else 'shared')
       if i < n - 1:
-        x_BxLxE = ffn(attention(x_BxLxE, mask_Bx1x1xL, context, key=k1), key=k2)
+        run = lambda x, k1, k2, attention=attention, ffn=ffn: ffn(
+            attention(x, mask_Bx1x1xL, context, key=k1), key=k2)
+        if c.remat:  # As _stack's nn.remat blocks.
+          run = jax.checkpoint(run, prevent_cse=False)
+        x_BxLxE = run(x_BxLxE, k1, k2)
       else:
         last_context['kv_states'] = x_BxLxE
         y_BxQxE = ffn(attention(take(x_BxLxE), mask_Bx1x1xL, last_context, key=k1), key=k2)
@@ -360,7 +369,8 @@ class PreTraining(nn.Module):
   only there (the head is the most expensive part of a small model at full length).
   ``gather_positions_BxG``: more rows a loss reads (SpanBERT's span boundaries), returned as
   ``gathered_output`` [B, G, H]. With positions given, the last layer runs only at those
-  rows and [CLS] (``last_layer_rows``), and ``sequence_output`` is then absent.
+  rows and [CLS] when they are fewer than the sequence's (``last_layer_rows``), and
+  ``sequence_output`` is then absent.
   """
   config: config_lib.EncoderConfig
   pooler: bool = True

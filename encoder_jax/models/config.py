@@ -225,7 +225,8 @@ class ModelKind:
   pair head, and ``all_hidden_states`` when ``collect_hidden``. A kind with
   ``last_layer_rows`` also takes ``gather_positions_BxG`` (more rows a loss reads, returned
   as ``gathered_output``) and, given ``masked_positions`` without ``collect_hidden``, runs
-  its last layer at the rows the losses read only: ``sequence_output`` is then absent. ``encoder(cfg)`` is the
+  its last layer at the rows the losses read only when those are fewer than the
+  sequence's: ``sequence_output`` is then absent. ``encoder(cfg)`` is the
   same network without the pretraining heads (same parameter paths, so it runs on the
   pretraining params); ``encode`` builds that trunk inside any compact module (for task
   heads).

@@ -176,7 +176,8 @@ class PreTraining(nn.Module):
 
   ``mlm_logits`` are computed at ``masked_positions_BxP`` only (all positions if None);
   ``sequence_output`` is the encoder's output (the EMD's is ``emd_output`` [B, P, E]).
-  With positions given it is absent: the last layer runs only at the rows the losses read
+  With positions given it is absent (unless those rows would be as many as the sequence's):
+  the last layer runs only at the rows the losses read
   (``bert.last_layer_rows``): [CLS] and ``gather_positions_BxG`` (returned as
   ``gathered_output``), plus the masked positions without the EMD. With the EMD, whose
   keys and values are layer N-1's output, the last layer otherwise feeds nothing.
@@ -285,10 +286,11 @@ def last_layer_rows(c: config_lib.EncoderConfig, predictions: int, gathered: int
 
 
 def row_flops(c: config_lib.EncoderConfig, seq_len: int) -> float:
-  """One row's query-side FLOPs in a layer: BERT's plus the row's relative-position terms."""
+  """One row's query-side FLOPs in a layer: BERT's plus its content-to-position scores
+  (c2p; the position-to-content scores are a product over every key, all still run)."""
   _, lo, hi = da.relative_layout(c, seq_len)
-  terms = len(da.position_terms(c))
-  return config_lib.encoder_row_flops(c, seq_len) + 6 * terms * (hi - lo) * c.hidden_size
+  c2p = 'c2p' in da.position_terms(c)
+  return config_lib.encoder_row_flops(c, seq_len) + 6 * c2p * (hi - lo) * c.hidden_size
 
 
 F = fields_lib.Field

@@ -140,8 +140,8 @@ class Embed(nn.Module):
 # fuses into the op that applies the mask, so no [*, d/2] array of bits is generated,
 # written and read back: on XLA:CPU the generator (``jax.random.bits``, either key
 # implementation) was most of dropout's cost, 20 ms against 3 ms for one [32, 128, 1024]
-# dropout. The words depend on the key and on each element's global index only, so they
-# are the same on any mesh and sharding. Statistics tested: kept share, both halves, no
+# dropout. The words depend on the key and on each element's global index only (past
+# 2**32 words too, see ``random_words``), so they are the same on any mesh and sharding. Statistics tested: kept share, both halves, no
 # correlation between neighbours or between two keys' masks (``tests/models/test_attention.py``).
 _DROP_RESOLUTION = 1 << 16
 
@@ -163,13 +163,32 @@ def _mix32(x: jax.Array) -> jax.Array:
 
 
 def random_words(rng: jax.Array, shape: Sequence[int]) -> jax.Array:
-  """uint32 ``shape``: hashed words, a pure function of the key and each element's index."""
+  """uint32 ``shape``: hashed words, a pure function of the key and each element's index.
+
+  Word i is ``mix(mix(lo + s0) ^ (s1 + hi * golden))``, with ``lo`` the flat index mod 2**32
+  and ``hi`` the leading (row) index divided by a block of rows short enough that two
+  elements with the same ``lo`` are never in one block: distinct elements hash distinct
+  inputs even past 2**32 words (a global attention-dropout array of BERT-large at 512
+  tokens reaches that at a batch of 2,048).
+  """
+  *lead, d = shape
+  rows = 1
+  for n in lead:
+    rows *= n
+  if rows >= 1 << 32:
+    raise ValueError(f'dropout over {shape}: more than 2**32 rows of the last axis')
   seeds = jax.random.bits(rng, (2,), jnp.uint32)
-  size = 1
-  for n in shape:
-    size *= n
-  index = jax.lax.iota(jnp.uint32, size).reshape(shape)  # Row-major flat index.
-  return _mix32(_mix32(index + seeds[0]) ^ seeds[1])
+  row = jax.lax.iota(jnp.uint32, rows).reshape(*lead, 1)
+  col = jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
+  return hash_words(row, col, d, seeds)
+
+
+def hash_words(row: jax.Array, col: jax.Array, width: int, seeds: jax.Array) -> jax.Array:
+  """The word of element (row, col) of rows ``width`` long (``random_words``)."""
+  lo = row * jnp.uint32(width) + col  # The flat index, mod 2**32.
+  block = max(1, (1 << 32) // width - 1)  # Same lo => row indices at least this far apart.
+  hi = row // jnp.uint32(block)
+  return _mix32(_mix32(lo + seeds[0]) ^ (seeds[1] + hi * jnp.uint32(0x9E3779B9)))
 
 
 def keep_mask(rng: jax.Array, shape: Sequence[int], rate: float) -> jax.Array:

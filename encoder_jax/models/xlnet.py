@@ -318,7 +318,9 @@ class Encoder(nn.Module):
     n = c.num_layers
     params = nn.meta.unbox(self.variables['params']['layers'])
     layer = Layer(c, deterministic, parent=None)
-    keys = None if deterministic else jax.random.split(self.make_rng('dropout'), n)
+    any_dropout = c.hidden_dropout_rate > 0 or c.attention_dropout_rate > 0
+    keys = (None if deterministic or not any_dropout
+            else jax.random.split(self.make_rng('dropout'), n))
 
     def apply(p, carry, mem, needed, key):
       return layer.apply({'params': p}, carry, mem, needed, context,

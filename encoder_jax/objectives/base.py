@@ -244,13 +244,19 @@ class Composite(Pretraining):
     length = batch['input_ids'].shape[1]
     gathers = [(o.name, o.gather_positions(batch, length)) for o in self.objectives]
     gathers = [(name, g_BxG) for name, g_BxG in gathers if g_BxG is not None]
-    extra = ({'gather_positions_BxG': jnp.concatenate([g for _, g in gathers], axis=1)}
-             if gathers else {})
+    gather_BxG = jnp.concatenate([g for _, g in gathers], axis=1) if gathers else None
+    # A kind without last_layer_rows (XLNet) takes no gather positions: read them from its
+    # sequence output.
+    rows_kind = self.network.kind.last_layer_rows is not None
+    extra = {'gather_positions_BxG': gather_BxG} if gathers and rows_kind else {}
     outputs = self.network.pretraining.apply(
         {'params': self.network_params(params)},
         batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
         rngs={'dropout': self.dropout_key(rngs[0])} if train else None, **extra)
+    if gathers and not rows_kind:
+      outputs['gathered_output'] = jnp.take_along_axis(outputs['sequence_output'],
+                                                       gather_BxG[..., None], axis=1)
     if gathers:  # Each objective's slice of the gathered rows.
       outputs['gathered'], start = {}, 0
       for name, g_BxG in gathers:

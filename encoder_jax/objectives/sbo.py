@@ -87,7 +87,8 @@ class SpanBoundaryHead(nn.Module):
 
 
 class SpanBoundary(base.Objective):
-  """SBO: reads the MLM objective's masked positions and the encoder's sequence output."""
+  """SBO: reads the MLM objective's masked positions and the encoder's states at the span
+  boundaries (``gather_positions``: the network computes its last layer there)."""
   name = 'sbo'
   head_key = 'sbo_head'
   metric_weights = {'sbo_loss': 'sbo_predictions', 'sbo_accuracy': 'sbo_predictions'}

@@ -206,3 +206,16 @@ def test_dropout_decisions_are_uncorrelated_across_neighbours_and_keys():
   # Every bit of the words is fair.
   bits = (words[:, None] >> np.arange(32, dtype=np.uint32)) & 1
   assert np.abs(bits.mean(0) - 0.5).max() < 5 * (0.25 / words.size) ** 0.5
+
+
+def test_dropout_words_do_not_repeat_past_two_to_the_32_elements():
+  """Element (row, 0) and element (row + 2**32 / width, 0) share their flat index mod 2**32
+  (a global array of more than 2**32 words, e.g. attention dropout at a large batch); their
+  words differ, and rows within one block hash as the flat index."""
+  width = 1 << 16
+  seeds = jnp.array([12345, 67890], jnp.uint32)
+  rows = jnp.array([0, 1 << 16, 7, 7 + (1 << 16)], jnp.uint32)
+  words = np.asarray(layers.hash_words(rows, jnp.zeros_like(rows), width, seeds))
+  assert len(set(words.tolist())) == 4
+  flat = (np.asarray(rows, np.uint64) * width) % (1 << 32)
+  assert flat[0] == flat[1] and flat[2] == flat[3]  # The 32-bit index alone would repeat.

@@ -112,3 +112,20 @@ def test_mlm_without_tables_describes_but_cannot_corrupt():
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))  # Jitted: eager is slow.
   with pytest.raises(ValueError, match='without vocabulary tables'):
     setup.loss_fn(params, _batch(), jax.random.key(1), schedule.phases(c.train)[0], False)
+
+
+def test_sbo_reads_boundaries_from_a_kind_without_last_layer_rows():
+  """XLNet's network takes no gather positions (no ``last_layer_rows``): the composite
+  reads SBO's span boundaries from its sequence output instead."""
+  c = config_base.base_config()
+  c.model.update(**TINY, kind='xlnet')
+  c.objective.names = ('mlm', 'sbo')
+  c.data.pair_kind = 'full_sentences'
+  c.train.update(seq_lens=(12,), max_predictions=(3,), phase_fractions=(1.0,))
+  setup = objectives.build(c, _tables())
+  assert setup.network.kind.last_layer_rows is None
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
+  phase = schedule.phases(c.train)[0]
+  loss, metrics = jax.jit(lambda p, b, k: setup.loss_fn(p, b, k, phase, True))(
+      params, _batch(), jax.random.key(1))
+  assert np.isfinite(float(loss)) and float(metrics['sbo_predictions']) > 0
