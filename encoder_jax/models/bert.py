@@ -212,8 +212,7 @@ class Encoder(nn.Module):
     take = lambda x_BxLxE: jnp.take_along_axis(x_BxLxE, rows_BxQ[..., None], axis=1)
     n = c.num_layers
     params = nn.meta.unbox(self.variables['params'])
-    any_dropout = c.hidden_dropout_rate > 0 or c.attention_dropout_rate > 0
-    dropout_keys = (None if deterministic or not any_dropout
+    dropout_keys = (None if deterministic or not c.has_dropout
                     else jax.random.split(self.make_rng('dropout'), n))
 
     def rngs(key):
@@ -274,6 +273,11 @@ def last_layer_rows(length: int, wanted: list, pool: bool, collect_hidden: bool 
   return rows_BxQ if rows_BxQ.shape[1] + int(pool) < length else None
 
 
+def with_cls(rows_BxQ):
+  """[CLS] (position 0) first, then ``rows_BxQ``: the rows of a pass that also pools."""
+  return jnp.concatenate([jnp.zeros((rows_BxQ.shape[0], 1), rows_BxQ.dtype), rows_BxQ], 1)
+
+
 def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
            deterministic: bool, pool: bool = True, collect_hidden: bool = False, rows_BxQ=None
            ) -> dict[str, Any]:
@@ -290,7 +294,7 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   embedded_BxLxE, word_embed = Embeddings(c, name='embeddings')(
       input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
   if rows_BxQ is not None and pool:
-    rows_BxQ = jnp.concatenate([jnp.zeros((rows_BxQ.shape[0], 1), rows_BxQ.dtype), rows_BxQ], 1)
+    rows_BxQ = with_cls(rows_BxQ)
   x_BxLxE, all_NxBxLxE = Encoder(c, name='encoder')(embedded_BxLxE, input_mask_BxL,
                                                     deterministic, collect_hidden,
                                                     rows_BxQ=rows_BxQ)

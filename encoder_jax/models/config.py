@@ -173,6 +173,11 @@ class EncoderConfig:
     return self.embedding_size or self.hidden_size
 
   @property
+  def has_dropout(self) -> bool:
+    """Any dropout in the encoder (hidden or attention): training then needs 'dropout' keys."""
+    return self.hidden_dropout_rate > 0 or self.attention_dropout_rate > 0
+
+  @property
   def layers_per_iteration(self) -> int:
     """``scan_unroll`` as ``nn.scan``'s ``unroll``: 0 (or more than the layers) = all."""
     return min(self.scan_unroll or self.num_layers, self.num_layers)

@@ -130,7 +130,7 @@ def _trunk(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   embedded_BxLxE, word_embed, position_PxE = Embeddings(c, name='embeddings')(
       input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
   if rows_BxQ is not None and pool:
-    rows_BxQ = jnp.concatenate([jnp.zeros((rows_BxQ.shape[0], 1), rows_BxQ.dtype), rows_BxQ], 1)
+    rows_BxQ = bert.with_cls(rows_BxQ)
   x_BxLxE, all_NxBxLxE, context = Encoder(c, name='encoder')(
       embedded_BxLxE, input_mask_BxL, deterministic, collect_hidden, rows_BxQ)
   out = {'word_embed': word_embed, 'position_table': position_PxE, 'context': context}

@@ -61,17 +61,13 @@ class Discriminator(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
-               *, deterministic: bool = True, collect_hidden: bool = False,
-               gather_positions_BxG=None) -> dict[str, Any]:
+               *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
     del masked_positions_BxP  # Every token is classified.
     out = bert.encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
                       deterministic=deterministic, pool=False, collect_hidden=collect_hidden)
     del out['word_embed']
     out['rtd_logits'] = DiscriminatorHead(self.config, name='discriminator_predictions')(
         out['sequence_output'])
-    if gather_positions_BxG is not None:
-      out['gathered_output'] = jnp.take_along_axis(out['sequence_output'],
-                                                   gather_positions_BxG[..., None], axis=1)
     return out
 
 

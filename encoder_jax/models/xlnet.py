@@ -318,8 +318,7 @@ class Encoder(nn.Module):
     n = c.num_layers
     params = nn.meta.unbox(self.variables['params']['layers'])
     layer = Layer(c, deterministic, parent=None)
-    any_dropout = c.hidden_dropout_rate > 0 or c.attention_dropout_rate > 0
-    keys = (None if deterministic or not any_dropout
+    keys = (None if deterministic or not c.has_dropout
             else jax.random.split(self.make_rng('dropout'), n))
 
     def apply(p, carry, mem, needed, key):
