@@ -349,7 +349,7 @@ class MlmHead(nn.Module):
     h_BxPxW = config_lib.ACTIVATIONS[c.activation](h_BxPxW)
     h_BxPxW = layers.LayerNorm(c.layer_norm_eps, dt, name='layer_norm')(h_BxPxW)
     bias_V = layers.param(self, 'output_bias', nn.initializers.zeros, (c.vocab_size,), ('vocab',))
-    return word_embed.attend(h_BxPxW).astype(jnp.float32) + bias_V
+    return word_embed.attend(h_BxPxW, bias_V)
 
 
 class EncoderOnly(nn.Module):

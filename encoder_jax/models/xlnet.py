@@ -461,7 +461,7 @@ class XLNetLMHeadModel(nn.Module):
     if y_BxPxE is not None:
       out['query_output'] = head_in = final_dropout(y_BxPxE, deterministic=deterministic)
     bias_V = layers.param(self, 'lm_bias', nn.initializers.zeros, (c.vocab_size,), ('vocab',))
-    out['mlm_logits'] = word.attend(head_in).astype(jnp.float32) + bias_V
+    out['mlm_logits'] = word.attend(head_in, bias_V)
     if mems is not None:
       m = mems.shape[2]
       out['new_mems'] = jnp.swapaxes(new_NxBxMxE, 0, 1)

@@ -129,3 +129,41 @@ def test_sbo_reads_boundaries_from_a_kind_without_last_layer_rows():
   loss, metrics = jax.jit(lambda p, b, k: setup.loss_fn(p, b, k, phase, True))(
       params, _batch(), jax.random.key(1))
   assert np.isfinite(float(loss)) and float(metrics['sbo_predictions']) > 0
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_lm_head_and_cross_entropy_gradients_equal_autodiff(dtype):
+  """``layers.tied_logits`` and ``base.cross_entropy`` write their gradients out: values and
+  gradients (input, table, bias) equal autodiff's of the plain formulas, with ignored
+  (weight 0) and repeated labels, in float32 and under a bfloat16 compute dtype."""
+  from encoder_jax.models import layers
+  from encoder_jax.objectives import base
+  dt = jax.numpy.dtype(dtype)
+  rng = np.random.default_rng(0)
+  x = jax.numpy.asarray(rng.normal(size=(3, 5, 8)), dt)
+  table = jax.numpy.asarray(rng.normal(size=(40, 8)), dt)
+  bias = jax.numpy.asarray(rng.normal(size=(40,)), jax.numpy.float32)
+  labels = rng.integers(0, 40, (3, 5))
+  labels[0, :2] = 7
+  labels = jax.numpy.asarray(labels, jax.numpy.int32)
+  weights = jax.numpy.asarray(rng.random((3, 5)) < 0.7, jax.numpy.float32)
+
+  def plain(x, table, bias):
+    logits = jax.numpy.einsum('...d,vd->...v', x, table,
+                              preferred_element_type=jax.numpy.float32) + bias
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jax.numpy.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    return (nll * weights).sum() / weights.sum()
+
+  def written(x, table, bias):
+    return base.cross_entropy(layers.tied_logits(x, table, bias), labels, weights)[0]
+
+  ours, ours_grads = jax.jit(jax.value_and_grad(written, argnums=(0, 1, 2)))(x, table, bias)
+  ref, ref_grads = jax.jit(jax.value_and_grad(plain, argnums=(0, 1, 2)))(x, table, bias)
+  tol = 1e-5 if dtype == 'float32' else 2e-2
+  np.testing.assert_allclose(ours, ref, rtol=tol)
+  for name, a, b in zip(('x', 'table', 'bias'), ours_grads, ref_grads):
+    assert a.dtype == b.dtype, name
+    np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol, err_msg=name)
+  # The gradient is not the trivial one: every input moves the loss.
+  assert all(float(np.abs(np.float32(g)).max()) > 1e-3 for g in ours_grads)
