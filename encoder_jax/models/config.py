@@ -15,6 +15,7 @@ import importlib
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import ml_collections
 
@@ -25,8 +26,18 @@ from encoder_jax.models import attention_kinds
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # HF names: 'gelu' is the exact erf GELU (BERT, RoBERTa); 'gelu_new' the tanh
 # approximation (ALBERT's released models, GPT-2).
+
+
+def gelu(x: jax.Array) -> jax.Array:
+  """Exact GELU, ``x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt(2))) / 2``: PyTorch's and
+  Hugging Face's formula. ``nn.gelu(approximate=False)`` (through ``erfc``) gives the same
+  values within 1e-6 and ran ~5x slower forward on XLA:CPU (a [4096, 1024] activation:
+  6.0 against 1.1 ms)."""
+  return x * (0.5 * (1.0 + jax.lax.erf(x * 0.7071067811865476)))
+
+
 ACTIVATIONS = {
-    'gelu': functools.partial(nn.gelu, approximate=False),
+    'gelu': gelu,
     'gelu_new': functools.partial(nn.gelu, approximate=True),
     'relu': nn.relu,
 }
