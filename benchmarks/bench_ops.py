@@ -1,0 +1,106 @@
+r"""Two pieces of the training step whose arithmetic is written out for speed, each timed
+beside the plain formula it replaces, in one process (alternating rounds, medians):
+
+* the LM head with its loss, forward and backward: ``layers.tied_logits`` +
+  ``objectives.base.cross_entropy`` (gradients written as ``jax.custom_vjp``) against the
+  same einsum + bias + log-softmax cross-entropy differentiated by autodiff;
+* exact GELU, forward and forward + backward: ``config.gelu`` (through ``erf``) against
+  ``nn.gelu(approximate=False)`` (through ``erfc``).
+
+  python benchmarks/bench_ops.py                      # XLNet's head: 32 x 21 rows, vocab 30,522
+  python benchmarks/bench_ops.py --rows=640 --hidden=768
+
+Both sides compute the same values (printed: the largest difference of the outputs and of
+every gradient).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _timer(fn, args, steps: int):
+  import jax
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t)
+  return times
+
+
+def _side_by_side(name: str, ours, plain, args, rounds: int, steps: int) -> None:
+  import jax
+  import numpy as np
+  diff = max(float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max())
+             for a, b in zip(jax.tree.leaves(ours(*args)), jax.tree.leaves(plain(*args))))
+  times = {'ours': [], 'plain': []}
+  for _ in range(rounds):
+    times['ours'] += _timer(ours, args, steps)
+    times['plain'] += _timer(plain, args, steps)
+  a, b = (statistics.median(times[k]) * 1e3 for k in ('ours', 'plain'))
+  print(f'{name:44s} ours {a:8.2f} ms   plain {b:8.2f} ms   {b / a:5.2f}x   '
+        f'max |difference| {diff:.1e}', flush=True)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  ap.add_argument('--rows', type=int, default=32 * 21, help='Predicted rows in the batch.')
+  ap.add_argument('--hidden', type=int, default=256)
+  ap.add_argument('--vocab_size', type=int, default=30522)
+  ap.add_argument('--ffn_rows', type=int, default=32 * 128)
+  ap.add_argument('--ffn_width', type=int, default=1024)
+  ap.add_argument('--rounds', type=int, default=3)
+  ap.add_argument('--steps', type=int, default=5)
+  args = ap.parse_args()
+
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from encoder_jax.models import config as config_lib
+  from encoder_jax.models import layers
+  from encoder_jax.objectives import base
+
+  rng = np.random.default_rng(0)
+  m, d, v = args.rows, args.hidden, args.vocab_size
+  x = jnp.asarray(rng.normal(size=(m, d)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(v, d)) * 0.02, jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(v,)) * 0.1, jnp.float32)
+  labels = jnp.asarray(rng.integers(0, v, (m,)), jnp.int32)
+  weights = jnp.asarray(rng.random(m) < 0.95, jnp.float32)
+
+  def plain_loss(x, table, bias):
+    logits = jnp.einsum('md,vd->mv', x, table, preferred_element_type=jnp.float32) + bias
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1)[:, 0]
+    return (nll * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+  def our_loss(x, table, bias):
+    return base.cross_entropy(layers.tied_logits(x, table, bias), labels, weights)[0]
+
+  grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
+  print(f'JAX {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPU cores')
+  _side_by_side(f'LM head + loss, fwd+bwd ({m} x {d} x {v:,})', grad(our_loss),
+                grad(plain_loss), (x, table, bias), args.rounds, args.steps)
+
+  h = jnp.asarray(rng.normal(size=(args.ffn_rows, args.ffn_width)), jnp.float32)
+  g = jnp.asarray(rng.normal(size=h.shape), jnp.float32)
+  erfc_gelu = lambda x: nn.gelu(x, approximate=False)
+  shape = f'{args.ffn_rows} x {args.ffn_width}'
+  _side_by_side(f'exact GELU, fwd ({shape})', jax.jit(config_lib.gelu), jax.jit(erfc_gelu),
+                (h,), args.rounds, args.steps)
+  vjp = lambda f: jax.jit(lambda x, g: jax.vjp(f, x)[1](g))
+  _side_by_side(f'exact GELU, fwd+bwd ({shape})', vjp(config_lib.gelu), vjp(erfc_gelu),
+                (h, g), args.rounds, args.steps)
+
+
+if __name__ == '__main__':
+  main()
