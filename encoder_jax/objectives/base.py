@@ -42,8 +42,8 @@ def cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array, weights_N: jax.Arr
 
   A prediction is correct when the label's logit is the largest (a tie counts as correct):
   the row maximum the log-softmax takes anyway, not an argmax over the classes (a variadic
-  reduction, slow on CPU at vocabulary width). Differentiable in the logits only (the
-  accuracy has no gradient).
+  reduction, slow on CPU at vocabulary width). Differentiable in the logits only: labels
+  and weights are data (masks), and the accuracy has no gradient.
   """
   return _cross_entropy(logits_NxC.astype(jnp.float32), labels_N, weights_N)
 

@@ -81,9 +81,7 @@ class SpanBoundaryHead(nn.Module):
     z_BxPxH = layers.LayerNorm(c.layer_norm_eps, dt, name='layer_norm_2')(act(z_BxPxH))
     bias_V = layers.param(self, 'output_bias', nn.initializers.zeros, (c.vocab_size,),
                           ('vocab',))
-    logits_BxPxV = jnp.einsum('bph,vh->bpv', z_BxPxH, embedding_VxE.astype(dt),
-                              preferred_element_type=jnp.float32)
-    return logits_BxPxV + bias_V
+    return layers.tied_logits(z_BxPxH.astype(dt), embedding_VxE.astype(dt), bias_V)
 
 
 class SpanBoundary(base.Objective):
