@@ -24,19 +24,22 @@ from encoder_jax.models import attention as attention_lib
 from encoder_jax.models import attention_kinds
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-# HF names: 'gelu' is the exact erf GELU (BERT, RoBERTa); 'gelu_new' the tanh
-# approximation (ALBERT's released models, GPT-2).
 
 
 def gelu(x: jax.Array) -> jax.Array:
   """Exact GELU, ``x * Phi(x)`` with ``Phi(x) = (1 + erf(x / sqrt(2))) / 2``: PyTorch's and
-  Hugging Face's formula. ``nn.gelu(approximate=False)`` (through ``erfc``) gives the same
-  values within 1e-6 and is slower on XLA:CPU (``benchmarks/bench_ops.py``: a [4096, 1024]
-  activation 2.2 -> 1.0 ms forward, 1.24x forward + backward).
+  Hugging Face's formula, computed in float32 whatever the input dtype (``1 + erf`` cancels
+  for negative x, which bfloat16 could not resolve) and cast back. In float32,
+  ``nn.gelu(approximate=False)`` (through ``erfc``) gives the same values within 1e-6 and
+  is slower on XLA:CPU (``benchmarks/bench_ops.py``: a [4096, 1024] activation
+  2.2 -> 1.0 ms forward, 1.24x forward + backward).
   """
-  return x * (0.5 * (1.0 + jax.lax.erf(x * 0.7071067811865476)))
+  x32 = x.astype(jnp.float32)
+  return (x32 * (0.5 * (1.0 + jax.lax.erf(x32 * 0.7071067811865476)))).astype(x.dtype)
 
 
+# HF names: 'gelu' is the exact erf GELU (BERT, RoBERTa); 'gelu_new' the tanh
+# approximation (ALBERT's released models, GPT-2).
 ACTIVATIONS = {
     'gelu': gelu,
     'gelu_new': functools.partial(nn.gelu, approximate=True),

@@ -138,7 +138,9 @@ def tied_logits(x: jax.Array, table_VxD: jax.Array, bias_V: jax.Array) -> jax.Ar
   Vocabulary logits feed a softmax over ~30k classes: accumulated and returned in float32.
   The gradient is written out (``_tied_logits_bwd``) rather than left to autodiff, which on
   XLA:CPU transposed the [rows, V] cotangent in memory for the table's product and took the
-  bias gradient as a slow reduction. The values are the same products. With
+  bias gradient as a slow reduction. In float32 the values are the same products; under a
+  bfloat16 compute dtype the float32 cotangent is rounded to bfloat16 for the two products
+  (as a bfloat16 ``Dense`` layer's backward; autodiff kept it in float32). With
   ``objectives.base.cross_entropy`` (its gradient written out too), a 672 x 256 x 30,522
   head and loss, forward and backward: 254 -> 186 ms (``benchmarks/bench_ops.py``).
   """

@@ -74,8 +74,8 @@ def _cross_entropy_bwd(residuals, g):
   (with ``layers.tied_logits``: ``benchmarks/bench_ops.py``)."""
   logits_NxC, labels_N, lse_N, scale_N = residuals
   g_N = (g[0] * scale_N)[..., None]
-  classes_C = jax.lax.broadcasted_iota(labels_N.dtype, logits_NxC.shape, logits_NxC.ndim - 1)
-  one_hot = (classes_C == labels_N[..., None]).astype(jnp.float32)
+  classes_C = jax.lax.broadcasted_iota(jnp.int32, logits_NxC.shape, logits_NxC.ndim - 1)
+  one_hot = (classes_C == labels_N.astype(jnp.int32)[..., None]).astype(jnp.float32)
   d_logits = (jnp.exp(logits_NxC - lse_N[..., None]) - one_hot) * g_N
   return d_logits, None, None
 

@@ -135,35 +135,51 @@ def test_sbo_reads_boundaries_from_a_kind_without_last_layer_rows():
 def test_lm_head_and_cross_entropy_gradients_equal_autodiff(dtype):
   """``layers.tied_logits`` and ``base.cross_entropy`` write their gradients out: values and
   gradients (input, table, bias) equal autodiff's of the plain formulas, with ignored
-  (weight 0) and repeated labels, in float32 and under a bfloat16 compute dtype."""
+  (weight 0) and repeated labels, a loss scaled by the caller (and the accuracy, which has
+  no gradient, added), all weights zero, and the decoder under an arbitrary cotangent; in
+  float32 and under a bfloat16 compute dtype (whose products read a bfloat16 cotangent)."""
   from encoder_jax.models import layers
   from encoder_jax.objectives import base
-  dt = jax.numpy.dtype(dtype)
+  jnp = jax.numpy
+  dt = jnp.dtype(dtype)
   rng = np.random.default_rng(0)
-  x = jax.numpy.asarray(rng.normal(size=(3, 5, 8)), dt)
-  table = jax.numpy.asarray(rng.normal(size=(40, 8)), dt)
-  bias = jax.numpy.asarray(rng.normal(size=(40,)), jax.numpy.float32)
+  x = jnp.asarray(rng.normal(size=(3, 5, 8)), dt)
+  table = jnp.asarray(rng.normal(size=(40, 8)), dt)
+  bias = jnp.asarray(rng.normal(size=(40,)), jnp.float32)
   labels = rng.integers(0, 40, (3, 5))
   labels[0, :2] = 7
-  labels = jax.numpy.asarray(labels, jax.numpy.int32)
-  weights = jax.numpy.asarray(rng.random((3, 5)) < 0.7, jax.numpy.float32)
-
-  def plain(x, table, bias):
-    logits = jax.numpy.einsum('...d,vd->...v', x, table,
-                              preferred_element_type=jax.numpy.float32) + bias
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jax.numpy.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    return (nll * weights).sum() / weights.sum()
-
-  def written(x, table, bias):
-    return base.cross_entropy(layers.tied_logits(x, table, bias), labels, weights)[0]
-
-  ours, ours_grads = jax.jit(jax.value_and_grad(written, argnums=(0, 1, 2)))(x, table, bias)
-  ref, ref_grads = jax.jit(jax.value_and_grad(plain, argnums=(0, 1, 2)))(x, table, bias)
+  labels = jnp.asarray(labels, jnp.int32)
   tol = 1e-5 if dtype == 'float32' else 2e-2
-  np.testing.assert_allclose(ours, ref, rtol=tol)
-  for name, a, b in zip(('x', 'table', 'bias'), ours_grads, ref_grads):
-    assert a.dtype == b.dtype, name
-    np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol, err_msg=name)
-  # The gradient is not the trivial one: every input moves the loss.
-  assert all(float(np.abs(np.float32(g)).max()) > 1e-3 for g in ours_grads)
+
+  def plain_logits(x, table, bias):
+    return jnp.einsum('...d,vd->...v', x, table, preferred_element_type=jnp.float32) + bias
+
+  def check(ours, ref, name):
+    assert ours.dtype == ref.dtype, name
+    np.testing.assert_allclose(np.float32(ours), np.float32(ref), rtol=tol, atol=tol,
+                               err_msg=name)
+
+  for weights in (jnp.asarray(rng.random((3, 5)) < 0.7, jnp.float32), jnp.zeros((3, 5))):
+    def plain(x, table, bias):
+      logp = jax.nn.log_softmax(plain_logits(x, table, bias), axis=-1)
+      nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+      return 2.5 * (nll * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+    def written(x, table, bias):
+      loss, accuracy = base.cross_entropy(layers.tied_logits(x, table, bias), labels, weights)
+      return 2.5 * loss + accuracy - jax.lax.stop_gradient(accuracy)
+
+    ours, ours_grads = jax.jit(jax.value_and_grad(written, argnums=(0, 1, 2)))(x, table, bias)
+    ref, ref_grads = jax.jit(jax.value_and_grad(plain, argnums=(0, 1, 2)))(x, table, bias)
+    check(ours, ref, 'loss')
+    for name, a, b in zip(('x', 'table', 'bias'), ours_grads, ref_grads):
+      check(a, b, name)
+    moved = [float(np.abs(np.float32(g)).max()) > 1e-3 for g in ours_grads]
+    assert all(moved) if float(weights.sum()) else not any(moved)
+
+  # The decoder alone, under a cotangent that is not a softmax's.
+  g = jnp.asarray(rng.normal(size=(3, 5, 40)), jnp.float32)
+  ours = jax.vjp(layers.tied_logits, x, table, bias)[1](g)
+  ref = jax.vjp(plain_logits, x, table, bias)[1](g)
+  for name, a, b in zip(('x', 'table', 'bias'), ours, ref):
+    check(a, b, name + ' (decoder alone)')
