@@ -20,20 +20,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _timer(fn, args, steps: int):
-  import jax
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t)
-  return times
+from bench_train import _time_steps  # noqa: E402  (the same timing as the training step's)
 
 
 def _side_by_side(name: str, ours, plain, args, rounds: int, steps: int) -> None:
@@ -42,9 +33,9 @@ def _side_by_side(name: str, ours, plain, args, rounds: int, steps: int) -> None
   diff = max(float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max())
              for a, b in zip(jax.tree.leaves(ours(*args)), jax.tree.leaves(plain(*args))))
   times = {'ours': [], 'plain': []}
-  for _ in range(rounds):
-    times['ours'] += _timer(ours, args, steps)
-    times['plain'] += _timer(plain, args, steps)
+  for _ in range(rounds):  # Each round: one warm-up call, then the median of `steps` calls.
+    for key, fn in (('ours', ours), ('plain', plain)):
+      times[key].append(_time_steps(lambda: jax.block_until_ready(fn(*args)), steps, 1))
   a, b = (statistics.median(times[k]) * 1e3 for k in ('ours', 'plain'))
   print(f'{name:44s} ours {a:8.2f} ms   plain {b:8.2f} ms   {b / a:5.2f}x   '
         f'max |difference| {diff:.1e}', flush=True)

@@ -124,11 +124,10 @@ class Embed(nn.Module):
   def __call__(self, ids: jax.Array) -> jax.Array:
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
-  def attend(self, x: jax.Array, bias: jax.Array | None = None) -> jax.Array:
-    """float32 logits ``x @ embedding.T (+ bias)`` (:func:`tied_logits`)."""
+  def attend(self, x: jax.Array, bias: jax.Array) -> jax.Array:
+    """float32 logits ``x @ embedding.T + bias`` (:func:`tied_logits`)."""
     return tied_logits(x.astype(self.dtype), self.embedding.astype(self.dtype),
-                       jnp.zeros((self.num_embeddings,), jnp.float32) if bias is None
-                       else bias.astype(jnp.float32))
+                       bias.astype(jnp.float32))
 
 
 @jax.custom_vjp
