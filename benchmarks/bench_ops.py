@@ -1,11 +1,18 @@
-r"""Two pieces of the training step whose arithmetic is written out for speed, each timed
-beside the plain formula it replaces, in one process (alternating rounds, medians):
+r"""Pieces of the training step timed in isolation, in one process (alternating rounds,
+medians). Two whose arithmetic is written out for speed, each beside the plain formula it
+replaces:
 
 * the LM head with its loss, forward and backward: ``layers.tied_logits`` +
   ``objectives.base.cross_entropy`` (gradients written as ``jax.custom_vjp``) against the
   same einsum + bias + log-softmax cross-entropy differentiated by autodiff;
 * exact GELU, forward and forward + backward: ``config.gelu`` (through ``erf``) against
   ``nn.gelu(approximate=False)`` (through ``erfc``).
+
+And one that explains a gap rather than closing it: the attention's batched per-(row, head)
+products at the small encoder's shape (batch 32, 4 heads of 64, 128 tokens), as XLNet's
+layer writes them (``blnd,bknd->bnlk``; the position scores over the 2 x 128 distances
+with each row's encodings; the values), as XLA runs them on the CPU, beside the same
+products through ``torch.matmul`` on contiguous [B, N, L, D] tensors.
 
   python benchmarks/bench_ops.py                      # XLNet's head: 32 x 21 rows, vocab 30,522
   python benchmarks/bench_ops.py --rows=640 --hidden=768
@@ -48,6 +55,10 @@ def main():
   ap.add_argument('--vocab_size', type=int, default=30522)
   ap.add_argument('--ffn_rows', type=int, default=32 * 128)
   ap.add_argument('--ffn_width', type=int, default=1024)
+  ap.add_argument('--attention_batch', type=int, default=32)
+  ap.add_argument('--heads', type=int, default=4)
+  ap.add_argument('--head_dim', type=int, default=64)
+  ap.add_argument('--seq_len', type=int, default=128)
   ap.add_argument('--rounds', type=int, default=3)
   ap.add_argument('--steps', type=int, default=5)
   args = ap.parse_args()
@@ -92,6 +103,55 @@ def main():
   _side_by_side(f'exact GELU, fwd+bwd ({shape})', vjp(config_lib.gelu), vjp(erfc_gelu),
                 (h, g), args.rounds, args.steps)
 
+  attention_products(args)
+
+
+def attention_products(args) -> None:
+  """XLA's batched attention products (the model's einsums) beside ``torch.matmul``'s."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+
+  torch.set_num_threads(os.cpu_count() or 1)
+  b, n, l, d = args.attention_batch, args.heads, args.seq_len, args.head_dim
+  rng = np.random.default_rng(1)
+  arr = lambda *shape: rng.normal(size=shape).astype(np.float32)
+  q, k, kr = arr(b, l, n, d), arr(b, l, n, d), arr(b, 2 * l, n, d)
+  prob = rng.random((b, n, l, l)).astype(np.float32)
+  head_major = lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1, 3)))
+  tq, tk, tkr, tprob = head_major(q), head_major(k), head_major(kr), torch.from_numpy(prob)
+  print(f'Attention products, batch {b} x {n} heads x {l} tokens x {d}: XLA (the model\'s '
+        'einsums on its [B, L, N, D] operands, and on head-major copies) beside torch.matmul on '
+        f'head-major tensors (torch {torch.__version__}, {torch.get_num_threads()} threads)')
+  # (name, the model's einsum, its operands, the head-major einsum of torch's layout, torch).
+  cases = (
+      ('scores q.k', 'blnd,bknd->bnlk', (q, k), 'bnld,bnkd->bnlk',
+       lambda: tq @ tk.transpose(-1, -2), l),
+      ('position scores', 'blnd,brnd->bnlr', (q, kr), 'bnld,bnrd->bnlr',
+       lambda: tq @ tkr.transpose(-1, -2), 2 * l),
+      ('values', 'bnlk,bknd->blnd', (prob, k), 'bnlk,bnkd->bnld', lambda: tprob @ tk, l),
+  )
+  for name, spec, operands, spec_hm, torch_fn, keys in cases:
+    xla_fn = jax.jit(lambda x, y, spec=spec: jnp.einsum(spec, x, y))
+    hm_fn = jax.jit(lambda x, y, spec=spec_hm: jnp.einsum(spec, x, y))
+    ops = [jnp.asarray(o) for o in operands]
+    ops_hm = [jnp.asarray(o if o is prob else o.transpose(0, 2, 1, 3)) for o in operands]
+    theirs = torch_fn().numpy()
+    ours, ours_hm = np.asarray(xla_fn(*ops)), np.asarray(hm_fn(*ops_hm))
+    diff = max(float(np.abs(ours_hm - theirs).max()), float(np.abs(
+        (ours.transpose(0, 2, 1, 3) if spec.endswith('blnd') else ours) - theirs).max()))
+    times = {'xla': [], 'hm': [], 'torch': []}
+    for _ in range(args.rounds):
+      times['xla'].append(_time_steps(lambda: jax.block_until_ready(xla_fn(*ops)), args.steps, 1))
+      times['hm'].append(_time_steps(lambda: jax.block_until_ready(hm_fn(*ops_hm)), args.steps,
+                                     1))
+      times['torch'].append(_time_steps(torch_fn, args.steps, 1))
+    a, h, t = (statistics.median(times[k]) * 1e3 for k in ('xla', 'hm', 'torch'))
+    rate = lambda ms: f'{2 * b * n * l * keys * d / 1e9 / ms * 1e3:4.0f} GFLOP/s'
+    print(f'  {name:16s} ({spec}): XLA {a:6.2f} ms ({rate(a)}); XLA on [B, N, L, D] operands '
+          f'{h:5.2f} ms ({rate(h)}); torch {t:5.2f} ms ({rate(t)}); max |difference| '
+          f'{diff:.1e}', flush=True)
 
 if __name__ == '__main__':
   main()
