@@ -10,7 +10,7 @@ HF XLNet has one ``dropout`` for everything (ours: hidden and attention rates, b
 from it) and no position table (``max_position_embeddings`` is ours alone: imports get 512,
 the released models' training length; exports leave it out, as HF refuses the field).
 Our network computes ``attn_type='bi'`` without ``bi_data`` and ``same_length`` (the
-pretraining objective passes backward rows itself), which the import requires. Our
+pretraining objective passes ``bi_data`` itself), which the import requires. Our
 ``mem_len`` (a memory carried through pretraining) is HF's ``mem_len`` when
 ``use_mems_train`` is on, else 0; HF's ``reuse_len`` (which part of a row to cache) is not
 modelled: our memory caches whole rows.

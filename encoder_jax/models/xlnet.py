@@ -8,10 +8,15 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   (``pos_seq``), projected per layer by ``r``; the score of query ``i`` and key ``j`` reads
   the row of distance ``(mlen + i) - j`` through the "relative shift" (a reshape, no
   gather); ``r_w_bias``/``r_r_bias`` are the content/position biases (untied per layer).
-  ``clamp_len`` clips distances. Rows flagged ``backward`` (bi-directional data, the second
-  half of the batch in the original) read the negated distances. The projection of the
-  encodings runs once per batch (per direction), not per row as in the original, so the
-  dropout on the encodings is drawn once per batch and shared by its rows.
+  ``clamp_len`` clips distances. With ``bi_data`` (bi-directional data, the original's and
+  Hugging Face's) the second half of the batch reads the negated distances. The projection
+  of the encodings runs once per batch (per direction), not per row as in the original, so
+  the dropout on the encodings is drawn once per batch and shared by its rows.
+* **Layout**: the scores run head-major ([heads, batch, query, key]). The position scores
+  are one product per head and direction over all of that direction's rows (the batch's
+  half), not a product per row against a per-row copy of the encodings, and their gradient
+  is written out (:func:`position_scores`): in the original layout XLA:CPU ran them as
+  small per-(row, head) products, and the shift's gradient was padded once per consumer.
 * **Relative segments**: ``seg_embed`` [2, heads, head_dim] holds one vector for "same
   segment" and one for "different segment" (``r_s_bias`` its bias); memory counts as
   segment 0. XLNet's layout ``A [SEP] B [SEP] [CLS]`` gives [CLS] its own segment 2.
@@ -56,6 +61,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -89,15 +96,58 @@ def sinusoid(pos_R: jax.Array, d_model: int) -> jax.Array:
   return jnp.concatenate([jnp.sin(x), jnp.cos(x)], axis=-1)
 
 
-def rel_shift(bd_BxNxLxR: jax.Array, klen: int) -> jax.Array:
-  """[B, N, L, klen + L] scores against ``pos_seq`` -> [B, N, L, klen] scores against keys.
+def rel_shift(bd_XxLxR: jax.Array, klen: int) -> jax.Array:
+  """[..., L, klen + L] scores against ``pos_seq`` -> [..., L, klen] scores against keys.
 
   Transformer-XL's shift (Hugging Face ``rel_shift_bnij``): row ``i`` moves left by
   ``L - i``, so entry ``[i, j]`` is ``bd[i, L - i + j]``; two reshapes and a slice, no gather.
   """
-  b, n, l, r = bd_BxNxLxR.shape
-  x = bd_BxNxLxR.reshape(b, n, r, l)[:, :, 1:, :]
-  return x.reshape(b, n, l, r - 1)[..., :klen]
+  *lead, l, r = bd_XxLxR.shape
+  x = bd_XxLxR.reshape(*lead, r, l)[..., 1:, :]
+  return x.reshape(*lead, l, r - 1)[..., :klen]
+
+
+def _unshift(d_XxLxK: jax.Array, r: int) -> jax.Array:
+  """The adjoint of :func:`rel_shift`: [..., L, klen] -> [..., L, r], zeros where no key."""
+  *lead, l, klen = d_XxLxK.shape
+  keep = [(0, 0)] * len(lead)
+  x = jnp.pad(d_XxLxK, keep + [(0, 0), (0, r - 1 - klen)]).reshape(*lead, r - 1, l)
+  return jnp.pad(x, keep + [(1, 0), (0, 0)]).reshape(*lead, l, r)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def position_scores(q_NxXxBxLxD: jax.Array, kr_XxRxNxD: jax.Array, klen: int) -> jax.Array:
+  """float32 [N, X, B, L, klen]: ``rel_shift(q . kr)``, each query against its distances.
+
+  ``q`` head-major, its rows grouped by direction (X = 1, or 2 with ``bi_data``: the
+  batch's halves); ``kr`` the projected encodings of each direction. One product per head
+  and direction over all its rows. The gradient is written out: the shift's adjoint is
+  materialised once for both products, and the encodings' gradient contracts over the
+  rows with the queries transposed (the small operand) rather than the [rows, R] scores.
+  """
+  return rel_shift(jnp.einsum('nxbld,xrnd->nxblr', q_NxXxBxLxD, kr_XxRxNxD,
+                              preferred_element_type=jnp.float32), klen)
+
+
+def _position_scores_fwd(q, kr, klen):
+  return position_scores(q, kr, klen), (q, kr)
+
+
+def _position_scores_bwd(klen, residuals, g):
+  q, kr = residuals
+  n, x, b, l, d = q.shape
+  r = kr.shape[1]
+  # One [N, X, B * L, R] array that both products read (not a pad per consumer).
+  g_r = jax.lax.optimization_barrier(_unshift(g, r).reshape(n, x, b * l, r).astype(q.dtype))
+  f32 = jnp.float32
+  dq = jnp.einsum('nxmr,xrnd->nxmd', g_r, kr, preferred_element_type=f32)
+  q_t = q.reshape(n, x, b * l, d).transpose(0, 1, 3, 2)
+  dkr = jnp.einsum('nxdm,nxmr->nxdr', q_t, g_r, preferred_element_type=f32)
+  return (dq.reshape(q.shape).astype(q.dtype),
+          dkr.transpose(1, 3, 0, 2).astype(kr.dtype))
+
+
+position_scores.defvjp(_position_scores_fwd, _position_scores_bwd)
 
 
 class Embeddings(nn.Module):
@@ -119,37 +169,41 @@ def _relative_attention(c, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
   """Relative attention: content + position + segment scores, masked softmax, values.
 
   ``p``: the layer's biases and segment vectors (``r_w_bias``, ``r_r_bias``, ``r_s_bias``,
-  ``seg_embed``). Scores and softmax in float32. The queries are every position in order,
-  or (``rows_BxL`` given: [B, P] positions) the rows of those positions only, whose
-  relative-position scores are read from each row's own window of distances.
+  ``seg_embed``). ``kr``: the projected encodings of each direction (X = 2: the batch's
+  second half reads the second). Scores and softmax in float32, head-major. The queries
+  are every position in order, or (``rows_BxL`` given: [B, P] positions) the rows of those
+  positions only, whose position scores are read from each row's own window of distances.
   ``dropout_key``: attention dropout on the probabilities (None: none).
   """
   dt = c.jnp_dtype
   f32 = jnp.float32
-  klen = k_BxKxNxD.shape[1]
-  ac = jnp.einsum('blnd,bknd->bnlk', q_BxLxNxD + p['r_w_bias'].astype(dt), k_BxKxNxD,
+  head_major = lambda x_BxTxNxD: x_BxTxNxD.transpose(2, 0, 1, 3)
+  q_NxBxLxD, k_NxBxKxD, v_NxBxKxD = (head_major(x) for x in (q_BxLxNxD, k_BxKxNxD, v_BxKxNxD))
+  n, b, l, d = q_NxBxLxD.shape
+  klen = k_NxBxKxD.shape[2]
+  x = kr_XxRxNxD.shape[0]
+  bias = lambda name: p[name].astype(dt)[:, None, None]
+  ac = jnp.einsum('nbld,nbkd->nblk', q_NxBxLxD + bias('r_w_bias'), k_NxBxKxD,
                   preferred_element_type=f32)
-  q_r = q_BxLxNxD + p['r_r_bias'].astype(dt)
-  if kr_XxRxNxD.shape[0] == 1:  # One direction for every row: no batch axis to carry.
-    bd = jnp.einsum('blnd,rnd->bnlr', q_r, kr_XxRxNxD[0], preferred_element_type=f32)
-  else:
-    bd = jnp.einsum('blnd,brnd->bnlr', q_r, kr_XxRxNxD, preferred_element_type=f32)
+  q_r = (q_NxBxLxD + bias('r_r_bias')).reshape(n, x, b // x, l, d)
   if rows_BxL is None:
-    bd = rel_shift(bd, klen)
+    bd = position_scores(q_r, kr_XxRxNxD, klen).reshape(n, b, l, klen)
   else:  # Query at position i reads distances from entry (qlen - i) on (as rel_shift).
+    bd = jnp.einsum('nxbld,xrnd->nxblr', q_r, kr_XxRxNxD,
+                    preferred_element_type=f32).reshape(n, b, l, -1)
     qlen = bd.shape[-1] - klen
     index_BxLxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
-    bd = jnp.take_along_axis(bd, index_BxLxK[:, None], axis=-1)
-  ef_BxLxNx2 = jnp.einsum('blnd,snd->blns', q_BxLxNxD + p['r_s_bias'].astype(dt),
+    bd = jnp.take_along_axis(bd, index_BxLxK[None], axis=-1)
+  ef_NxBxLx2 = jnp.einsum('nbld,snd->nbls', q_NxBxLxD + bias('r_s_bias'),
                           p['seg_embed'].astype(dt), preferred_element_type=f32)
-  ef_BxNxLx2 = ef_BxLxNx2.transpose(0, 2, 1, 3)
-  ef = jnp.where(segment_differs_BxLxK[:, None], ef_BxNxLx2[..., 1:2], ef_BxNxLx2[..., 0:1])
+  ef = jnp.where(segment_differs_BxLxK[None], ef_NxBxLx2[..., 1:2], ef_NxBxLx2[..., 0:1])
   score = (ac + bd + ef) * (1.0 / c.head_dim ** 0.5)
-  score = score - _MASK_PENALTY * masked_BxLxK[:, None].astype(f32)
+  score = score - _MASK_PENALTY * masked_BxLxK[None].astype(f32)
   prob = jax.nn.softmax(score, axis=-1)
   if dropout_key is not None:
     prob = layers.dropout(prob, c.attention_dropout_rate, dropout_key)
-  return jnp.einsum('bnlk,bknd->blnd', prob.astype(dt), v_BxKxNxD)
+  out_NxBxLxD = jnp.einsum('nblk,nbkd->nbld', prob.astype(dt), v_NxBxKxD)
+  return out_NxBxLxD.transpose(1, 2, 0, 3)
 
 
 class Layer(nn.Module):
@@ -218,8 +272,6 @@ class Layer(nn.Module):
       cat_BxKxE = h_BxLxE
     k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
     kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)  # Once per direction, not per row.
-    if context['direction_B'] is not None:
-      kr_XxRxNxD = kr_XxRxNxD[context['direction_B']]  # [B, R, N, D]: each row's direction.
     attend = lambda q, rows_of, ks: _relative_attention(
         c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
 
@@ -251,10 +303,13 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, h_BxLxE, segment_ids_BxL, input_mask_BxL, *, deterministic: bool,
                g_BxPxE=None, perm_mask_BxLxL=None, target_mapping_BxPxL=None,
-               mems_NxBxMxE=None, mem_mask_BxM=None, backward_B=None,
+               mems_NxBxMxE=None, mem_mask_BxM=None, bi_data: bool = False,
                collect_hidden: bool = False, content_output: bool = True):
     c = self.config
     b, l = input_mask_BxL.shape
+    if bi_data and b % 2:
+      raise ValueError(f'XLNet with bi_data reads the second half of the batch backward; '
+                       f'got a batch of {b} rows (expected an even number)')
     m = 0 if mems_NxBxMxE is None else mems_NxBxMxE.shape[2]
     klen = m + l
     # Keys a query may not read: padding, what the permutation hides, memory not yet filled.
@@ -273,15 +328,14 @@ class Encoder(nn.Module):
     cat_ids_BxK = jnp.pad(segment_ids_BxL, ((0, 0), (m, 0)))
     segment_differs_BxLxK = segment_ids_BxL[:, :, None] != cat_ids_BxK[:, None, :]
     pos_R = relative_positions(l, klen, c.clamp_len)
-    if backward_B is None:
+    if not bi_data:
       pos_emb_XxRxE = sinusoid(pos_R, c.hidden_size)[None]
-    else:  # Forward rows read +distance, backward rows -distance (the original's bi_data).
+    else:  # The first half reads +distance, the second -distance (the original's bi_data).
       pos_emb_XxRxE = sinusoid(jnp.stack([pos_R, -pos_R]), c.hidden_size)
     pos_emb_XxRxE = layers.Dropout(c.hidden_dropout_rate)(
         pos_emb_XxRxE.astype(c.jnp_dtype), deterministic=deterministic)
     context = dict(pos_emb_XxRxE=pos_emb_XxRxE, segment_differs_BxLxK=segment_differs_BxLxK,
-                   content_masked_BxLxK=content_masked_BxLxK,
-                   direction_B=None if backward_B is None else backward_B.astype(jnp.int32))
+                   content_masked_BxLxK=content_masked_BxLxK)
     if target_mapping_BxPxL is not None:
       # The query stream attends from its P targets only: each slot's position (a one-hot
       # row of target_mapping; a zero row is an empty slot, whose attention output is 0 as
@@ -419,7 +473,8 @@ class XLNetLMHeadModel(nn.Module):
   logits come from the content stream at every position (as Hugging Face). The
   permutation objective passes ``perm_mask`` [B, L, L] (1: query i may not read key j) and
   ``target_mapping`` [B, P, L] itself, and ``mems`` [B, N, M, E] with ``mem_mask`` [B, M]
-  when ``mem_len`` > 0; ``backward`` [B] flags rows that read negated distances.
+  when ``mem_len`` > 0; ``bi_data`` makes the batch's second half read negated distances
+  (the batch must then be even).
 
   ``content_output=False`` (the permutation objective) leaves out ``sequence_output`` when
   the query stream runs, and with it the last layer's content stream.
@@ -433,7 +488,7 @@ class XLNetLMHeadModel(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
                *, perm_mask=None, target_mapping=None, mems=None, mem_mask=None,
-               backward=None, deterministic: bool = True, collect_hidden: bool = False,
+               bi_data: bool = False, deterministic: bool = True, collect_hidden: bool = False,
                content_output: bool = True) -> dict[str, Any]:
     c = self.config
     b, l = input_ids_BxL.shape
@@ -452,7 +507,7 @@ class XLNetLMHeadModel(nn.Module):
     x_BxLxE, y_BxPxE, new_NxBxMxE, hidden = Encoder(c, name='encoder')(
         h_BxLxE, segment_ids_BxL, input_mask_BxL, deterministic=deterministic, g_BxPxE=g_BxPxE,
         perm_mask_BxLxL=perm_mask, target_mapping_BxPxL=target_mapping,
-        mems_NxBxMxE=mems_NxBxMxE, mem_mask_BxM=mem_mask, backward_B=backward,
+        mems_NxBxMxE=mems_NxBxMxE, mem_mask_BxM=mem_mask, bi_data=bi_data,
         collect_hidden=collect_hidden, content_output=content_output)
     final_dropout = layers.Dropout(c.hidden_dropout_rate)
     out, head_in = {}, None

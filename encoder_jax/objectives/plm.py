@@ -17,7 +17,7 @@ Every step, from the step's key, for each sequence (``A [SEP] B [SEP] [CLS]``, t
 2. **Bidirectional data** (``bidirectional_data``, the paper's pipeline): the second half
    of the batch is the backward stream: each such row becomes ``rev(B) [SEP] rev(A) [SEP]
    [CLS]`` (targets carried along; segments renumbered) and reads negated relative
-   distances (the model's ``backward``), as the original's ``bi_data``.
+   distances (the model's ``bi_data``), as the original's ``bi_data``.
 3. **Factorization order**: a uniform permutation per sequence (``_local_perm`` with
    ``perm_size = seq_len``); non-target, non-special tokens come first (index -1: every
    query sees them, they see no target), so the targets are exactly the last ~1/K of the
@@ -235,6 +235,11 @@ class PermutationLM(base.Pretraining):
     if self.tables is None:
       raise ValueError('The PLM objective was built without vocabulary tables (no tokenizer); '
                        'it cannot sample targets')
+    rows = batch['input_ids'].shape[0]
+    if self.recipe.bidirectional_data and rows % 2:
+      raise ValueError(f'config.objective.bidirectional_data reads the second half of each '
+                       f'batch backward; a step got {rows} rows (expected an even number: '
+                       'the batch size divided by train.grad_accum_steps)')
     k_perm, k_dropout = jax.random.split(rng)
     x = permute_batch(k_perm, batch, max_predictions=phase.max_predictions, recipe=self.recipe,
                       tables=self.tables)
@@ -242,7 +247,8 @@ class PermutationLM(base.Pretraining):
         {'params': params}, x['input_ids'], x['segment_ids'], x['input_mask'],
         perm_mask=x['perm_mask'], target_mapping=x['target_mapping'],
         mems=None if extra is None else extra['mems'],
-        mem_mask=None if extra is None else extra['mem_mask'], backward=x['backward'],
+        mem_mask=None if extra is None else extra['mem_mask'],
+        bi_data=self.recipe.bidirectional_data,
         content_output=False, deterministic=not train,
         rngs={'dropout': self.dropout_key(k_dropout)} if train else None)
     loss, accuracy = base.cross_entropy(out['mlm_logits'], x['target_labels'],

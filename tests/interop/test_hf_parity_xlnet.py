@@ -4,8 +4,8 @@ state, the LM logits and the new memory agree within 1e-5 in float32.
 
 Randomised models (biases and LayerNorms too) of odd shapes on padded batches with three
 segments (A, B, [CLS] = 2), random permutation masks and a zero (padding) target slot; with
-and without a Transformer-XL memory; with HF's ``bi_data`` (ours: the second half of the
-batch flagged ``backward``) and ``clamp_len``. ``pytest -s`` prints the max |difference|
+and without a Transformer-XL memory; with HF's ``bi_data`` (ours too: the second half of
+the batch reads negated distances) and ``clamp_len``. ``pytest -s`` prints the max |difference|
 of every case (``MAX_DIFF``).
 """
 
@@ -78,11 +78,11 @@ def _theirs(model, ids, seg, mask, perm, tm, mems):
 
 
 def _ours(config, params, ids, seg, mask, perm, tm, mems, bi_data):
-  b = ids.shape[0]
-  apply = jax.jit(registry.network(config).pretraining.apply, static_argnames='collect_hidden')
+  apply = jax.jit(registry.network(config).pretraining.apply,
+                  static_argnames=('collect_hidden', 'bi_data'))
   return apply({'params': params}, np.int32(ids), np.int32(seg), np.int32(mask), perm_mask=perm,
                target_mapping=tm, mems=None if mems is None else mems.transpose(2, 0, 1, 3),
-               backward=(np.arange(b) >= b // 2) if bi_data else None, collect_hidden=True)
+               bi_data=bi_data, collect_hidden=True)
 
 
 def _compare(shape, case, ours, theirs, mask, mems) -> float:

@@ -31,7 +31,8 @@ def _params(net, seed=0):
 
 def _pretraining(net):
   """The jitted pretraining network (eager application of a scanned model is slow)."""
-  return jax.jit(net.pretraining.apply, static_argnames=('deterministic', 'collect_hidden'))
+  return jax.jit(net.pretraining.apply,
+                 static_argnames=('deterministic', 'collect_hidden', 'bi_data'))
 
 
 def _inputs(rng, b, l, lengths, vocab=TINY['vocab_size']):
@@ -68,22 +69,65 @@ def _direct_position_scores(q_BxLxNxD, wr_ExNxD, qlen, mlen, d_model, clamp_len,
 @pytest.mark.parametrize('qlen,mlen,clamp_len,bidirectional', [
     (5, 0, -1, False), (6, 3, -1, False), (7, 2, 3, True), (4, 0, -1, True)])
 def test_relative_shift_reads_each_pairs_distance(qlen, mlen, clamp_len, bidirectional):
-  """The shifted position scores equal the direct per-pair computation."""
+  """The shifted position scores equal the direct per-pair computation: per row, and as
+  the layer computes them (``position_scores``: head-major, one product per direction,
+  the batch's second half backward under bi_data)."""
   rng = np.random.RandomState(qlen + mlen)
-  b, n, d, e = 3, 2, 4, 8
+  b, n, d, e = 4, 2, 4, 8
   q = rng.randn(b, qlen, n, d).astype(np.float32)
   wr = rng.randn(e, n, d).astype(np.float32)
-  backward = np.array([False, True, True]) if bidirectional else None
+  backward = np.arange(b) >= b // 2 if bidirectional else None
   pos_R = xlnet.relative_positions(qlen, qlen + mlen, clamp_len)
   assert pos_R.shape == (2 * qlen + mlen,)
   if backward is None:
     emb_BxRxE = jnp.broadcast_to(xlnet.sinusoid(pos_R, e), (b, pos_R.shape[0], e))
+    emb_XxRxE = xlnet.sinusoid(pos_R, e)[None]
   else:
     emb_BxRxE = xlnet.sinusoid(jnp.where(backward[:, None], -pos_R, pos_R), e)
+    emb_XxRxE = xlnet.sinusoid(jnp.stack([pos_R, -pos_R]), e)
   k_r = jnp.einsum('bre,end->brnd', emb_BxRxE, wr)
   shifted = xlnet.rel_shift(jnp.einsum('blnd,brnd->bnlr', q, k_r), qlen + mlen)
   direct = _direct_position_scores(q, wr, qlen, mlen, e, clamp_len, backward)
   np.testing.assert_allclose(np.asarray(shifted), direct, atol=1e-4, rtol=1e-4)
+  x = emb_XxRxE.shape[0]
+  q_NxXxBxLxD = q.transpose(2, 0, 1, 3).reshape(n, x, b // x, qlen, d)
+  layer = xlnet.position_scores(q_NxXxBxLxD, jnp.einsum('xre,end->xrnd', emb_XxRxE, wr),
+                                qlen + mlen)
+  np.testing.assert_allclose(np.asarray(layer).reshape(n, b, qlen, -1).transpose(1, 0, 2, 3),
+                             direct, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize('x,mlen', [(1, 0), (2, 3)])
+def test_position_scores_gradients_equal_autodiff(x, mlen):
+  """The written-out gradient of ``position_scores`` equals autodiff's of the plain
+  product and shift, under an arbitrary cotangent; bfloat16 inputs get bfloat16 gradients."""
+  rng = np.random.RandomState(x + mlen)
+  n, b, l, d = 3, 2, 5, 4
+  klen = l + mlen
+  q = jnp.asarray(rng.randn(n, x, b, l, d), jnp.float32)
+  kr = jnp.asarray(rng.randn(x, klen + l, n, d), jnp.float32)
+  g = jnp.asarray(rng.randn(n, x, b, l, klen), jnp.float32)
+  plain = lambda q, kr: xlnet.rel_shift(
+      jnp.einsum('nxbld,xrnd->nxblr', q, kr, preferred_element_type=jnp.float32), klen)
+  ours = lambda q, kr: xlnet.position_scores(q, kr, klen)
+  grads = lambda f, *a: jax.jit(lambda *a: jax.vjp(f, *a)[1](g))(*a)
+  np.testing.assert_allclose(ours(q, kr), plain(q, kr), atol=1e-5)
+  for got, want in zip(grads(ours, q, kr), grads(plain, q, kr)):
+    assert np.abs(np.asarray(want)).max() > 0.1
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+  bf = [a.astype(jnp.bfloat16) for a in (q, kr)]
+  for got, want in zip(grads(ours, *bf), grads(plain, *bf)):
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.float32(got), np.float32(want), atol=0.1, rtol=0.05)
+
+
+def test_bi_data_needs_an_even_batch():
+  net = _net()
+  params = _params(net)
+  ids, seg, mask = _inputs(np.random.RandomState(0), 3, 6, [6, 6, 4])
+  with pytest.raises(ValueError, match='bi_data.*3 rows.*even'):
+    _pretraining(net)({'params': params}, ids, seg, mask, np.zeros((3, 1), np.int32),
+                      bi_data=True)
 
 
 def test_memory_with_an_all_zero_mask_is_no_memory():

@@ -110,7 +110,7 @@ def test_a_target_never_sees_its_own_or_later_tokens_through_the_network():
       key, batch, max_predictions=6, recipe=recipe, tables=_tables()))(jax.random.key(2), batch))
   apply = jax.jit(lambda ids: net.pretraining.apply(
       {'params': params}, ids, x['segment_ids'], x['input_mask'], perm_mask=x['perm_mask'],
-      target_mapping=x['target_mapping'], backward=x['backward'])['mlm_logits'])
+      target_mapping=x['target_mapping'], bi_data=recipe.bidirectional_data)['mlm_logits'])
   base = np.asarray(apply(x['input_ids']))
   checked = 0
   for r in range(2):
