@@ -9,10 +9,11 @@ replaces:
   ``nn.gelu(approximate=False)`` (through ``erfc``).
 
 And one that explains a gap rather than closing it: the attention's batched per-(row, head)
-products at the small encoder's shape (batch 32, 4 heads of 64, 128 tokens), as XLNet's
-layer writes them (``blnd,bknd->bnlk``; the position scores over the 2 x 128 distances
-with each row's encodings; the values), as XLA runs them on the CPU, beside the same
-products through ``torch.matmul`` on contiguous [B, N, L, D] tensors.
+products at the small encoder's shape (batch 32, 4 heads of 64, 128 tokens), as XLA runs
+them on the CPU: on the [B, L, N, D] operands the projections produce (``blnd,bknd->bnlk``;
+the position scores over the 2 x 128 distances with each row's encodings; the values) and
+on head-major copies (the layout XLNet's layer computes in), beside the same products
+through ``torch.matmul`` on contiguous [B, N, L, D] tensors.
 
   python benchmarks/bench_ops.py                      # XLNet's head: 32 x 21 rows, vocab 30,522
   python benchmarks/bench_ops.py --rows=640 --hidden=768
@@ -107,7 +108,8 @@ def main():
 
 
 def attention_products(args) -> None:
-  """XLA's batched attention products (the model's einsums) beside ``torch.matmul``'s."""
+  """XLA's batched attention products (on [B, L, N, D] and on head-major operands) beside
+  ``torch.matmul``'s."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -121,10 +123,10 @@ def attention_products(args) -> None:
   prob = rng.random((b, n, l, l)).astype(np.float32)
   head_major = lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1, 3)))
   tq, tk, tkr, tprob = head_major(q), head_major(k), head_major(kr), torch.from_numpy(prob)
-  print(f'Attention products, batch {b} x {n} heads x {l} tokens x {d}: XLA (the model\'s '
-        'einsums on its [B, L, N, D] operands, and on head-major copies) beside torch.matmul on '
-        f'head-major tensors (torch {torch.__version__}, {torch.get_num_threads()} threads)')
-  # (name, the model's einsum, its operands, the head-major einsum of torch's layout, torch).
+  print(f'Attention products, batch {b} x {n} heads x {l} tokens x {d}: XLA (einsums on '
+        '[B, L, N, D] operands, and on head-major copies) beside torch.matmul on head-major '
+        f'tensors (torch {torch.__version__}, {torch.get_num_threads()} threads)')
+  # (name, the einsum on [B, L, N, D] operands, its operands, the head-major einsum, torch).
   cases = (
       ('scores q.k', 'blnd,bknd->bnlk', (q, k), 'bnld,bnkd->bnlk',
        lambda: tq @ tk.transpose(-1, -2), l),
