@@ -12,8 +12,9 @@ And one that explains a gap rather than closing it: the attention's batched per-
 products at the small encoder's shape (batch 32, 4 heads of 64, 128 tokens), as XLA runs
 them on the CPU: on the [B, L, N, D] operands the projections produce (``blnd,bknd->bnlk``;
 the position scores over the 2 x 128 distances with each row's encodings; the values) and
-on head-major copies (the layout XLNet's layer computes in), beside the same products
-through ``torch.matmul`` on contiguous [B, N, L, D] tensors.
+on head-major copies (XLNet's layer computes scores and values in that layout; its position
+scores are one product per direction, ``models.xlnet.position_scores``), beside the same
+products through ``torch.matmul`` on contiguous [B, N, L, D] tensors.
 
   python benchmarks/bench_ops.py                      # XLNet's head: 32 x 21 rows, vocab 30,522
   python benchmarks/bench_ops.py --rows=640 --hidden=768

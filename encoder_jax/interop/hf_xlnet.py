@@ -9,8 +9,9 @@ layer ``rel_attn`` (``q k v o r`` [d, heads, head_dim], the same layout as ours;
 HF XLNet has one ``dropout`` for everything (ours: hidden and attention rates, both set
 from it) and no position table (``max_position_embeddings`` is ours alone: imports get 512,
 the released models' training length; exports leave it out, as HF refuses the field).
-Our network computes ``attn_type='bi'`` without ``bi_data`` and ``same_length`` (the
-pretraining objective passes ``bi_data`` itself), which the import requires. Our
+Our network computes ``attn_type='bi'`` without ``same_length``, and ``bi_data`` is an
+argument of the call (the pretraining objective passes it), not a config field: the import
+requires HF's ``bi_data`` and ``same_length`` off. Our
 ``mem_len`` (a memory carried through pretraining) is HF's ``mem_len`` when
 ``use_mems_train`` is on, else 0; HF's ``reuse_len`` (which part of a row to cache) is not
 modelled: our memory caches whole rows.

@@ -59,9 +59,8 @@ alone (``encode``/``XLNetModel``); the query stream is a pretraining device.
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -96,23 +95,24 @@ def sinusoid(pos_R: jax.Array, d_model: int) -> jax.Array:
   return jnp.concatenate([jnp.sin(x), jnp.cos(x)], axis=-1)
 
 
-def rel_shift(bd_XxLxR: jax.Array, klen: int) -> jax.Array:
-  """[..., L, klen + L] scores against ``pos_seq`` -> [..., L, klen] scores against keys.
+def rel_shift(bd_AxLxR: jax.Array, klen: int) -> jax.Array:
+  """[..., L, klen + L] scores against ``pos_seq`` -> [..., L, klen] scores against keys
+  (A: any leading axes).
 
   Transformer-XL's shift (Hugging Face ``rel_shift_bnij``): row ``i`` moves left by
   ``L - i``, so entry ``[i, j]`` is ``bd[i, L - i + j]``; two reshapes and a slice, no gather.
   """
-  *lead, l, r = bd_XxLxR.shape
-  x = bd_XxLxR.reshape(*lead, r, l)[..., 1:, :]
-  return x.reshape(*lead, l, r - 1)[..., :klen]
+  *lead, l, r = bd_AxLxR.shape
+  x_AxRxL = bd_AxLxR.reshape(*lead, r, l)[..., 1:, :]
+  return x_AxRxL.reshape(*lead, l, r - 1)[..., :klen]
 
 
-def _unshift(d_XxLxK: jax.Array, r: int) -> jax.Array:
+def _unshift(d_AxLxK: jax.Array, r: int) -> jax.Array:
   """The adjoint of :func:`rel_shift`: [..., L, klen] -> [..., L, r], zeros where no key."""
-  *lead, l, klen = d_XxLxK.shape
+  *lead, l, klen = d_AxLxK.shape
   keep = [(0, 0)] * len(lead)
-  x = jnp.pad(d_XxLxK, keep + [(0, 0), (0, r - 1 - klen)]).reshape(*lead, r - 1, l)
-  return jnp.pad(x, keep + [(1, 0), (0, 0)]).reshape(*lead, l, r)
+  x_AxRxL = jnp.pad(d_AxLxK, keep + [(0, 0), (0, r - 1 - klen)]).reshape(*lead, r - 1, l)
+  return jnp.pad(x_AxRxL, keep + [(1, 0), (0, 0)]).reshape(*lead, l, r)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -124,27 +124,32 @@ def position_scores(q_NxXxBxLxD: jax.Array, kr_XxRxNxD: jax.Array, klen: int) ->
   and direction over all its rows. The gradient is written out: the shift's adjoint is
   materialised once for both products, and the encodings' gradient contracts over the
   rows with the queries transposed (the small operand) rather than the [rows, R] scores.
+  Both products read the float32 cotangent rounded to ``q``'s dtype (under bfloat16, as a
+  bfloat16 ``Dense`` layer's backward and ``layers.tied_logits`` do; autodiff kept it in
+  float32).
   """
   return rel_shift(jnp.einsum('nxbld,xrnd->nxblr', q_NxXxBxLxD, kr_XxRxNxD,
                               preferred_element_type=jnp.float32), klen)
 
 
-def _position_scores_fwd(q, kr, klen):
-  return position_scores(q, kr, klen), (q, kr)
+def _position_scores_fwd(q_NxXxBxLxD, kr_XxRxNxD, klen):
+  return position_scores(q_NxXxBxLxD, kr_XxRxNxD, klen), (q_NxXxBxLxD, kr_XxRxNxD)
 
 
-def _position_scores_bwd(klen, residuals, g):
-  q, kr = residuals
-  n, x, b, l, d = q.shape
-  r = kr.shape[1]
-  # One [N, X, B * L, R] array that both products read (not a pad per consumer).
-  g_r = jax.lax.optimization_barrier(_unshift(g, r).reshape(n, x, b * l, r).astype(q.dtype))
-  f32 = jnp.float32
-  dq = jnp.einsum('nxmr,xrnd->nxmd', g_r, kr, preferred_element_type=f32)
-  q_t = q.reshape(n, x, b * l, d).transpose(0, 1, 3, 2)
-  dkr = jnp.einsum('nxdm,nxmr->nxdr', q_t, g_r, preferred_element_type=f32)
-  return (dq.reshape(q.shape).astype(q.dtype),
-          dkr.transpose(1, 3, 0, 2).astype(kr.dtype))
+def _position_scores_bwd(klen, residuals, g_NxXxBxLxK):
+  q_NxXxBxLxD, kr_XxRxNxD = residuals
+  n, x, b, l, d = q_NxXxBxLxD.shape
+  r = kr_XxRxNxD.shape[1]
+  dt, f32 = q_NxXxBxLxD.dtype, jnp.float32
+  # One [N, X, B * L, R] array (M = B * L rows) that both products read, not a pad per
+  # consumer.
+  g_NxXxMxR = jax.lax.optimization_barrier(
+      _unshift(g_NxXxBxLxK, r).reshape(n, x, b * l, r).astype(dt))
+  dq_NxXxMxD = jnp.einsum('nxmr,xrnd->nxmd', g_NxXxMxR, kr_XxRxNxD, preferred_element_type=f32)
+  q_NxXxDxM = q_NxXxBxLxD.reshape(n, x, b * l, d).transpose(0, 1, 3, 2)
+  dkr_NxXxDxR = jnp.einsum('nxdm,nxmr->nxdr', q_NxXxDxM, g_NxXxMxR, preferred_element_type=f32)
+  return (dq_NxXxMxD.reshape(q_NxXxBxLxD.shape).astype(dt),
+          dkr_NxXxDxR.transpose(1, 3, 0, 2).astype(kr_XxRxNxD.dtype))
 
 
 position_scores.defvjp(_position_scores_fwd, _position_scores_bwd)
@@ -181,19 +186,19 @@ def _relative_attention(c, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
   q_NxBxLxD, k_NxBxKxD, v_NxBxKxD = (head_major(x) for x in (q_BxLxNxD, k_BxKxNxD, v_BxKxNxD))
   n, b, l, d = q_NxBxLxD.shape
   klen = k_NxBxKxD.shape[2]
-  x = kr_XxRxNxD.shape[0]
+  directions = kr_XxRxNxD.shape[0]
   bias = lambda name: p[name].astype(dt)[:, None, None]
   ac = jnp.einsum('nbld,nbkd->nblk', q_NxBxLxD + bias('r_w_bias'), k_NxBxKxD,
                   preferred_element_type=f32)
-  q_r = (q_NxBxLxD + bias('r_r_bias')).reshape(n, x, b // x, l, d)
+  q_r_NxXxBxLxD = (q_NxBxLxD + bias('r_r_bias')).reshape(n, directions, b // directions, l, d)
   if rows_BxL is None:
-    bd = position_scores(q_r, kr_XxRxNxD, klen).reshape(n, b, l, klen)
+    bd = position_scores(q_r_NxXxBxLxD, kr_XxRxNxD, klen).reshape(n, b, l, klen)
   else:  # Query at position i reads distances from entry (qlen - i) on (as rel_shift).
-    bd = jnp.einsum('nxbld,xrnd->nxblr', q_r, kr_XxRxNxD,
+    bd = jnp.einsum('nxbld,xrnd->nxblr', q_r_NxXxBxLxD, kr_XxRxNxD,
                     preferred_element_type=f32).reshape(n, b, l, -1)
     qlen = bd.shape[-1] - klen
-    index_BxLxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
-    bd = jnp.take_along_axis(bd, index_BxLxK[None], axis=-1)
+    index_BxPxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
+    bd = jnp.take_along_axis(bd, index_BxPxK[None], axis=-1)
   ef_NxBxLx2 = jnp.einsum('nbld,snd->nbls', q_NxBxLxD + bias('r_s_bias'),
                           p['seg_embed'].astype(dt), preferred_element_type=f32)
   ef = jnp.where(segment_differs_BxLxK[None], ef_NxBxLx2[..., 1:2], ef_NxBxLx2[..., 0:1])
@@ -473,8 +478,9 @@ class XLNetLMHeadModel(nn.Module):
   logits come from the content stream at every position (as Hugging Face). The
   permutation objective passes ``perm_mask`` [B, L, L] (1: query i may not read key j) and
   ``target_mapping`` [B, P, L] itself, and ``mems`` [B, N, M, E] with ``mem_mask`` [B, M]
-  when ``mem_len`` > 0; ``bi_data`` makes the batch's second half read negated distances
-  (the batch must then be even).
+  when ``mem_len`` > 0; ``bi_data`` (a Python bool: static under ``jax.jit``) makes the
+  batch's second half read negated distances (the batch must then be even; the halves
+  should span whole batch shards, else XLA replicates the position scores).
 
   ``content_output=False`` (the permutation objective) leaves out ``sequence_output`` when
   the query stream runs, and with it the last layer's content stream.

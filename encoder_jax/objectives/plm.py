@@ -59,7 +59,9 @@ FIELDS: tuple[fields_lib.Field, ...] = (
                      'in a context of K x its length (XLNet: K=6, max_ngram=5).'),
     fields_lib.Field('bidirectional_data', False, fields_lib.boolean(),
                      "The second half of each batch is the backward stream (the paper's "
-                     'bi_data).'),
+                     'bi_data): batch_size / grad_accum_steps must be even, and the halves '
+                     'should each span whole batch shards (data x fsdp even or 1), else XLA '
+                     'replicates the position scores on every device.'),
     masking.MAX_NGRAM,
 )
 
@@ -201,8 +203,7 @@ def permute_batch(rng: jax.Array, batch, *, max_predictions: int, recipe: PlmRec
   perm_BxLxL, targets_BxL = permutation_masks(k_perm, selected_BxL, functional_BxL)
   mapping_BxPxL, labels_BxP, weights_BxP = target_slots(targets_BxL, ids_BxL, max_predictions)
   return dict(input_ids=ids_BxL, segment_ids=seg_BxL, input_mask=mask_BxL, perm_mask=perm_BxLxL,
-              target_mapping=mapping_BxPxL, target_labels=labels_BxP, target_weights=weights_BxP,
-              backward=backward_B)
+              target_mapping=mapping_BxPxL, target_labels=labels_BxP, target_weights=weights_BxP)
 
 
 class PermutationLM(base.Pretraining):
@@ -238,8 +239,9 @@ class PermutationLM(base.Pretraining):
     rows = batch['input_ids'].shape[0]
     if self.recipe.bidirectional_data and rows % 2:
       raise ValueError(f'config.objective.bidirectional_data reads the second half of each '
-                       f'batch backward; a step got {rows} rows (expected an even number: '
-                       'the batch size divided by train.grad_accum_steps)')
+                       f'batch backward; a batch of {rows} rows came in (expected an even '
+                       'number: train.batch_size / train.grad_accum_steps in training, '
+                       "evaluate's --batch_size; or set bidirectional_data=False)")
     k_perm, k_dropout = jax.random.split(rng)
     x = permute_batch(k_perm, batch, max_predictions=phase.max_predictions, recipe=self.recipe,
                       tables=self.tables)

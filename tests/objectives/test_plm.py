@@ -268,6 +268,15 @@ def test_memory_is_training_state_carried_from_step_to_step():
   assert float(metrics['plm_predictions']) > 0
 
 
+def test_backward_halves_need_an_even_batch():
+  c, setup = _setup(mem_len=0)
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
+  batch = _xlnet_rows(np.random.RandomState(0), [16, 12, 9], 16)
+  phase = schedule.phases(c.train)[0]
+  with pytest.raises(ValueError, match=r'bidirectional_data.*3 rows.*even'):
+    setup.loss_fn(params, batch, jax.random.key(1), phase, False)
+
+
 def test_checkpoints_hold_the_extra_state_only_when_there_is_one(tmp_path):
   cfg = ml_collections.ConfigDict(dict(every_steps=1, keep=3, async_save=False))
   params = {'w': jnp.arange(3.0)}
