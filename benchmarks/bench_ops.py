@@ -156,5 +156,6 @@ def attention_products(args) -> None:
           f'{h:5.2f} ms ({rate(h)}); torch {t:5.2f} ms ({rate(t)}); max |difference| '
           f'{diff:.1e}', flush=True)
 
+
 if __name__ == '__main__':
   main()
