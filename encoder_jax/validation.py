@@ -166,10 +166,6 @@ def _batch(c) -> str | None:
   if batch is not None and accum and batch % accum:
     return (f'config.train.batch_size={batch}: expected a multiple of '
             f'train.grad_accum_steps={accum} (the global batch is split into micro-batches)')
-  if _get(c, 'objective.bidirectional_data', False) and batch and accum and (batch // accum) % 2:
-    return (f'config.train.batch_size={batch} / grad_accum_steps={accum} = {batch // accum} '
-            'rows per step: expected an even number with objective.bidirectional_data (the '
-            'second half of each batch is the backward stream)')
   return None
 
 

@@ -111,8 +111,9 @@ CROSS = [  # Values fine one by one, wrong together.
                                   r'train.num_steps=300'),
     ({'train.batch_size': 30, 'train.grad_accum_steps': 4},
      'batch_size=30: expected a multiple of train.grad_accum_steps=4'),
-    ({'objective.bidirectional_data': True, 'train.batch_size': 30,
-      'train.grad_accum_steps': 2},
+    ({'objective.names': ('plm',), 'model.kind': 'xlnet', 'data.pair_kind': 'xlnet',
+      'model.type_vocab_size': 3, 'objective.bidirectional_data': True,
+      'train.batch_size': 30, 'train.grad_accum_steps': 2},
      r'batch_size=30 / grad_accum_steps=2 = 15 rows per step: expected an even number'),
     ({'model.num_heads': 3}, 'hidden_size=128: expected a multiple of model.num_heads=3'),
     ({'train.seq_lens': (64, 256)}, r'seq_lens=\(64, 256\): expected each <= '

@@ -76,7 +76,8 @@ REGISTRY: dict[str, Entry] = {
                      stands_alone=True, check=_electra_check,
                      description='ELECTRA: generator + discriminator (replaced-token detection)'),
     'plm': Entry(plm.build, fields=plm.FIELDS, kinds=('xlnet',), pair_kinds=('xlnet',),
-                 stands_alone=True, description="XLNet's permutation LM, two streams"),
+                 stands_alone=True, check=plm.check_config,
+                 description="XLNet's permutation LM, two streams"),
 }
 
 

@@ -82,6 +82,18 @@ class PlmRecipe:
                        '>= 1 (XLNet: spans of up to 5 tokens)')
 
 
+def check_config(config) -> str | None:
+  """``bidirectional_data`` splits each step's rows in halves: their number must be even."""
+  if not config.objective.get('bidirectional_data'):
+    return None
+  batch, accum = config.train.get('batch_size'), config.train.get('grad_accum_steps') or 1
+  if batch and batch % accum == 0 and (batch // accum) % 2:
+    return (f'config.train.batch_size={batch} / grad_accum_steps={accum} = {batch // accum} '
+            'rows per step: expected an even number with objective.bidirectional_data (the '
+            'second half of each batch is the backward stream)')
+  return None
+
+
 def prediction_budget(length_B: jax.Array, k: int, max_predictions: int) -> jax.Array:
   """Targets per row: round(length / K), in [1, max_predictions] and at most the length."""
   goal_B = jnp.round(length_B / k).astype(jnp.int32)
