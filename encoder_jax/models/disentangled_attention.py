@@ -123,7 +123,7 @@ class FusedQKV(nn.Module):
     e, h, d = c.hidden_size, c.num_heads, c.head_dim
     kernel_ExHx3xD = layers.param(self, 'kernel', layers.truncated_normal(c.initializer_range),
                                   (e, h, 3, d), ('embed', 'heads', None, 'kv')).astype(dt)
-    proj = lambda x, i: jnp.einsum('ble,ehd->blhd', x.astype(dt), kernel_ExHx3xD[:, :, i])
+    proj = lambda x, i: layers.project(x.astype(dt), kernel_ExHx3xD[:, :, i], 1)
     return proj(q_BxLxE, 0), proj(kv_BxSxE, 1), proj(kv_BxSxE, 2)
 
 

@@ -8,6 +8,8 @@ Every parameter is created through :func:`param`, so every parameter is an
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -56,9 +58,50 @@ class Dense(nn.Module):
 def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, n_in: int,
           dtype=jnp.float32) -> jax.Array:
   """:class:`Dense`'s computation on its arrays (``kernel`` [*in, *out], ``bias`` [*out])."""
-  contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-  y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), (contract, ((), ())))
+  y = project(x.astype(dtype), kernel.astype(dtype), n_in)
   return y if bias is None else y + bias.astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def project(x: jax.Array, kernel: jax.Array, n_in: int, in_first: bool = True) -> jax.Array:
+  """[*lead, *in] -> [*lead, *out]: ``x``'s last ``n_in`` axes contracted with ``kernel``
+  [*in, *out] (``in_first``) or [*out, *in]: a dense layer's product, no casts.
+
+  The kernel's gradient is written out as one product over the rows: ``x`` and the
+  cotangent flattened to [rows, in] and [rows, out] (rows: the leading axes) and contracted
+  over their first axis. Autodiff contracted the leading axes of the N-d arrays, and
+  XLA:CPU then copied both operands transposed in memory before the product (per weight
+  gradient); flattened, the product reads them as they are. The input's gradient is
+  autodiff's product. Same values (``tests/models/test_layers.py``).
+  """
+  return jax.lax.dot_general(x, kernel, _contraction(x.ndim, kernel.ndim, n_in, in_first))
+
+
+def _contraction(x_ndim: int, k_ndim: int, n_in: int, in_first: bool):
+  k_in = tuple(range(n_in)) if in_first else tuple(range(k_ndim - n_in, k_ndim))
+  return ((tuple(range(x_ndim - n_in, x_ndim)), k_in), ((), ()))
+
+
+def _project_fwd(x, kernel, n_in, in_first):
+  return project(x, kernel, n_in, in_first), (x, kernel)
+
+
+def _project_bwd(n_in, in_first, residuals, g):
+  x, kernel = residuals
+  n_out = kernel.ndim - n_in
+  lead = g.ndim - n_out
+  k_out = tuple(range(n_in, kernel.ndim)) if in_first else tuple(range(n_out))
+  dx = jax.lax.dot_general(g, kernel, ((tuple(range(lead, g.ndim)), k_out), ((), ())))
+  rows = math.prod(x.shape[:lead])
+  x_MxI = x.reshape(rows, -1)
+  g_MxO = g.reshape(rows, -1).astype(x.dtype)
+  rows_contracted = (((0,), (0,)), ((), ()))
+  d_kernel = (jax.lax.dot_general(x_MxI, g_MxO, rows_contracted) if in_first
+              else jax.lax.dot_general(g_MxO, x_MxI, rows_contracted))
+  return dx.astype(x.dtype), d_kernel.reshape(kernel.shape).astype(kernel.dtype)
+
+
+project.defvjp(_project_fwd, _project_bwd)
 
 
 class LayerNorm(nn.Module):

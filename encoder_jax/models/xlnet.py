@@ -247,7 +247,7 @@ class Layer(nn.Module):
     output = group('output', layers.dense_params(
         (f,), (e,), ('mlp',), ('embed',), c.initializer_range))
     output_norm = group('output_layer_norm', layers.layer_norm_params(e))
-    project = lambda x, w: jnp.einsum('...e,end->...nd', x.astype(dt), w.astype(dt))
+    project = lambda x, w: layers.project(x.astype(dt), w.astype(dt), 1)
     train = not self.deterministic
 
     rates = (c.attention_dropout_rate,) + (c.hidden_dropout_rate,) * 3
@@ -259,7 +259,7 @@ class Layer(nn.Module):
       return x if key is None else layers.dropout(x, c.hidden_dropout_rate, key)
 
     def block(x_BxTxE, a_BxTxNxD, ks):  # Output projection, residual, LN; feed-forward.
-      out_BxTxE = jnp.einsum('btnd,end->bte', a_BxTxNxD, wo.astype(dt))
+      out_BxTxE = layers.project(a_BxTxNxD, wo.astype(dt), 2, in_first=False)
       x_BxTxE = layers.layer_norm(drop(out_BxTxE, ks[1]) + x_BxTxE, attention_norm['scale'],
                                   attention_norm['bias'], c.layer_norm_eps, dt)
       y = layers.dense(x_BxTxE, intermediate['kernel'], intermediate['bias'], 1, dt)
