@@ -1,12 +1,16 @@
 r"""Pieces of the training step timed in isolation, in one process (alternating rounds,
-medians). Two whose arithmetic is written out for speed, each beside the plain formula it
+medians). Three whose arithmetic is written out for speed, each beside the plain formula it
 replaces:
 
 * the LM head with its loss, forward and backward: ``layers.tied_logits`` +
   ``objectives.base.cross_entropy`` (gradients written as ``jax.custom_vjp``) against the
   same einsum + bias + log-softmax cross-entropy differentiated by autodiff;
 * exact GELU, forward and forward + backward: ``config.gelu`` (through ``erf``) against
-  ``nn.gelu(approximate=False)`` (through ``erfc``).
+  ``nn.gelu(approximate=False)`` (through ``erfc``);
+* a feed-forward block with its dropouts on [batch, tokens, hidden] activations, forward
+  and backward: ``layers.dense`` (the kernel's gradient one product over the flattened
+  rows, ``layers.project``) against the same einsum + bias differentiated by autodiff (whose
+  kernel gradients XLA:CPU runs after copying both operands transposed).
 
 And one that explains a gap rather than closing it: the attention's batched per-(row, head)
 products at the small encoder's shape (batch 32, 4 heads of 64, 128 tokens), as XLA runs
@@ -105,7 +109,37 @@ def main():
   _side_by_side(f'exact GELU, fwd+bwd ({shape})', vjp(config_lib.gelu), vjp(erfc_gelu),
                 (h, g), args.rounds, args.steps)
 
+  feed_forward(args)
   attention_products(args)
+
+
+def feed_forward(args) -> None:
+  """A feed-forward block (dense, GELU, dropout, dense, dropout) forward and backward:
+  ``layers.dense`` against einsum + bias under autodiff."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from encoder_jax.models import config as config_lib
+  from encoder_jax.models import layers
+
+  rng = np.random.default_rng(2)
+  b, l, e, f = args.attention_batch, args.seq_len, args.hidden, args.ffn_width
+  arr = lambda *shape: jnp.asarray(rng.normal(size=shape) * 0.02, jnp.float32)
+  operands = (arr(b, l, e) * 50, arr(e, f), arr(f), arr(f, e), arr(e))
+  keys = jax.random.split(jax.random.key(0), 3)
+
+  def block(dense):
+    def loss(x, w_in, b_in, w_out, b_out):
+      y = dense(layers.dropout(x, 0.1, keys[0]), w_in, b_in)
+      y = dense(layers.dropout(config_lib.gelu(y), 0.1, keys[1]), w_out, b_out)
+      return jnp.sum(layers.dropout(y, 0.1, keys[2]) + x)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+
+  ours = block(lambda x, w, bias: layers.dense(x, w, bias, 1))
+  plain = block(lambda x, w, bias: jnp.einsum('ble,ef->blf', x, w) + bias)
+  _side_by_side(f'feed-forward block, fwd+bwd ({b}x{l}x{e}, {f})', ours, plain,
+                operands, args.rounds, args.steps)
 
 
 def attention_products(args) -> None:
