@@ -93,8 +93,8 @@ def _project_bwd(n_in, in_first, residuals, g):
   k_out = tuple(range(n_in, kernel.ndim)) if in_first else tuple(range(n_out))
   dx = jax.lax.dot_general(g, kernel, ((tuple(range(lead, g.ndim)), k_out), ((), ())))
   rows = math.prod(x.shape[:lead])
-  x_MxI = x.reshape(rows, -1)
-  g_MxO = g.reshape(rows, -1).astype(x.dtype)
+  x_MxI = x.reshape(rows, math.prod(x.shape[lead:]))
+  g_MxO = g.reshape(rows, math.prod(g.shape[lead:])).astype(x.dtype)
   rows_contracted = (((0,), (0,)), ((), ()))
   d_kernel = (jax.lax.dot_general(x_MxI, g_MxO, rows_contracted) if in_first
               else jax.lax.dot_general(g_MxO, x_MxI, rows_contracted))

@@ -10,9 +10,10 @@ from encoder_jax.models import layers
 
 # (x shape, kernel shape, n_in, in_first): one input axis into (heads, kv) as Q/K/V do,
 # (heads, kv) into one as an output projection with an [*in, *out] or an [*out, *in]
-# kernel (XLNet's ``o``), and a plain matrix on rows without a sequence axis.
+# kernel (XLNet's ``o``), a plain matrix on rows without a sequence axis, and no rows.
 CASES = [((3, 5, 8), (8, 4, 6), 1, True), ((3, 5, 4, 6), (4, 6, 8), 2, True),
-         ((3, 5, 4, 6), (8, 4, 6), 2, False), ((7, 8), (8, 5), 1, True)]
+         ((3, 5, 4, 6), (8, 4, 6), 2, False), ((7, 8), (8, 5), 1, True),
+         ((0, 5, 8), (8, 5), 1, True)]
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
