@@ -34,6 +34,7 @@ import time
 import ml_collections
 
 from encoder_jax import config_base
+from encoder_jax import metrics
 from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import train
@@ -71,6 +72,10 @@ ROWS: dict[str, dict] = {
         data=dict(pair_kind='xlnet')),
 }
 
+# Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run
+# (the first row's always is): a row is compared with the best of them.
+SCRATCH_BASELINES: tuple[str, ...] = ()
+
 
 @dataclasses.dataclass
 class Preset:
@@ -84,6 +89,7 @@ class Preset:
   budget_steps: int  # Steps of the first row; the others get its FLOPs.
   probe: probe.ProbeSettings
   half_budget_seeds: tuple[int, ...] = (0,)  # Probe seeds at the half-way checkpoint (curve).
+  eval_batches: int = 8  # Held-out batches scored at the end of each pretraining run.
 
 
 PRESETS = {
@@ -116,7 +122,9 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   c.data.update(sources=corpus)
   c.train.update(num_steps=steps, batch_size=preset.batch_size, seq_lens=(preset.seq_len,),
                  max_predictions=(preset.max_predictions,), phase_fractions=(1.0,),
-                 log_every_steps=max(1, steps // 10), eval_every_steps=0, eval_batches=0)
+                 log_every_steps=max(1, steps // 10),
+                 eval_every_steps=steps if preset.eval_batches else 0,
+                 eval_batches=preset.eval_batches)
   c.optim.update(learning_rate=preset.learning_rate,
                  warmup_steps=min(preset.warmup_steps, steps))
   c.checkpoint.update(every_steps=max(1, steps // 2), keep=3, async_save=False)  # Half, end.
@@ -174,40 +182,72 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     start = time.perf_counter()
     last = train.train_and_evaluate(config, workdir)
     wall = time.perf_counter() - start
-    points = []
-    for step in sorted({max(1, n // 2), n}):
-      settings = preset.probe if step == n else dataclasses.replace(
-          preset.probe, seeds=preset.half_budget_seeds)
-      summary = probe.run(dict(workdir=workdir, step=step), os.path.join(out, 'probe', name,
-                                                                        str(step)),
-                          settings, probe_specs, log)
-      points.append(dict(step=step, flops=step * per_step, **_brief(summary)))
+    # The full budget first: its rate, chosen on the validation split, is also the half
+    # budget's (one curve at one rate).
+    full = probe.run(dict(workdir=workdir, step=n), os.path.join(out, 'probe', name, str(n)),
+                     preset.probe, probe_specs, log)
+    points = [dict(step=n, flops=n * per_step, **_brief(full))]
+    half = max(1, n // 2)
+    if half < n:
+      settings = dataclasses.replace(preset.probe, seeds=preset.half_budget_seeds,
+                                     learning_rates=(), learning_rate=full['learning_rate'])
+      summary = probe.run(dict(workdir=workdir, step=half),
+                          os.path.join(out, 'probe', name, str(half)), settings, probe_specs, log)
+      points.insert(0, dict(step=half, flops=half * per_step, **_brief(summary)))
     results['rows'][name] = dict(steps=n, flops=n * per_step, wall_s=wall,
                                  final_loss=float(last.get('loss', float('nan'))),
-                                 points=points)
+                                 heldout=heldout(workdir), points=points)
     _write(out, results)
-  first = os.path.join(out, 'runs', names[0])
-  log('bake-off: fine-tuning the from-scratch baseline')
-  summary = probe.run(dict(workdir=first, from_scratch=True),
-                      os.path.join(out, 'probe', 'from_scratch'), preset.probe, probe_specs, log)
-  results['from_scratch'] = _brief(summary)
-  _write(out, results)
+  results['from_scratch'] = {}
+  for name in [n for n in names if n == names[0] or n in SCRATCH_BASELINES]:
+    log(f'bake-off: fine-tuning the from-scratch baseline of the {name} network')
+    summary = probe.run(dict(workdir=os.path.join(out, 'runs', name), from_scratch=True),
+                        os.path.join(out, 'probe', 'from_scratch', name), preset.probe,
+                        probe_specs, log)
+    results['from_scratch'][name] = _brief(summary)
+    _write(out, results)
   log(table(results))
   return results
 
 
+def heldout(workdir: str) -> dict[str, float]:
+  """The held-out metrics of a run's last evaluation ({} when it had none)."""
+  rows = [r for r in metrics.read_metrics(workdir) if r.get('split') == 'eval']
+  if not rows:
+    return {}
+  return {k: float(v) for k, v in rows[-1].items() if k not in ('split', 'time')}
+
+
 def _brief(summary: dict) -> dict:
-  return {k: summary[k] for k in ('accuracy', 'accuracy_std', 'accuracy_min', 'accuracy_max',
-                                  'macro_f1', 'macro_f1_std', 'seeds')}
+  out = {k: summary[k] for k in ('accuracy', 'accuracy_std', 'accuracy_min', 'accuracy_max',
+                                 'macro_f1', 'macro_f1_std', 'seeds')}
+  out['learning_rate'] = summary.get('learning_rate')
+  out['selection'] = summary.get('selection', [])
+  return out
+
+
+def best_baseline(results: dict) -> tuple[str, dict] | None:
+  """(network, summary) of the from-scratch baseline with the best test accuracy."""
+  base = results.get('from_scratch') or {}
+  if not base:
+    return None
+  return max(base.items(), key=lambda kv: kv[1]['accuracy'])
 
 
 def table(results: dict) -> str:
-  base = results.get('from_scratch')
-  lines = ['| row | pretraining steps | training FLOPs | wall time | final loss | probe '
-           'accuracy (half budget) | probe accuracy (full budget) | vs from scratch |',
-           '|---|---|---|---|---|---|---|---|']
+  """The Markdown table: every row, then every from-scratch baseline; each row's gain is
+  against the best baseline (the bar a pretrained row has to clear)."""
+  best = best_baseline(results)
+  base = best[1] if best else None
+  lines = ['| row | pretraining steps | training FLOPs | wall time | final loss | held-out MLM '
+           'accuracy | probe accuracy (half budget) | probe accuracy (full budget) | '
+           'fine-tuning rate | vs best from scratch |',
+           '|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results['rows'].items():
     half, full = r['points'][0], r['points'][-1]
+    mlm = r.get('heldout', {}).get('mlm_accuracy',
+                                   r.get('heldout', {}).get('generator_mlm_accuracy'))
+    mlm = '-' if mlm is None else f'{mlm:.1%}'
     gain = ''
     if base:
       delta = full['accuracy'] - base['accuracy']
@@ -216,10 +256,17 @@ def table(results: dict) -> str:
                                  f'({"better" if delta > 0 else "worse"}, beyond the seed '
                                  'spread)')
     lines.append(f'| {name} | {r["steps"]} | {r["flops"]:.3g} | {r["wall_s"]:.0f} s | '
-                 f'{r["final_loss"]:.3f} | {_fmt(half)} | {_fmt(full)} | {gain} |')
-  if base:
-    lines.append(f'| from scratch | 0 | 0 | - | - | - | {_fmt(base)} | |')
+                 f'{r["final_loss"]:.3f} | {mlm} | {_fmt(half)} | {_fmt(full)} | '
+                 f'{_rate(full)} | {gain} |')
+  for name, b in (results.get('from_scratch') or {}).items():
+    lines.append(f'| from scratch ({name} network) | 0 | 0 | - | - | - | - | {_fmt(b)} | '
+                 f'{_rate(b)} | |')
   return '\n'.join(lines)
+
+
+def _rate(summary: dict) -> str:
+  rate = summary.get('learning_rate')
+  return '-' if rate is None else f'{rate:g}'
 
 
 def _write(out: str, results: dict) -> None:
@@ -235,7 +282,8 @@ def plot(results: dict, path: str) -> None:
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(7, 4.5))
   ax = fig.subplots()
-  base = results.get('from_scratch')
+  best = best_baseline(results)
+  base = best[1] if best else None
   for name, r in results['rows'].items():
     xs = [0.0] + [p['flops'] for p in r['points']] if base else [p['flops'] for p in r['points']]
     pts = ([base] if base else []) + r['points']
@@ -244,7 +292,8 @@ def plot(results: dict, path: str) -> None:
            [p['accuracy_max'] - p['accuracy'] for p in pts]]
     ax.errorbar(xs, ys, yerr=err, marker='o', capsize=3, label=name)
   if base:
-    ax.axhline(base['accuracy'], color='gray', linestyle='--', label='from scratch')
+    ax.axhline(base['accuracy'], color='gray', linestyle='--',
+               label=f'best from scratch ({best[0]} network)')
   ax.set_xlabel('pretraining FLOPs (as MFU counts them)')
   ax.set_ylabel('probe test accuracy')
   ax.set_title('What each objective buys at equal compute')

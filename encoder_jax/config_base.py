@@ -57,7 +57,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       name='adamw',  # 'adamw' or 'lamb'.
       learning_rate=1e-4,  # Peak, reached after warmup_steps.
-      warmup_steps=10_000,  # Linear warmup from 0; then linear decay to 0 at train.num_steps.
+      warmup_steps=10_000,  # Linear warmup from 0; then the schedule's decay.
+      # After warmup: 'linear' decay to 0 at train.num_steps (BERT; warmup = half the
+      # steps gives the one-cycle triangle), 'cosine' to 0, or 'wsd' (warmup-stable-decay:
+      # the peak held, then linear to 0 over the last decay_fraction of the steps).
+      schedule='linear',
+      decay_fraction=0.2,  # 'wsd' only: share of train.num_steps spent decaying.
       b1=0.9,
       b2=0.999,
       eps=1e-6,
@@ -135,3 +140,25 @@ def shrink_for_local_run(c: ml_collections.ConfigDict) -> None:
                  eval_batches=4)
   c.optim.update(learning_rate=1e-3, warmup_steps=30)
   c.checkpoint.update(every_steps=100, keep=2)
+
+
+# The small-budget recipe (configs/crammed_small.py, the bake-off's 'crammed' row): what
+# pays at a CPU's budget, measured against BERT's recipe at equal training FLOPs (README,
+# "Pretraining that pays"). Section -> fields, applied over a sized config by
+# ``apply_recipe``.
+SMALL_BUDGET_RECIPE: dict[str, dict] = dict(
+    # Pre-LN with a final LayerNorm, GeGLU, no biases, no dropout (Cramming; ModernBERT).
+    model=dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False,
+               hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
+    # MLM only on full sentences (no NSP).
+    objective=dict(names=('mlm',)),
+    data=dict(pair_kind='full_sentences'),
+    # Pre-LN trains at a higher peak; warmup-stable-decay.
+    optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2),
+)
+
+
+def apply_recipe(c: ml_collections.ConfigDict, recipe: dict[str, dict]) -> None:
+  """Sets a recipe's fields (section -> fields) on ``c``."""
+  for section, fields in recipe.items():
+    c[section].update(fields)

@@ -7,16 +7,41 @@ import ml_collections
 import optax
 
 
+SCHEDULES = ('linear', 'cosine', 'wsd')
+
+
 def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to the peak over ``warmup_steps``, then linear decay to 0."""
+  """Linear warmup from 0 to the peak over ``warmup_steps``, then ``optim.schedule``:
+
+  * ``'linear'`` (BERT): linear decay to 0 at ``num_steps``; with ``warmup_steps`` =
+    ``num_steps / 2`` this is the triangular one-cycle schedule (Cramming).
+  * ``'cosine'``: cosine decay to 0 at ``num_steps``.
+  * ``'wsd'`` (warmup-stable-decay; MiniCPM, ModernBERT): the peak held, then a linear
+    decay to 0 over the last ``decay_fraction`` of the steps.
+  """
   warmup = int(optim.warmup_steps)
   if not 0 <= warmup <= num_steps:
     raise ValueError(f'config.optim.warmup_steps={warmup} must be in [0, train.num_steps='
                      f'{num_steps}]')
-  return optax.join_schedules([
-      optax.linear_schedule(0.0, optim.learning_rate, max(warmup, 1)),
-      optax.linear_schedule(optim.learning_rate, 0.0, max(num_steps - warmup, 1)),
-  ], [warmup])
+  peak, kind = optim.learning_rate, optim.get('schedule', 'linear')
+  after = max(num_steps - warmup, 1)
+  if kind == 'linear':
+    rest = [optax.linear_schedule(peak, 0.0, after)]
+  elif kind == 'cosine':
+    rest = [optax.cosine_decay_schedule(peak, after)]
+  elif kind == 'wsd':
+    fraction = float(optim.get('decay_fraction', 0.2))
+    if not 0 < fraction <= 1:
+      raise ValueError(f'config.optim.decay_fraction={fraction}; expected in (0, 1]')
+    decay = max(1, min(after, int(round(fraction * num_steps))))
+    rest = [optax.constant_schedule(peak), optax.linear_schedule(peak, 0.0, decay)]
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, max(warmup, 1)), *rest],
+        [warmup, warmup + after - decay])
+  else:
+    raise ValueError(f'config.optim.schedule={kind!r}; expected one of {SCHEDULES}')
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, max(warmup, 1)), *rest],
+                              [warmup])
 
 
 def decay_mask(params):

@@ -96,6 +96,8 @@ OWN_RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('optim.name', one_of('adamw', 'lamb')),
     ('optim.learning_rate', number(0, lo_open=True)),
     ('optim.warmup_steps', integer(0)),
+    ('optim.schedule', one_of('linear', 'cosine', 'wsd')),
+    ('optim.decay_fraction', number(0, 1, lo_open=True)),
     ('optim.b1', number(0, 1, hi_open=True)),
     ('optim.b2', number(0, 1, hi_open=True)),
     ('optim.eps', number(0, lo_open=True)),

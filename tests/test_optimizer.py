@@ -33,3 +33,30 @@ def test_unknown_optimizer_is_named():
   c.optim.name = 'sgdw'
   with pytest.raises(ValueError, match='config.optim.name=.sgdw.'):
     optimizer.make(c)
+
+
+def _schedule(**optim):
+  c = config_base.base_config()
+  c.optim.update(learning_rate=1.0, warmup_steps=10, **optim)
+  return optimizer.learning_rate_schedule(c.optim, 110)
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_last_fraction():
+  lr = _schedule(schedule='wsd', decay_fraction=0.2)  # 110 steps: decay over the last 22.
+  np.testing.assert_allclose([float(lr(s)) for s in (0, 5, 10, 50, 88)], [0, 0.5, 1, 1, 1],
+                             atol=1e-6)
+  np.testing.assert_allclose([float(lr(s)) for s in (99, 110)], [0.5, 0.0], atol=1e-6)
+
+
+def test_cosine_and_one_cycle_schedules():
+  cos = _schedule(schedule='cosine')
+  np.testing.assert_allclose([float(cos(s)) for s in (10, 60, 110)], [1.0, 0.5, 0.0], atol=1e-6)
+  c = config_base.base_config()  # One-cycle: linear, the peak half-way.
+  c.optim.update(learning_rate=1.0, warmup_steps=50)
+  tri = optimizer.learning_rate_schedule(c.optim, 100)
+  np.testing.assert_allclose([float(tri(s)) for s in (25, 50, 75)], [0.5, 1.0, 0.5], atol=1e-6)
+
+
+def test_unknown_schedule_is_named():
+  with pytest.raises(ValueError, match="config.optim.schedule='cosin'"):
+    _schedule(schedule='cosin')

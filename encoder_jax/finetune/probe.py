@@ -19,6 +19,15 @@ the test accuracy and macro-F1 are recorded; the summary is their mean and sprea
 (standard deviation, and min..max) over seeds. ``--from_scratch`` fine-tunes the same
 network (config and tokenizer of the source) from a random initialisation: the baseline
 that says whether pretraining helped at all.
+
+**The fine-tuning rate is chosen per encoder, on the validation split** (never the test
+split): with ``--learning_rates=1e-4,3e-4,1e-3`` each rate is fine-tuned with the
+selection seeds (``--selection_seeds``, default 1) and scored on the validation split
+(BBC News has one; ``--validation`` for other data); the rate with the best mean
+validation accuracy (ties: macro-F1, then the lower rate) is then fine-tuned with every
+seed and scored on the test split. A pretrained network and a random one usually want
+different rates, so comparing them at one rate tuned for either is not fair. The summary
+records every rate's validation scores and the chosen one.
 """
 
 from __future__ import annotations
@@ -99,6 +108,10 @@ class ProbeSettings:
   epochs: int = 5
   batch_size: int = 16
   learning_rate: float = 1e-3  # For the small CPU-scale models; base-size: 2e-5 to 1e-4.
+  # A grid to choose the rate from on the validation split (see the module docstring);
+  # () = ``learning_rate`` alone, no selection.
+  learning_rates: tuple[float, ...] = ()
+  selection_seeds: tuple[int, ...] = (0,)  # Seeds fine-tuned per rate of the grid.
   max_len: int = 128
   train_examples: int = 500  # 0 = the whole train split.
   dtype: str = ''
@@ -107,15 +120,18 @@ class ProbeSettings:
   pooling: str = 'mean'
 
 
-def probe_config(init: dict, specs: dict[str, str], s: ProbeSettings, seed: int
+def probe_config(init: dict, specs: dict[str, str], s: ProbeSettings, seed: int,
+                 split: str = 'test', learning_rate: float | None = None
                  ) -> ml_collections.ConfigDict:
+  """The fine-tuning config of one probe run, scored on ``specs[split]``."""
   c = finetune_config.base_config()
   c.task = 'sequence_classification'
   c.seed = int(seed)
   c.init.update(init)
-  c.data.update(train=specs['train'], eval=specs['test'], text_fields=('text',),
+  c.data.update(train=specs['train'], eval=specs[split], text_fields=('text',),
                 label_field='label', max_len=int(s.max_len))
-  c.optim.update(learning_rate=float(s.learning_rate), epochs=int(s.epochs),
+  lr = s.learning_rate if learning_rate is None else learning_rate
+  c.optim.update(learning_rate=float(lr), epochs=int(s.epochs),
                  batch_size=int(s.batch_size), eval_batch_size=64, warmup_fraction=0.1)
   c.eval_every_epoch = False
   c.dtype = s.dtype
@@ -134,28 +150,62 @@ def summarize(runs: Sequence[dict]) -> dict:
   return out
 
 
+def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, log=print
+                         ) -> tuple[float, list[dict]]:
+  """(the chosen rate, every rate's validation scores): each rate of ``s.learning_rates``
+  fine-tuned with ``s.selection_seeds`` and scored on ``specs['validation']``; the best mean
+  validation accuracy wins (ties: macro-F1, then the lower rate)."""
+  if len(s.learning_rates) <= 1:  # Nothing to choose.
+    return float(s.learning_rates[0] if s.learning_rates else s.learning_rate), []
+  if not specs.get('validation'):
+    raise ValueError('Choosing the fine-tuning rate from learning_rates='
+                     f'{list(s.learning_rates)} needs a validation split (never the test '
+                     'split): pass --validation (a finetune data spec), or one rate')
+  if not s.selection_seeds:
+    raise ValueError('ProbeSettings.selection_seeds is empty: no run to choose a rate from')
+  scores = []
+  for lr in s.learning_rates:
+    runs = [finetune_train.finetune(probe_config(init, specs, s, seed, 'validation', lr))
+            for seed in s.selection_seeds]
+    row = dict(learning_rate=float(lr), **_brief(summarize(runs)))
+    scores.append(row)
+    log(f'probe: learning rate {lr:g}: validation accuracy {row["accuracy"]:.2%}, macro-F1 '
+        f'{row["macro_f1"]:.3f} ({len(runs)} seed(s))')
+  best = max(scores, key=lambda r: (r['accuracy'], r['macro_f1'], -r['learning_rate']))
+  log(f'probe: chosen learning rate {best["learning_rate"]:g} (on the validation split)')
+  return best['learning_rate'], scores
+
+
+def _brief(summary: dict) -> dict:
+  return {k: summary[k] for k in ('accuracy', 'accuracy_std', 'macro_f1', 'macro_f1_std',
+                                  'seeds')}
+
+
 def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
         specs: dict[str, str] | None = None, log=print) -> dict:
   """Fine-tunes ``init`` (finetune ``config.init`` fields: workdir / hf_dir / step /
-  from_scratch) once per seed; writes ``out_dir/probe.json`` and returns the summary."""
+  from_scratch) once per seed at the rate chosen on the validation split (or the one
+  rate given); writes ``out_dir/probe.json`` and returns the summary (``learning_rate``:
+  the rate used; ``selection``: every candidate's validation scores)."""
   s = settings or ProbeSettings()
   if specs is None:
     specs = bbc_specs(out_dir, s.train_examples)
+  lr, selection = select_learning_rate(init, specs, s, log)
   runs = []
   for seed in s.seeds:
-    result = finetune_train.finetune(probe_config(init, specs, s, seed))
+    result = finetune_train.finetune(probe_config(init, specs, s, seed, 'test', lr))
     runs.append({k: v for k, v in result.items() if k != 'labels'})
     log(f'probe seed {seed}: test accuracy {result["eval_accuracy"]:.2%}, macro-F1 '
         f'{result["eval_f1"]:.3f}')
   summary = summarize(runs)
   summary.update(init=dict(init), settings=dataclasses.asdict(s), runs=runs,
-                 data=dict(specs))
+                 data=dict(specs), learning_rate=lr, selection=selection)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'probe.json'), 'w', encoding='utf-8') as f:
     json.dump(summary, f, indent=2)
   log(f'probe: test accuracy {summary["accuracy"]:.2%} +- {summary["accuracy_std"]:.2%}, '
       f'macro-F1 {summary["macro_f1"]:.3f} +- {summary["macro_f1_std"]:.3f} over '
-      f'{len(runs)} seeds -> {os.path.join(out_dir, "probe.json")}')
+      f'{len(runs)} seeds at learning rate {lr:g} -> {os.path.join(out_dir, "probe.json")}')
   return summary
 
 
@@ -166,13 +216,17 @@ def main(argv):
   init = dict(workdir=f.workdir or '', hf_dir=f.hf_dir or '', from_scratch=f.from_scratch)
   s = ProbeSettings(seeds=tuple(range(f.seeds)), epochs=f.epochs, batch_size=f.batch_size,
                     learning_rate=f.learning_rate, max_len=f.max_len,
-                    train_examples=f.train_examples, dtype=f.dtype)
+                    train_examples=f.train_examples, dtype=f.dtype,
+                    learning_rates=tuple(float(x) for x in f.learning_rates),
+                    selection_seeds=tuple(range(f.selection_seeds)))
   specs = None
-  if f.train or f.test:
+  if f.train or f.test or f.validation:
     if not (f.train and f.test):
-      raise ValueError('Give both --train and --test (finetune data specs), or neither for '
-                       'the BBC News split')
+      raise ValueError('Give both --train and --test (finetune data specs; --validation to '
+                       'choose the rate on), or none of them for the BBC News split')
     specs = {'train': f.train, 'test': f.test}
+    if f.validation:
+      specs['validation'] = f.validation
   run(init, f.out, s, specs)
 
 
@@ -185,6 +239,12 @@ def _define_flags():
   flags.DEFINE_string('train', '', "A finetune data spec ('jsonl:PATH', 'tsv:PATH'); "
                       'default: the BBC News train split.')
   flags.DEFINE_string('test', '', 'The scored split (default: BBC News test).')
+  flags.DEFINE_string('validation', '', 'The split the rate is chosen on (default: BBC News '
+                      'validation); needed with --learning_rates and --train/--test.')
+  flags.DEFINE_list('learning_rates', ['1e-4', '3e-4', '1e-3'],
+                    'Fine-tuning rates to choose from on the validation split (one value = '
+                    'no selection; then --learning_rate is ignored).')
+  flags.DEFINE_integer('selection_seeds', 1, 'Seeds fine-tuned per candidate rate.')
   flags.DEFINE_integer('seeds', 3, 'Fine-tuning seeds 0..N-1.')
   flags.DEFINE_integer('train_examples', 500, 'First N train examples (0 = all).')
   flags.DEFINE_string('dtype', '', "'' (the checkpoint's), 'float32' or 'bfloat16'.")

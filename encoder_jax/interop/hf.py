@@ -78,10 +78,22 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
     raise ValueError(f'{source}: {e}') from e
 
 
+def _check_exportable(spec: hf_table.HfSpec, config: config_lib.EncoderConfig) -> None:
+  """Refuses a config the kind's HF architecture cannot represent: the table's own check,
+  and any shared block option (pre-LN, GLU, bias-free) the architecture does not have."""
+  for f in config_lib.BLOCK_OPTIONS:
+    value = getattr(config, f.name)
+    if f.name not in spec.block_options and value != f.default:
+      raise ValueError(f'config.model.{f.name}={value!r} has no Hugging Face '
+                       f'{spec.export_architecture} equivalent (expected {f.default!r}); '
+                       'such a checkpoint stays an encoder_jax workdir')
+  spec.check_exportable(config)
+
+
 def hf_config_from(config: config_lib.EncoderConfig, pad_token_id: int = 0) -> dict[str, Any]:
   """An HF config dict for the kind's export architecture with our config."""
   spec = registry.hf_spec(config.kind)
-  spec.check_exportable(config)
+  _check_exportable(spec, config)
   out = {hf: getattr(config, ours) for ours, hf in spec.config_fields}
   out.update(spec.required_hf_values)
   out.update(spec.config_to_hf(config, pad_token_id))
@@ -202,7 +214,7 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
   """
   state = dict(state)
   spec = registry.hf_spec(config.kind)
-  spec.check_exportable(config)  # A layout the table cannot represent cannot be imported.
+  _check_exportable(spec, config)  # A layout the table cannot represent cannot be imported.
   report = loading.ImportReport(source, architectures)
   used = set(spec.buffers) & set(state)
   by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in spec.groups}
@@ -261,7 +273,7 @@ def params_to_hf(params: Params, config: config_lib.EncoderConfig) -> dict[str, 
   """The HF state dict of the kind's export architecture (tied keys left out, as
   ``save_pretrained`` does)."""
   spec = registry.hf_spec(config.kind)
-  spec.check_exportable(config)
+  _check_exportable(spec, config)
   out = {}
   for entry in spec.entries(config):
     if entry.hf is None:  # No place in the HF architecture (see hf_table.Entry).

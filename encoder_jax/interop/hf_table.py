@@ -99,6 +99,9 @@ class HfSpec:
   config_to_hf: Callable[[Config, int], dict[str, Any]] = lambda c, pad: {}
   # Raised for configs the HF architecture cannot represent (e.g. partial sharing).
   check_exportable: Callable[[Config], None] = lambda c: None
+  # The shared block options (models.config.BLOCK_OPTIONS: pre-LN, GLU, bias-free) the HF
+  # architecture represents; a config with any other away from its default is refused.
+  block_options: tuple[str, ...] = ()
   # Key spellings of older checkpoints -> ours, applied after the prefix is added.
   key_renames: tuple[tuple[str, str], ...] = ()
 

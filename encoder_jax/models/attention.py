@@ -152,8 +152,29 @@ def dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropout_rate, 
                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
+def rotate(x_BxLxHxD, positions_BxL, theta: float):
+  """Rotary position embedding (RoPE; Su et al. 2021) in the rotate-half layout of Hugging
+  Face's RoFormer-derived models (ModernBERT, Llama): dimension i pairs with i + D/2, each
+  pair turned by the angle ``position * theta^(-2i/D)``; computed in float32."""
+  d = x_BxLxHxD.shape[-1]
+  if d % 2:
+    raise ValueError(f'Rotary positions need an even head size; got {d} '
+                     '(config.model.hidden_size / num_heads)')
+  inverse_D2 = theta ** -(jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+  angle_BxLx1xD2 = positions_BxL.astype(jnp.float32)[..., None, None] * inverse_D2
+  cos, sin = jnp.cos(angle_BxLx1xD2), jnp.sin(angle_BxLx1xD2)
+  x = x_BxLxHxD.astype(jnp.float32)
+  x1, x2 = x[..., :d // 2], x[..., d // 2:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxLxHxD.dtype)
+
+
 class DotProductAttention(nn.Module):
-  """Multi-head self-attention: q/k/v projections with a head axis, output projection."""
+  """Multi-head self-attention: q/k/v projections with a head axis, output projection.
+
+  ``config.rotary``: queries and keys turned by their positions (:func:`rotate`); the
+  queries' positions are ``context['query_positions']`` [B, L] when the queries are some
+  rows of the keys' sequence (the last layer at the predicted rows), else 0..L-1.
+  """
   config: Any  # models.config.EncoderConfig
   deterministic: bool
 
@@ -165,9 +186,16 @@ class DotProductAttention(nn.Module):
     c, dt = self.config, self.config.jnp_dtype
     h, d, e = c.num_heads, c.head_dim, c.hidden_size
     qkv = lambda n: layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'),
-                                 c.initializer_range, dt, name=n)
+                                 c.initializer_range, dt, use_bias=c.dense_bias, name=n)
     q_BxLxHxD = qkv('query')(x_BxLxE)
     k_BxLxHxD, v_BxLxHxD = qkv('key')(kv_BxSxE), qkv('value')(kv_BxSxE)
+    if c.rotary:
+      b, length, s = x_BxLxE.shape[0], x_BxLxE.shape[1], kv_BxSxE.shape[1]
+      q_positions = (context or {}).get('query_positions')
+      if q_positions is None:
+        q_positions = jnp.broadcast_to(jnp.arange(length), (b, length))
+      q_BxLxHxD = rotate(q_BxLxHxD, q_positions, c.rope_theta)
+      k_BxLxHxD = rotate(k_BxLxHxD, jnp.broadcast_to(jnp.arange(s), (b, s)), c.rope_theta)
     use_dropout = not self.deterministic and c.attention_dropout_rate > 0
     if use_dropout and c.attention_implementation == 'cudnn':
       raise ValueError(
@@ -180,4 +208,4 @@ class DotProductAttention(nn.Module):
                             dropout_rng=self.make_rng('dropout') if use_dropout else None,
                             implementation=c.attention_implementation)
     return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
-                        name='attention_output')(a_BxLxHxD)
+                        use_bias=c.dense_bias, name='attention_output')(a_BxLxHxD)

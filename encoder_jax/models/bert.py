@@ -58,23 +58,36 @@ class Embeddings(nn.Module):
     emb = lambda n, v, axes: layers.Embed(v, c.embedding_width, axes, c.initializer_range,
                                           c.jnp_dtype, name=n)
     word = emb('word_embeddings', c.vocab_size, ('vocab', 'embed'))
-    position = emb('position_embeddings', c.max_position_embeddings, ('length', 'embed'))
     segment = emb('token_type_embeddings', c.type_vocab_size, (None, 'embed'))
     if c.type_vocab_size == 1:  # RoBERTa: one segment row; pair inputs must not index past it.
       segment_ids_BxL = jnp.zeros_like(segment_ids_BxL)
-    x_BxLxW = word(input_ids_BxL) + position(position_ids(c, input_mask_BxL))
+    x_BxLxW = word(input_ids_BxL)
+    ids_1xL = position_ids(c, input_mask_BxL)  # Also checks the length.
+    if not c.rotary:  # Rotary: positions enter in every layer's attention instead.
+      position = emb('position_embeddings', c.max_position_embeddings, ('length', 'embed'))
+      x_BxLxW = x_BxLxW + position(ids_1xL)
     if c.type_vocab_size:  # 0: no segment embeddings at all (no table).
       x_BxLxW = x_BxLxW + segment(segment_ids_BxL)
-    x_BxLxW = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='layer_norm')(x_BxLxW)
+    x_BxLxW = norm(c, 'layer_norm')(x_BxLxW)
     x_BxLxW = layers.Dropout(c.hidden_dropout_rate)(x_BxLxW, deterministic=deterministic)
     if c.embedding_width != c.hidden_size:  # Factorized: vocab -> E -> hidden.
       x_BxLxW = layers.Dense((c.embedding_width,), (c.hidden_size,), ('embed',), ('embed',),
-                             c.initializer_range, c.jnp_dtype, name='projection')(x_BxLxW)
+                             c.initializer_range, c.jnp_dtype, use_bias=c.dense_bias,
+                             name='projection')(x_BxLxW)
     return x_BxLxW, word
 
 
+def norm(c: config_lib.EncoderConfig, name: str) -> layers.LayerNorm:
+  """A LayerNorm of the encoder (``norm_bias``: with or without its bias)."""
+  return layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, use_bias=c.norm_bias, name=name)
+
+
 class AttentionBlock(nn.Module):
-  """Self-attention (the configured kind), dropout, residual, LayerNorm (post-LN)."""
+  """Self-attention (the configured kind), dropout, residual, LayerNorm.
+
+  Post-LN (BERT): ``LayerNorm(x + attend(x))``. ``pre_norm``: ``x + attend(LayerNorm(x))``,
+  the keys and values read from the normalised ``context['kv_states']`` too.
+  """
   config: config_lib.EncoderConfig
   deterministic: bool
 
@@ -83,30 +96,47 @@ class AttentionBlock(nn.Module):
     c = self.config
     attend = attention_kinds.get(c.attention_kind)(c, self.deterministic)
     nn.share_scope(self, attend)  # Its parameters live here: query/key/value/attention_output.
-    a_BxLxE = attend(x_BxLxE, mask_Bx1x1xL, context)
+    layer_norm = norm(c, 'attention_layer_norm')
+    h_BxLxE = x_BxLxE
+    if c.pre_norm:
+      h_BxLxE = layer_norm(x_BxLxE)
+      if 'kv_states' in context:
+        context = {**context, 'kv_states': layer_norm(context['kv_states'])}
+    a_BxLxE = attend(h_BxLxE, mask_Bx1x1xL, context)
     a_BxLxE = layers.Dropout(c.hidden_dropout_rate, name='attention_dropout')(
         a_BxLxE, deterministic=self.deterministic)
-    return layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype,
-                            name='attention_layer_norm')(x_BxLxE + a_BxLxE)
+    return x_BxLxE + a_BxLxE if c.pre_norm else layer_norm(x_BxLxE + a_BxLxE)
 
 
 class FeedForwardBlock(nn.Module):
-  """Dense d -> d_ff, activation, dense d_ff -> d, dropout, residual, LayerNorm."""
+  """Dense d -> d_ff, activation, dense d_ff -> d, dropout, residual, LayerNorm.
+
+  ``gated_ffn`` (GLU): one input projection d -> [2, d_ff] (value, gate), then
+  ``activation(value) * gate`` (GeGLU with gelu, SwiGLU with silu). ``pre_norm``: the
+  LayerNorm before the block, ``x + ffn(LayerNorm(x))``.
+  """
   config: config_lib.EncoderConfig
   deterministic: bool
 
   @nn.compact
   def __call__(self, x_BxLxE):
     c, dt = self.config, self.config.jnp_dtype
-    e = c.hidden_size
-    f_BxLxF = layers.Dense((e,), (c.intermediate_size,), ('embed',), ('mlp',),
-                           c.initializer_range, dt, name='intermediate')(x_BxLxE)
-    f_BxLxF = config_lib.ACTIVATIONS[c.activation](f_BxLxF)
-    f_BxLxE = layers.Dense((c.intermediate_size,), (e,), ('mlp',), ('embed',),
-                           c.initializer_range, dt, name='output')(f_BxLxF)
+    e, f = c.hidden_size, c.intermediate_size
+    layer_norm = norm(c, 'output_layer_norm')
+    h_BxLxE = layer_norm(x_BxLxE) if c.pre_norm else x_BxLxE
+    activation = config_lib.ACTIVATIONS[c.activation]
+    if c.gated_ffn:  # [e, 2, f]: a tensor-parallel shard of 'mlp' holds both halves.
+      vg_BxLx2xF = layers.Dense((e,), (2, f), ('embed',), (None, 'mlp'), c.initializer_range,
+                                dt, use_bias=c.dense_bias, name='intermediate')(h_BxLxE)
+      f_BxLxF = activation(vg_BxLx2xF[..., 0, :]) * vg_BxLx2xF[..., 1, :]
+    else:
+      f_BxLxF = activation(layers.Dense((e,), (f,), ('embed',), ('mlp',), c.initializer_range,
+                                        dt, use_bias=c.dense_bias, name='intermediate')(h_BxLxE))
+    f_BxLxE = layers.Dense((f,), (e,), ('mlp',), ('embed',), c.initializer_range, dt,
+                           use_bias=c.dense_bias, name='output')(f_BxLxF)
     f_BxLxE = layers.Dropout(c.hidden_dropout_rate, name='output_dropout')(
         f_BxLxE, deterministic=self.deterministic)
-    return layers.LayerNorm(c.layer_norm_eps, dt, name='output_layer_norm')(x_BxLxE + f_BxLxE)
+    return x_BxLxE + f_BxLxE if c.pre_norm else layer_norm(x_BxLxE + f_BxLxE)
 
 
 class Layer(nn.Module):
@@ -151,16 +181,23 @@ class Encoder(nn.Module):
         raise ValueError('Encoder: rows_BxQ (the last layer at some rows) and collect_hidden '
                          '(every layer at every row) exclude each other')
       if not self.is_initializing():
-        return self._last_layer_at_rows(x_BxLxE, mask_Bx1x1xL, deterministic, context,
-                                        rows_BxQ, rows_context or {})
+        y_BxQxE, before_BxLxE = self._last_layer_at_rows(
+            x_BxLxE, mask_Bx1x1xL, deterministic, context, rows_BxQ, rows_context or {})
+        return self._final_norm(y_BxQxE), before_BxLxE
       collect_hidden = True  # Initialising: the whole stack (it creates the parameters).
     embedded_BxLxE = x_BxLxE
     x_BxLxE, all_NxBxLxE = self._stack(x_BxLxE, mask_Bx1x1xL, deterministic, collect_hidden,
                                        context)
+    x_BxLxE = self._final_norm(x_BxLxE)
     if rows_BxQ is None:
       return x_BxLxE, all_NxBxLxE
     before_BxLxE = all_NxBxLxE[-2] if c.num_layers > 1 else embedded_BxLxE
     return jnp.take_along_axis(x_BxLxE, rows_BxQ[..., None], axis=1), before_BxLxE
+
+  def _final_norm(self, x_BxLxE):
+    """Pre-LN: the LayerNorm after the last layer (its output is the sequence output; the
+    collected per-layer states stay un-normalised, as Hugging Face's pre-LN models)."""
+    return norm(self.config, 'final_layer_norm')(x_BxLxE) if self.config.pre_norm else x_BxLxE
 
   def _stack(self, x_BxLxE, mask_Bx1x1xL, deterministic, collect_hidden, context):
     c = self.config
@@ -218,7 +255,8 @@ class Encoder(nn.Module):
     def rngs(key):
       return None if key is None else {'dropout': key}
 
-    last_context = {**context, **rows_context, 'kv_states': x_BxLxE}
+    last_context = {**context, **rows_context, 'kv_states': x_BxLxE,
+                    'query_positions': rows_BxQ}
     if c.share_layers in ('none', 'all'):
       shared = c.share_layers == 'all'
       stacked = params['layers']
@@ -345,9 +383,10 @@ class MlmHead(nn.Module):
     c, dt = self.config, self.config.jnp_dtype
     w = c.embedding_width
     h_BxPxW = layers.Dense((c.hidden_size,), (w,), ('embed',), ('embed',),
-                           c.initializer_range, dt, name='transform')(h_BxPxE)
+                           c.initializer_range, dt, use_bias=c.dense_bias,
+                           name='transform')(h_BxPxE)
     h_BxPxW = config_lib.ACTIVATIONS[c.activation](h_BxPxW)
-    h_BxPxW = layers.LayerNorm(c.layer_norm_eps, dt, name='layer_norm')(h_BxPxW)
+    h_BxPxW = norm(c, 'layer_norm')(h_BxPxW)
     bias_V = layers.param(self, 'output_bias', nn.initializers.zeros, (c.vocab_size,), ('vocab',))
     return word_embed.attend(h_BxPxW, bias_V)
 
@@ -425,6 +464,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='bert', pretraining=BertForPreTraining, encoder=BertModel, encode=encode, pooler=True,
     pair_head=True, check=_check, last_layer_rows=rows_with_cls,
+    block_options=config_lib.BLOCK_OPTION_NAMES,
     description='BERT: post-LN Transformer, absolute positions, segments, MLM + NSP/SOP heads',
     import_objectives=('mlm', 'nsp'), import_pair_kind='nsp')
 

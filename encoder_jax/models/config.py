@@ -44,10 +44,34 @@ ACTIVATIONS = {
     'gelu': gelu,
     'gelu_new': functools.partial(nn.gelu, approximate=True),
     'relu': nn.relu,
+    'silu': nn.silu,  # With gated_ffn: SwiGLU.
 }
 SHARE_LAYERS = ('none', 'all', 'attention', 'ffn')
 
 F = fields_lib.Field
+# Options of the Transformer block that several kinds share (one implementation, in
+# ``bert``'s blocks). A kind lists the ones it implements in ``ModelKind.block_options``;
+# ``models.registry.make_config`` refuses a non-default value of any other, so an option
+# is never silently ignored. Their defaults are BERT's.
+BLOCK_OPTIONS: tuple[fields_lib.Field, ...] = (
+    F('pre_norm', False, fields_lib.boolean(),
+      'Pre-LN blocks: x + f(LayerNorm(x)) for attention and feed-forward, and a final '
+      'LayerNorm after the last layer (Cramming, ModernBERT); False = post-LN (BERT).'),
+    F('gated_ffn', False, fields_lib.boolean(),
+      'GLU feed-forward: d -> 2 x d_ff (value, gate), activation(value) * gate, d_ff -> d '
+      '(GeGLU with gelu, SwiGLU with silu); False = dense, activation, dense.'),
+    F('dense_bias', True, fields_lib.boolean(),
+      "Biases in the encoder's dense layers (attention, feed-forward, factorized embedding "
+      "projection, the MLM head's transform); False = bias-free (Cramming, ModernBERT)."),
+    F('norm_bias', True, fields_lib.boolean(),
+      'A bias (shift) in every LayerNorm of the encoder and MLM head; False = scale only.'),
+    F('rotary', False, fields_lib.boolean(),
+      'Rotary position embeddings (RoPE) on the queries and keys of every layer, and no '
+      'absolute position table (RoFormer, ModernBERT); False = learned absolute positions.'),
+    F('rope_theta', 10000.0, fields_lib.number(1.0),
+      'RoPE base: frequencies theta^(-2i/d) of the head dimension d.'),
+)
+BLOCK_OPTION_NAMES = tuple(f.name for f in BLOCK_OPTIONS)
 # The fields every kind reads (the BERT trunk and its options); BERT-base defaults. A kind
 # with fields of its own declares them in its module (``declare``), e.g. XLNet's memory.
 FIELDS: tuple[fields_lib.Field, ...] = (
@@ -90,7 +114,7 @@ FIELDS: tuple[fields_lib.Field, ...] = (
       "jax.nn.dot_product_attention backend: 'xla', 'cudnn' (fused flash attention; bf16, "
       'right-padded masks given as key lengths), or None: cuDNN on GPUs in bf16, else XLA. '
       'Training with attention_dropout_rate > 0 always runs the explicit XLA softmax.'),
-)
+) + BLOCK_OPTIONS
 
 # Every declared field by name: FIELDS plus what each imported kind module declares.
 _DECLARED: dict[str, fields_lib.Field] = fields_lib.merge([FIELDS], 'model')
@@ -215,12 +239,12 @@ def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
   """Training FLOPs (forward + backward = 3x forward) of the encoder for one token.
 
   ``6*L*(4*d^2 + 2*d*d_ff) + 12*L*s*d``: the q/k/v/output projections and the
-  feed-forward block (2 FLOPs per multiply-add, 3 passes), plus the attention scores and
+  feed-forward block (2 FLOPs per multiply-add, 3 passes; ``3*d*d_ff`` gated), plus the attention scores and
   weighted sum. Sharing layers (ALBERT) saves parameters, not FLOPs; a factorized
   embedding adds its E x d projection.
   """
-  L, d, f = c.num_layers, c.hidden_size, c.intermediate_size
-  flops = 6 * L * (4 * d * d + 2 * d * f) + 12 * L * seq_len * d
+  L, d = c.num_layers, c.hidden_size
+  flops = 6 * L * (4 * d * d + ffn_macs(c)) + 12 * L * seq_len * d
   if c.embedding_width != d:
     flops += 6 * c.embedding_width * d
   return float(flops)
@@ -230,8 +254,14 @@ def encoder_row_flops(c: EncoderConfig, seq_len: int) -> float:
   """Training FLOPs of one layer's query side for one row: the q and output projections,
   the feed-forward block and the row's attention scores and weighted sum (its keys and
   values stay). What the last layer saves per row when the loss does not read it."""
-  d, f = c.hidden_size, c.intermediate_size
-  return float(6 * (2 * d * d + 2 * d * f) + 12 * seq_len * d)
+  d = c.hidden_size
+  return float(6 * (2 * d * d + ffn_macs(c)) + 12 * seq_len * d)
+
+
+def ffn_macs(c: EncoderConfig) -> int:
+  """Multiply-adds of one token through the feed-forward block: ``2 d d_ff``, or
+  ``3 d d_ff`` with ``gated_ffn`` (the input projection is twice as wide)."""
+  return (3 if c.gated_ffn else 2) * c.hidden_size * c.intermediate_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +308,9 @@ class ModelKind:
   # ``row_flops`` (one row's query-side FLOPs) it keeps the MFU count to the work done.
   last_layer_rows: Callable[[EncoderConfig, int, int], int] | None = None
   row_flops: Callable[[EncoderConfig, int], float] = encoder_row_flops
+  # The shared block options (``BLOCK_OPTION_NAMES``) this kind implements; any other set
+  # away from its default is refused by ``models.registry.make_config``.
+  block_options: tuple[str, ...] = ()
 
   def pretraining_flops(self, c: EncoderConfig, seq_len: int, predictions: int,
                         gathered: int = 0) -> float:

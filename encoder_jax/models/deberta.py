@@ -267,14 +267,14 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
   tokens. XLA's count of the compiled step agrees within a few percent
   (``benchmarks/bench_train.py --check_flops --kind deberta``).
   """
-  d, f = c.hidden_size, c.intermediate_size
+  d = c.hidden_size
   flops = config_lib.encoder_flops_per_token(c, seq_len)
   terms = len(da.position_terms(c))
   _, lo, hi = da.relative_layout(c, seq_len)
   rows = hi - lo
   flops += 6 * c.num_layers * terms * rows * d
   if c.emd_layers:
-    query_side = 2 * d * d + 2 * seq_len * d + 2 * d * f + terms * rows * d
+    query_side = 2 * d * d + 2 * seq_len * d + config_lib.ffn_macs(c) + terms * rows * d
     flops += 6 * c.emd_layers * (2 * d * d + EMD_FLOPS_FRACTION * query_side)
   return float(flops)
 
@@ -357,11 +357,11 @@ def _check_v1(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='deberta', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
     pair_head=True, check=_check_v1, flops_per_token=flops_per_token, fields=FIELDS,
-    last_layer_rows=last_layer_rows, row_flops=row_flops,
+    last_layer_rows=last_layer_rows, row_flops=row_flops, block_options=('gated_ffn',),
     description='DeBERTa v1: disentangled attention (relative span k), enhanced mask decoder')
 KIND_V2 = config_lib.ModelKind(
     name='deberta_v2', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
     pair_head=True, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
-    last_layer_rows=last_layer_rows, row_flops=row_flops,
+    last_layer_rows=last_layer_rows, row_flops=row_flops, block_options=('gated_ffn',),
     description='DeBERTa v2/v3: + log-bucketed positions, shared keys, normalised relative '
                 'embeddings')

@@ -119,6 +119,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 GENERATOR_KIND = config_lib.ModelKind(
     name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=bert.encode,
     pooler=False, pair_head=False, check=_check, last_layer_rows=bert.rows_without_cls,
+    block_options=config_lib.BLOCK_OPTION_NAMES,
     description='ELECTRA generator: factorized embedding, MLM head (GELU, tied decoder)')
 
 
@@ -150,6 +151,7 @@ def generator_config(discriminator: config_lib.EncoderConfig, hidden_fraction: f
 KIND = config_lib.ModelKind(
     name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=bert.encode,
     pooler=False, pair_head=False, mlm_head=False, check=_check,
+    block_options=config_lib.BLOCK_OPTION_NAMES,
     description='ELECTRA discriminator: factorized embedding, replaced-token-detection head',
     import_objectives=('electra',), companion_config=generator_config,
     shared_embeddings=SHARED_EMBEDDINGS)

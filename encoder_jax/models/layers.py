@@ -108,22 +108,24 @@ class LayerNorm(nn.Module):
   """LayerNorm over the last axis; statistics in float32 whatever the activation dtype."""
   eps: float
   dtype: jnp.dtype = jnp.float32
+  use_bias: bool = True  # False: scale only (no 'bias' parameter).
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
     scale = param(self, 'scale', nn.initializers.ones, (d,), ('embed',))
-    bias = param(self, 'bias', nn.initializers.zeros, (d,), ('embed',))
+    bias = param(self, 'bias', nn.initializers.zeros, (d,), ('embed',)) if self.use_bias else None
     return layer_norm(x, scale, bias, self.eps, self.dtype)
 
 
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float,
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float,
                dtype=jnp.float32) -> jax.Array:
-  """:class:`LayerNorm`'s computation on its arrays."""
+  """:class:`LayerNorm`'s computation on its arrays (``bias`` None: scale only)."""
   x32 = x.astype(jnp.float32)
   mean = x32.mean(-1, keepdims=True)
   var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-  return ((x32 - mean) * jax.lax.rsqrt(var + eps) * scale + bias).astype(dtype)
+  y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale
+  return (y if bias is None else y + bias).astype(dtype)
 
 
 class ParamGroup(nn.Module):

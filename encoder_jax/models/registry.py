@@ -82,8 +82,22 @@ def make_config(model_config: ml_collections.ConfigDict | dict | EncoderConfig) 
   """The validated EncoderConfig of ``config.model`` (kind-specific checks included)."""
   c = (model_config if isinstance(model_config, EncoderConfig)
        else EncoderConfig.from_config(model_config))
-  get(c.kind).check(c)
+  kind = get(c.kind)
+  check_block_options(c, kind.block_options, f'config.model.kind={c.kind!r}')
+  kind.check(c)
   return c
+
+
+def check_block_options(c: EncoderConfig, supported, owner: str) -> None:
+  """Refuses a shared block option (``config.BLOCK_OPTIONS``) that ``owner`` does not
+  implement but ``c`` sets away from its default: it would be silently ignored."""
+  for f in config_lib.BLOCK_OPTIONS:
+    value = getattr(c, f.name)
+    if f.name not in supported and value != f.default:
+      raise ValueError(
+          f'config.model.{f.name}={value!r}: {owner} does not implement this option '
+          f'(expected the default {f.default!r}); its block options: '
+          f'{sorted(supported) or "none"}')
 
 
 def network(model_config) -> Network:

@@ -106,8 +106,8 @@ class Electra(base.Pretraining):
 
   def generator_params(self, params) -> Any:
     """The generator's full params tree: its own plus the shared embeddings."""
-    shared = {k: params['discriminator']['embeddings'][k]
-              for k in self.shared}
+    shared = {k: v for k, v in params['discriminator']['embeddings'].items()
+              if k in self.shared}  # Those the config has (rotary: no position table).
     generator = dict(params['generator'])
     generator['embeddings'] = {**shared, **generator.get('embeddings', {})}
     return generator
@@ -137,7 +137,7 @@ class Electra(base.Pretraining):
       if config.kind == self.generator.kind.name and shapes(imported) == shapes(fresh):
         same = lambda k: all(np.array_equal(a, b) for a, b in zip(
             jax.tree.leaves(imported['embeddings'][k]), jax.tree.leaves(params['embeddings'][k])))
-        differ = [k for k in self.shared if not same(k)]
+        differ = [k for k in self.shared if k in params['embeddings'] and not same(k)]
         if differ:
           logging.warning('%s: the generator\'s %s differ from the discriminator\'s; ELECTRA '
                           'shares them: the discriminator\'s are used.', path, differ)
