@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from encoder_jax.interop import hf
+from encoder_jax.models import attention
 from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import registry
@@ -105,6 +106,11 @@ def _pretraining(options):
   return c, model, params, ids, np.zeros_like(ids), mask
 
 
+def test_rotary_has_no_position_table():
+  _, _, params, _, _, _ = _pretraining(dict(rotary=True))
+  assert 'position_embeddings' not in params['embeddings']
+
+
 def test_pre_norm_ends_with_a_final_layer_norm():
   c, model, params, ids, seg, mask = _pretraining(dict(pre_norm=True, norm_bias=False))
   assert set(params['encoder']['final_layer_norm']) == {'scale'}
@@ -115,12 +121,13 @@ def test_pre_norm_ends_with_a_final_layer_norm():
   np.testing.assert_allclose(np.asarray(out['sequence_output']), want, atol=2e-5)
 
 
-@pytest.mark.parametrize('options', [dict(pre_norm=True), dict(pre_norm=True, gated_ffn=True,
-                                                                 dense_bias=False,
-                                                                 norm_bias=False)])
-def test_last_layer_at_the_rows_equals_the_full_pass_under_pre_norm(options):
+@pytest.mark.parametrize('options', [dict(pre_norm=True), dict(rotary=True),
+                                     dict(pre_norm=True, gated_ffn=True, dense_bias=False,
+                                          norm_bias=False, rotary=True)])
+def test_last_layer_at_the_rows_equals_the_full_pass(options):
   """The last layer at the masked rows reads its keys and values from every row's
-  normalised state: the logits there equal the full pass's."""
+  (normalised) state and turns its queries by their own positions: the logits there equal
+  the full pass's."""
   _, model, params, ids, seg, mask = _pretraining(options)
   positions = np.array([[1, 4, 7], [0, 2, 8]], np.int32)
   rows = model.apply({'params': params}, ids, seg, mask, positions)
@@ -131,7 +138,31 @@ def test_last_layer_at_the_rows_equals_the_full_pass_under_pre_norm(options):
   np.testing.assert_allclose(rows['pair_logits'], full['pair_logits'], atol=1e-5)
 
 
+def test_rotary_positions_equal_hugging_face_and_depend_on_distance_only():
+  torch = pytest.importorskip('torch')
+  from transformers.models.modernbert import modeling_modernbert  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  q, k = rng.randn(2, 2, 9, 3, 8).astype(np.float32)  # [B, L, H, D] each.
+  positions = np.broadcast_to(np.arange(9), (2, 9))
+  ours = [np.asarray(attention.rotate(jnp.asarray(x), positions, 160.0)) for x in (q, k)]
+  # Hugging Face: cos/sin of the angles repeated over both halves, rotate_half, [B, L, H, D].
+  inv = 1.0 / 160.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+  angles = torch.arange(9, dtype=torch.float32)[:, None] * inv
+  emb = torch.cat([angles, angles], -1)[None].expand(2, 9, 8)
+  hf_q, hf_k = modeling_modernbert.apply_rotary_pos_emb(
+      torch.from_numpy(q), torch.from_numpy(k), emb.cos(), emb.sin(), unsqueeze_dim=2)
+  np.testing.assert_allclose(ours[0], hf_q.numpy(), atol=1e-5)
+  np.testing.assert_allclose(ours[1], hf_k.numpy(), atol=1e-5)
+  # A query and a key turned by positions m and n score as at m + t and n + t.
+  one_q, one_k = jnp.asarray(q[:1, :1]), jnp.asarray(k[:1, :1])
+  score = lambda m, n: float(jnp.sum(attention.rotate(one_q, jnp.array([[m]]), 160.0)
+                                     * attention.rotate(one_k, jnp.array([[n]]), 160.0)))
+  assert score(2, 7) == pytest.approx(score(12, 17), abs=1e-4)
+  assert abs(score(2, 7) - score(2, 3)) > 1e-3
+
+
 @pytest.mark.parametrize('kind,extra,option', [
+    ('xlnet', dict(type_vocab_size=3), dict(rotary=True)),
     ('xlnet', dict(type_vocab_size=3), dict(pre_norm=True)),
     ('xlnet', dict(type_vocab_size=3), dict(gated_ffn=True)),
     ('deberta_v2', dict(attention_kind='disentangled'), dict(dense_bias=False)),
