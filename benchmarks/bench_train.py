@@ -158,6 +158,8 @@ def build(args, devices=None):
     c.model.attention_implementation = args.attention_implementation
   for section, fields in KINDS[args.kind].items():
     c[section].update(fields)
+  # A size no preset has (ELECTRA-Small: 12 x 256, E = 128), after the kind's fields.
+  c.model.update(getattr(args, 'model_overrides', None) or {})
   c.train.update(batch_size=args.batch_size, seq_lens=(args.seq_len,),
                  max_predictions=(args.max_predictions,), phase_fractions=(1.0,),
                  num_steps=1000)
@@ -252,9 +254,13 @@ def _flops_line(args, f) -> str:
 
 def memory(args) -> dict:
   """``memory_analysis()`` of the compiled step (all devices of the mesh) and the budget."""
+  return memory_of(compile_step(args)[1], args)
+
+
+def memory_of(compiled, args) -> dict:
+  """``memory(args)`` of a step already compiled (``ours_runner``'s ``info['compiled']``)."""
   import jax
 
-  _, compiled = compile_step(args)
   m = compiled.memory_analysis()
   out = dict(arguments=m.argument_size_in_bytes, outputs=m.output_size_in_bytes,
              aliased=m.alias_size_in_bytes, temporaries=m.temp_size_in_bytes,
@@ -333,13 +339,17 @@ def ours_runner(args):
   built = build(args)
   state = train.create_train_state(built.config, built.mesh)
   batch = feeding.to_global(host_batch(args), sharding.batch_sharding(built.mesh))
+  # Compiled ahead, once: the same executable the jitted call would build, and its
+  # memory_analysis() / HLO for the caller (info['compiled']) without a second compile.
+  compiled = built.step_fn.lower(state, batch).compile()
   box = [state]
 
   def run():
-    box[0], m = built.step_fn(box[0], batch)
+    box[0], m = compiled(box[0], batch)
     jax.block_until_ready(m['loss'])
 
-  return run, dict(flops=built.objective.flops_per_sequence(built.phase) * args.batch_size)
+  return run, dict(flops=built.objective.flops_per_sequence(built.phase) * args.batch_size,
+                   compiled=compiled)
 
 
 def _ours_result(args, dt: float, info: dict) -> dict:
@@ -374,12 +384,18 @@ HF_PEERS = {
 }
 
 
-def hf_runner(args):
+def hf_runner(args, device: str | None = None, autocast_dtype=None):
   """(run one train step, info): the kind's Hugging Face peer (``HF_PEERS``): forward at the
-  same size and batch, loss, backward, gradient clipping and AdamW, dropout on."""
+  same size and batch, loss, backward, gradient clipping and AdamW, dropout on.
+
+  ``device``: where the model and batch live (default the CPU; 'cuda' for a GPU, where a
+  step ends with a synchronize so that it is timed whole); ``autocast_dtype``: the forward
+  and loss under ``torch.autocast`` in that dtype (e.g. ``torch.bfloat16``; parameters and
+  AdamW stay float32, as our bf16 step's), default none (float32)."""
   import torch
   import transformers as tr
 
+  dev = torch.device(device or 'cpu')
   torch.manual_seed(0)
   torch.set_num_threads(os.cpu_count() or 1)
   p = PRESETS[args.preset]
@@ -399,6 +415,8 @@ def hf_runner(args):
   segments = (torch.arange(l)[None] >= l // 2).long().repeat(b, 1)
   attention = torch.ones(b, l, dtype=torch.long)
   pair = torch.randint(0, 2, (b,), generator=g)
+  ids, pos, labels, masked, segments, attention, pair = (
+      t.to(dev) for t in (ids, pos, labels, masked, segments, attention, pair))
   kind = args.kind
   models = []
   if kind == 'bert':
@@ -443,15 +461,16 @@ def hf_runner(args):
         vocab_size=args.vocab_size, d_model=d, n_layer=n_layers, n_head=heads, d_inner=ff,
         ff_activation='gelu', attn_type='bi', bi_data=True, mem_len=None,
         dropout=0.1)))
-    perm = torch.zeros(b, l, l)
+    perm = torch.zeros(b, l, l, device=dev)
     perm.scatter_(2, pos[:, None, :].expand(b, l, k), 1.0)  # Targets hidden from every query.
-    mapping = torch.zeros(b, k, l)
+    mapping = torch.zeros(b, k, l, device=dev)
     mapping.scatter_(2, pos[:, :, None], 1.0)
     inputs = dict(input_ids=ids, token_type_ids=segments, attention_mask=attention,
                   perm_mask=perm, target_mapping=mapping, labels=ids.gather(1, pos))
   else:
     raise ValueError(f'no Hugging Face peer for --kind={kind}')
   for m in models:
+    m.to(dev)
     m.train()
   params = list({id(q): q for m in models for q in m.parameters()}.values())
   opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
@@ -472,15 +491,21 @@ def hf_runner(args):
 
   def run():
     opt.zero_grad(set_to_none=True)
-    loss_fn().backward()
+    with torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+      loss = loss_fn()
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
+    if dev.type == 'cuda':
+      torch.cuda.synchronize(dev)
 
-  return run, dict(torch=torch.__version__, transformers=tr.__version__, peer=HF_PEERS[kind])
+  return run, dict(torch=torch.__version__, transformers=tr.__version__, peer=HF_PEERS[kind],
+                   device=str(dev), autocast=str(autocast_dtype).replace('torch.', '')
+                   if autocast_dtype is not None else None)
 
 
-def bench_hf(args) -> dict:
-  run, info = hf_runner(args)
+def bench_hf(args, device: str | None = None, autocast_dtype=None) -> dict:
+  run, info = hf_runner(args, device, autocast_dtype)
   dt = _time_steps(run, args.steps, args.warmup)
   return dict(info, step_s=dt, tokens_per_s=args.batch_size * args.seq_len / dt)
 

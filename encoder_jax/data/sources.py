@@ -38,6 +38,7 @@ import collections
 import dataclasses
 import glob as glob_lib
 import gzip
+import importlib
 import json
 import lzma
 import os
@@ -140,7 +141,7 @@ class Source:
       raise ValueError(f'config.data.sources: {self.spec!r} needs a file glob after '
                        f"'{self.kind}:'")
     if pattern.startswith('gs://'):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top  (slow; only for gs://)
+      tf = _import_optional('tensorflow', self.spec, 'tensorflow')  # Slow; only for gs://.
       paths = sorted(tf.io.gfile.glob(pattern))
     else:
       paths = sorted(p for p in glob_lib.glob(os.path.expanduser(pattern), recursive=True)
@@ -242,15 +243,15 @@ class Source:
     return self.options.get('data_dir') or self.tfds_data_dir or None
 
   def _tfds_builder(self):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow import)
     name, data_dir = self._tfds_name(), self._tfds_data_dir()
     if not name:
       raise ValueError(f'config.data.sources: {self.spec!r} needs a dataset name after '
                        "'tfds:' (e.g. 'tfds:wikipedia/20230601.en:train')")
+    tfds = _import_optional('tensorflow_datasets', self.spec, 'tensorflow-datasets')
     origin = 'the spec' if 'data_dir' in self.options else 'config.data.tfds_data_dir'
     where = f'data_dir {data_dir!r} (from {origin})' if data_dir else 'the default data_dir'
     if data_dir:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf = _import_optional('tensorflow', self.spec, 'tensorflow')
       if not tf.io.gfile.isdir(data_dir):
         raise FileNotFoundError(f'config.data.sources: {self.spec!r}: {where} does not exist.')
     try:
@@ -329,10 +330,19 @@ class _Decompressed:
       self._raw.close()
 
 
+def _import_optional(module: str, spec: str, package: str):
+  """``module`` (TensorFlow or tensorflow-datasets), imported only when a source needs it:
+  the package imports and trains on local files and the embedded corpus without either."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    raise ImportError(f'config.data.sources: {spec!r} needs {package}, which is not installed '
+                      f'here ({e}): pip install {package}') from e
+
+
 def _open_raw(path: str):
   if path.startswith('gs://'):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.GFile(path, 'rb')
+    return _import_optional('tensorflow', path, 'tensorflow').io.gfile.GFile(path, 'rb')
   return open(path, 'rb')
 
 
@@ -365,8 +375,7 @@ def _open(path: str, spec: str = ''):
 def _file_size(path: str) -> int:
   """Bytes of text: a local gzip file's is in its last 4 bytes (mod 4 GiB); else the size."""
   if path.startswith('gs://'):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.stat(path).length
+    return _import_optional('tensorflow', path, 'tensorflow').io.gfile.stat(path).length
   size = os.path.getsize(path)
   if size >= 18:
     with open(path, 'rb') as f:
