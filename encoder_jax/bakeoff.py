@@ -3,23 +3,29 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
   python -m encoder_jax.bakeoff --out=/tmp/bakeoff                  # CPU preset, all rows
   python -m encoder_jax.bakeoff --out=/tmp/bakeoff --only=bert,electra --budget_steps=400
   python -m encoder_jax.bakeoff --out=/tmp/b --corpus='jsonl:/data/news/*.jsonl' \
-      --probe_train=jsonl:train.jsonl --probe_test=jsonl:test.jsonl
+      --probe_train=jsonl:train.jsonl --probe_validation=jsonl:dev.jsonl \
+      --probe_test=jsonl:test.jsonl
 
 Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
 MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
-SpanBERT spans + SBO, ELECTRA generator + discriminator, DeBERTa v2 MLM, XLNet PLM) at the
-same encoder size (the preset's), on the same unlabelled text. The budget is in **training
+SpanBERT spans + SBO, ELECTRA generator + discriminator, DeBERTa v2 MLM, XLNet PLM, and the
+small-budget recipe ``crammed``, ``config_base.SMALL_BUDGET_RECIPE``) at the same encoder
+size (the preset's), on the same unlabelled text. The budget is in **training
 FLOPs as MFU counts them** (``objective.flops_per_sequence``: ELECTRA's generator and
 XLNet's two streams count): ``--budget_steps`` steps of the first row, and every row runs
 ``round(budget / its FLOPs per step)`` steps. Each run saves a checkpoint half-way and at
-the end; both are fine-tuned on the probe (``finetune.probe``: BBC News by default, the
-same fine-tuning budget and seeds for every row; the CPU preset probes the half-way
-checkpoint with one seed, the final one with three), beside a **from-scratch baseline**
-(the first row's network and tokenizer, randomly initialised, same fine-tuning).
+the end, and is scored on the held-out split at the end. The final checkpoint is fine-tuned
+on the probe (``finetune.probe``: BBC News by default, the same fine-tuning budget and
+seeds for every row) at the rate each row chooses from the preset's grid on the
+validation split; the half-way checkpoint at that rate (the CPU preset: one seed there,
+three at the end). Beside the rows, **from-scratch baselines**: the first row's network and
+those of :data:`SCRATCH_BASELINES` (the recipe's), randomly initialised, with the same
+rate search and fine-tuning; a row is compared with the best of them.
 
 Writes into ``--out``: ``bakeoff.md`` and ``bakeoff.json`` (per row: steps, FLOPs, wall
-time, final pretraining loss, probe accuracy and macro-F1 mean and spread over seeds, at
-each checkpoint) and ``bakeoff.png`` (probe accuracy against pretraining FLOPs).
+time, final pretraining loss, held-out metrics, probe accuracy and macro-F1 mean and spread
+over seeds at each checkpoint, the chosen rate and every candidate's validation scores) and
+``bakeoff.png`` (probe accuracy against pretraining FLOPs).
 The default unlabelled text is the BBC News train split (in-domain, labels unused); pass
 ``--corpus`` (a ``config.data.sources`` spec) for other text.
 """
@@ -31,6 +37,7 @@ import json
 import os
 import time
 
+import jax
 import ml_collections
 
 from encoder_jax import config_base
@@ -70,11 +77,14 @@ ROWS: dict[str, dict] = {
         model=dict(kind='xlnet', type_vocab_size=3),
         objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6),
         data=dict(pair_kind='xlnet')),
+    # The small-budget recipe (configs/crammed_small.py): pre-LN, GeGLU, rotary, no biases,
+    # no dropout, MLM at 30% (max_predictions follow the rate), higher peak rate, WSD.
+    'crammed': config_base.SMALL_BUDGET_RECIPE,
 }
 
 # Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run
 # (the first row's always is): a row is compared with the best of them.
-SCRATCH_BASELINES: tuple[str, ...] = ()
+SCRATCH_BASELINES: tuple[str, ...] = ('crammed',)
 
 
 @dataclasses.dataclass
@@ -100,7 +110,8 @@ PRESETS = {
                   warmup_steps=40, budget_steps=600,
                   probe=probe.ProbeSettings(seeds=(0, 1, 2), epochs=5, batch_size=16,
                                             learning_rate=1e-3, max_len=128,
-                                            train_examples=500)),
+                                            train_examples=500,
+                                            learning_rates=(1e-3, 3e-3, 6e-3))),
     # BERT-small-sized rows for an accelerator (tune --budget_steps to the hours you have).
     'accelerator': Preset(model=dict(vocab_size=30522, hidden_size=512, num_layers=4,
                                      num_heads=8, intermediate_size=2048,
@@ -109,7 +120,8 @@ PRESETS = {
                           warmup_steps=1000, budget_steps=20000,
                           probe=probe.ProbeSettings(seeds=(0, 1, 2), epochs=3, batch_size=32,
                                                     learning_rate=5e-5, max_len=256,
-                                                    train_examples=0),
+                                                    train_examples=0,
+                                                    learning_rates=(3e-5, 1e-4, 3e-4)),
                           half_budget_seeds=(0, 1, 2)),
 }
 
@@ -128,8 +140,7 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   c.optim.update(learning_rate=preset.learning_rate,
                  warmup_steps=min(preset.warmup_steps, steps))
   c.checkpoint.update(every_steps=max(1, steps // 2), keep=3, async_save=False)  # Half, end.
-  for section, fields in ROWS[name].items():
-    c[section].update(fields)
+  config_base.apply_recipe(c, ROWS[name])
   if c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
     c.model.max_position_embeddings = preset.seq_len + c.model.position_offset
   c.data.prepared_dir = os.path.join(prepared_root, f'{c.tokenizer.kind}-{c.model.vocab_size}')
@@ -307,11 +318,17 @@ def main(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   del argv
   f = flags.FLAGS
+  # Every row's fine-tunes of one network compile the same programs: compiled once, kept.
+  jax.config.update('jax_compilation_cache_dir', os.path.join(f.out, 'xla_cache'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   specs = None
-  if f.probe_train or f.probe_test:
+  if f.probe_train or f.probe_test or f.probe_validation:
     if not (f.probe_train and f.probe_test):
-      raise ValueError('Give both --probe_train and --probe_test, or neither (BBC News)')
+      raise ValueError('Give both --probe_train and --probe_test (and --probe_validation, '
+                       'the split each fine-tuning rate is chosen on), or none (BBC News)')
     specs = {'train': f.probe_train, 'test': f.probe_test}
+    if f.probe_validation:
+      specs['validation'] = f.probe_validation
   run(f.out, [n.strip() for n in f.only.split(',') if n.strip()] or None, f.preset, f.corpus,
       specs, f.budget_steps or None)
 
@@ -326,6 +343,8 @@ if __name__ == '__main__':
                       'the BBC News train split).')
   flags.DEFINE_string('probe_train', '', 'Probe train spec (default BBC News).')
   flags.DEFINE_string('probe_test', '', 'Probe test spec (default BBC News).')
+  flags.DEFINE_string('probe_validation', '', "Probe validation spec, where each row's "
+                      'fine-tuning rate is chosen (default BBC News).')
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
   flags.mark_flags_as_required(['out'])
   cli.run(main)

@@ -13,6 +13,8 @@ command line may only override keys that exist here (configs are locked).
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from encoder_jax import fields as fields_lib
@@ -147,11 +149,12 @@ def shrink_for_local_run(c: ml_collections.ConfigDict) -> None:
 # "Pretraining that pays"). Section -> fields, applied over a sized config by
 # ``apply_recipe``.
 SMALL_BUDGET_RECIPE: dict[str, dict] = dict(
-    # Pre-LN with a final LayerNorm, GeGLU, no biases, no dropout (Cramming; ModernBERT).
+    # Pre-LN with a final LayerNorm, GeGLU, no biases, no dropout (Cramming; ModernBERT),
+    # rotary positions instead of a learned table (RoFormer; ModernBERT).
     model=dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False,
-               hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
-    # MLM only on full sentences (no NSP).
-    objective=dict(names=('mlm',)),
+               rotary=True, hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
+    # MLM only on full sentences (no NSP), 30% masked (Wettig et al. 2023; ModernBERT).
+    objective=dict(names=('mlm',), mask_rate=0.3),
     data=dict(pair_kind='full_sentences'),
     # Pre-LN trains at a higher peak; warmup-stable-decay.
     optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2),
@@ -159,6 +162,17 @@ SMALL_BUDGET_RECIPE: dict[str, dict] = dict(
 
 
 def apply_recipe(c: ml_collections.ConfigDict, recipe: dict[str, dict]) -> None:
-  """Sets a recipe's fields (section -> fields) on ``c``."""
+  """Sets a recipe's fields (section -> fields) on ``c``. A recipe that sets the masking
+  rate and not ``train.max_predictions`` gets the predictions the rate needs at each phase's
+  length (:func:`predictions_for`), so no selection is cut off."""
   for section, fields in recipe.items():
     c[section].update(fields)
+  if 'mask_rate' in recipe.get('objective', {}) and 'max_predictions' not in recipe.get(
+      'train', {}):
+    c.train.max_predictions = predictions_for(c.objective.mask_rate, c.train.seq_lens)
+
+
+def predictions_for(mask_rate: float, seq_lens) -> tuple[int, ...]:
+  """``config.train.max_predictions`` for a masking rate: ``ceil(rate * length)`` at each
+  length (BERT's 15%: 20 at 128, 77 at 512)."""
+  return tuple(max(1, math.ceil(float(mask_rate) * int(n))) for n in seq_lens)

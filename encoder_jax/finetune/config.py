@@ -52,7 +52,10 @@ def base_config() -> ml_collections.ConfigDict:
       batch_size=32,  # Examples per step.
       eval_batch_size=64,
   ))
-  c.dropout_rate = 0.1  # Head dropout; the encoder keeps its config's dropout rates.
+  c.dropout_rate = 0.1  # Head dropout.
+  # The encoder's hidden and attention dropout while fine-tuning; -1 = its config's rates
+  # (a checkpoint pretrained without dropout, as the small-budget recipe, then has none).
+  c.encoder_dropout = -1.0
   c.eval_every_epoch = True  # False: evaluate only after the last epoch.
   # Sequence tasks: 'cls' (the [CLS] state through the kind's pooler, as BERT fine-tunes) or
   # 'mean' (the mean of the real tokens' final states: for encoders whose pretraining never

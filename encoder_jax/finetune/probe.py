@@ -118,6 +118,10 @@ class ProbeSettings:
   # Mean of the token states, not [CLS]: MLM-only, ELECTRA and PLM pretraining never train
   # [CLS], whose state then barely depends on the text; every row is read the same way.
   pooling: str = 'mean'
+  # The encoder's dropout while fine-tuning, the same for every encoder (a network
+  # pretrained without dropout gets it back, as Cramming fine-tunes); -1 = each
+  # checkpoint's own rates.
+  encoder_dropout: float = 0.1
 
 
 def probe_config(init: dict, specs: dict[str, str], s: ProbeSettings, seed: int,
@@ -136,6 +140,7 @@ def probe_config(init: dict, specs: dict[str, str], s: ProbeSettings, seed: int,
   c.eval_every_epoch = False
   c.dtype = s.dtype
   c.pooling = s.pooling
+  c.encoder_dropout = float(s.encoder_dropout)
   return c
 
 
@@ -218,7 +223,8 @@ def main(argv):
                     learning_rate=f.learning_rate, max_len=f.max_len,
                     train_examples=f.train_examples, dtype=f.dtype,
                     learning_rates=tuple(float(x) for x in f.learning_rates),
-                    selection_seeds=tuple(range(f.selection_seeds)))
+                    selection_seeds=tuple(range(f.selection_seeds)),
+                    encoder_dropout=f.encoder_dropout)
   specs = None
   if f.train or f.test or f.validation:
     if not (f.train and f.test):
@@ -245,6 +251,8 @@ def _define_flags():
                     'Fine-tuning rates to choose from on the validation split (one value = '
                     'no selection; then --learning_rate is ignored).')
   flags.DEFINE_integer('selection_seeds', 1, 'Seeds fine-tuned per candidate rate.')
+  flags.DEFINE_float('encoder_dropout', 0.1, "The encoder's dropout while fine-tuning, the "
+                     "same for every encoder; -1 = the checkpoint's own rates.")
   flags.DEFINE_integer('seeds', 3, 'Fine-tuning seeds 0..N-1.')
   flags.DEFINE_integer('train_examples', 500, 'First N train examples (0 = all).')
   flags.DEFINE_string('dtype', '', "'' (the checkpoint's), 'float32' or 'bfloat16'.")

@@ -131,6 +131,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      "'float32' or 'bfloat16'")
   if int(config.checkpoint_keep) < 1:
     raise ValueError(f'config.checkpoint_keep={config.checkpoint_keep}; expected >= 1')
+  dropout = float(config.encoder_dropout)
+  if dropout != -1.0 and not 0.0 <= dropout < 1.0:
+    raise ValueError(f'config.encoder_dropout={dropout}; expected -1 (the checkpoint\'s rates) '
+                     'or in [0, 1)')
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
@@ -187,6 +191,9 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
   model_config = pretrained.model_config
   if config.dtype:
     model_config = model_config.replace(dtype=config.dtype)
+  if float(config.encoder_dropout) >= 0:
+    rate = float(config.encoder_dropout)
+    model_config = model_config.replace(hidden_dropout_rate=rate, attention_dropout_rate=rate)
   if task is None:
     model = heads.make(config.task, model_config, num_outputs, config.dropout_rate,
                        config.pooling)

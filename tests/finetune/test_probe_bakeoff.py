@@ -64,12 +64,14 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
       batch_size=8, seq_len=64, max_predictions=8, learning_rate=1e-3, warmup_steps=2,
       budget_steps=6,
       probe=probe.ProbeSettings(seeds=(0,), epochs=1, batch_size=16, learning_rate=1e-3,
-                                max_len=64, train_examples=40),
-      half_budget_seeds=(0,))
+                                max_len=64, train_examples=40, learning_rates=(1e-3, 3e-3)),
+      half_budget_seeds=(0,), eval_batches=1)
   rows = probe.bbc_news()
   corpus = probe.write_jsonl([{'text': r['text']} for r in rows['train'][:200]],
                              str(tmp_path / 'corpus.jsonl'))
   specs = {'train': probe.write_jsonl(rows['train'][:40], str(tmp_path / 'train.jsonl')),
+           'validation': probe.write_jsonl(rows['validation'][:30],
+                                           str(tmp_path / 'validation.jsonl')),
            'test': probe.write_jsonl(rows['test'][:30], str(tmp_path / 'test.jsonl'))}
   out = str(tmp_path / 'out')
   results = bakeoff.run(out, ['electra'], tiny, corpus, specs, budget_steps=6)
@@ -78,8 +80,37 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
     assert [p['step'] for p in r['points']] == [r['steps'] // 2, r['steps']]
     assert all(0.0 <= p['accuracy'] <= 1.0 for p in r['points'])
     assert [p['seeds'] for p in r['points']] == [1, 1]
-  assert results['from_scratch']['seeds'] == 1
+    # The rate was chosen on the validation split from the grid; the half budget uses it.
+    full = r['points'][-1]
+    assert [s['learning_rate'] for s in full['selection']] == [1e-3, 3e-3]
+    assert full['learning_rate'] in (1e-3, 3e-3)
+    assert r['points'][0]['learning_rate'] == full['learning_rate']
+    assert 0.0 <= r['heldout']['generator_mlm_accuracy'] <= 1.0  # Held-out, at the end.
+  assert list(results['from_scratch']) == ['electra']  # The first row's network.
+  assert results['from_scratch']['electra']['seeds'] == 1
+  assert len(results['from_scratch']['electra']['selection']) == 2
   assert json.load(open(os.path.join(out, 'bakeoff.json')))['rows'].keys() == {'electra'}
   assert os.path.getsize(os.path.join(out, 'bakeoff.png')) > 10_000
   table = open(os.path.join(out, 'bakeoff.md')).read()
-  assert '| electra | 6 |' in table and '| from scratch |' in table
+  assert '| electra | 6 |' in table and '| from scratch (electra network) |' in table
+
+
+def test_choosing_the_rate_needs_a_validation_split_never_the_test_split():
+  settings = probe.ProbeSettings(learning_rates=(1e-4, 1e-3))
+  with pytest.raises(ValueError, match='needs a validation split'):
+    probe.select_learning_rate({}, {'train': 'jsonl:a', 'test': 'jsonl:b'}, settings)
+  # One rate: nothing to choose, no run.
+  one = probe.ProbeSettings(learning_rates=(3e-4,))
+  assert probe.select_learning_rate({}, {'train': 'x', 'test': 'y'}, one) == (3e-4, [])
+
+
+def test_fine_tuning_encoder_dropout_is_checked_and_the_probe_sets_it():
+  from encoder_jax.finetune import config as finetune_config  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune import train as finetune_train  # pylint: disable=g-import-not-at-top
+  c = finetune_config.base_config()
+  c.encoder_dropout = 1.5
+  with pytest.raises(ValueError, match='config.encoder_dropout=1.5'):
+    finetune_train.check_config(c)
+  specs = {'train': 'jsonl:a', 'validation': 'jsonl:v', 'test': 'jsonl:t'}
+  c = probe.probe_config({}, specs, probe.ProbeSettings(), 0, 'validation', 3e-3)
+  assert (c.encoder_dropout, c.optim.learning_rate, c.data.eval) == (0.1, 3e-3, 'jsonl:v')
