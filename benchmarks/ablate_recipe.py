@@ -62,15 +62,6 @@ def variant_config(name: str, steps: int, prepared_dir: str):
   return c
 
 
-def at_bert_masking(c):
-  """``c`` evaluated as BERT's recipe masks: 15%, 80/10/10, its max_predictions."""
-  from encoder_jax import config_base  # pylint: disable=g-import-not-at-top
-  e = c.copy_and_resolve_references()
-  config_base.apply_recipe(e, dict(objective=dict(mask_rate=0.15, mask_token_rate=0.8,
-                                                  random_token_rate=0.1)))
-  return e
-
-
 def run(name: str, out: str, steps: int, eval_batches: int) -> dict:
   from encoder_jax import bakeoff  # pylint: disable=g-import-not-at-top
   from encoder_jax import evaluate  # pylint: disable=g-import-not-at-top
@@ -81,7 +72,8 @@ def run(name: str, out: str, steps: int, eval_batches: int) -> dict:
   train.train_and_evaluate(c, workdir)
   wall = time.perf_counter() - start  # Preparation (first run only) and compiles included.
   own = evaluate.evaluate_checkpoint(c, workdir, eval_batches=eval_batches)
-  bert = evaluate.evaluate_checkpoint(at_bert_masking(c), workdir, eval_batches=eval_batches)
+  bert = evaluate.evaluate_checkpoint(evaluate.at_bert_masking(c), workdir,
+                                     eval_batches=eval_batches)
   return dict(variant=name, change=VARIANTS[name][0], steps=steps, wall_s=wall,
               flops=bakeoff.flops_per_step(c) * steps,
               mlm_accuracy_15=bert['mlm_accuracy'], mlm_loss_15=bert['mlm_loss'],

@@ -41,6 +41,7 @@ import jax
 import ml_collections
 
 from encoder_jax import config_base
+from encoder_jax import evaluate
 from encoder_jax import metrics
 from encoder_jax import objectives
 from encoder_jax import schedule
@@ -205,9 +206,14 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
       summary = probe.run(dict(workdir=workdir, step=half),
                           os.path.join(out, 'probe', name, str(half)), settings, probe_specs, log)
       points.insert(0, dict(step=half, flops=half * per_step, **_brief(summary)))
+    scores = heldout(workdir)
+    if 'mlm' in config.objective.names:  # Comparable across masking rates: BERT's masks.
+      at_15 = evaluate.evaluate_checkpoint(evaluate.at_bert_masking(config), workdir)
+      scores.update(mlm_accuracy_15=float(at_15['mlm_accuracy']),
+                    mlm_loss_15=float(at_15['mlm_loss']))
     results['rows'][name] = dict(steps=n, flops=n * per_step, wall_s=wall,
                                  final_loss=float(last.get('loss', float('nan'))),
-                                 heldout=heldout(workdir), points=points)
+                                 heldout=scores, points=points)
     _write(out, results)
   results['from_scratch'] = {}
   for name in [n for n in names if n == names[0] or n in SCRATCH_BASELINES]:
@@ -251,14 +257,16 @@ def table(results: dict) -> str:
   best = best_baseline(results)
   base = best[1] if best else None
   lines = ['| row | pretraining steps | training FLOPs | wall time | final loss | held-out MLM '
-           'accuracy | probe accuracy (half budget) | probe accuracy (full budget) | '
+           'accuracy (own masking rate; BERT\'s 15%) | probe accuracy (half budget) | probe accuracy (full budget) | '
            'fine-tuning rate | vs best from scratch |',
            '|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results['rows'].items():
     half, full = r['points'][0], r['points'][-1]
-    mlm = r.get('heldout', {}).get('mlm_accuracy',
-                                   r.get('heldout', {}).get('generator_mlm_accuracy'))
+    held = r.get('heldout', {})
+    mlm = held.get('mlm_accuracy', held.get('generator_mlm_accuracy'))
     mlm = '-' if mlm is None else f'{mlm:.1%}'
+    if 'mlm_accuracy_15' in held:
+      mlm += f' ({held["mlm_accuracy_15"]:.1%} at 15%)'
     gain = ''
     if base:
       delta = full['accuracy'] - base['accuracy']

@@ -29,6 +29,7 @@ from absl import logging
 from etils import epath
 
 from encoder_jax import checkpointing
+from encoder_jax import config_base
 from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import cli
@@ -57,6 +58,15 @@ def check_prepared_tokenizer(workdir: str, pinned, prepared) -> None:
         f'was trained with ({pinned.path}, sha256 {ours[:12]}): the metrics would be '
         'meaningless. Evaluate with the config the run trained with (<workdir>/config.json, '
         'the default), or point config.data.prepared_dir at the data prepared for that run.')
+
+
+def at_bert_masking(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` with BERT's masks (15%, 80/10/10, the predictions that rate needs): held-out
+  MLM figures of runs trained at other rates, comparable with each other and with BERT's."""
+  e = config.copy_and_resolve_references()
+  config_base.apply_recipe(e, dict(objective=dict(mask_rate=0.15, mask_token_rate=0.8,
+                                                  random_token_rate=0.1)))
+  return e
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,

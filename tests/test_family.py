@@ -67,9 +67,9 @@ FAMILY = {
         objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6,
                        bidirectional_data=True),
         data=dict(pair_kind='xlnet')),
-    'bert_crammed_mlm': dict(  # The small-budget options: pre-LN, GeGLU, no biases, WSD.
+    'bert_crammed_mlm': dict(  # The small-budget options: pre-LN, GeGLU, rotary, no biases.
         model=dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False,
-                   hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
+                   rotary=True, hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
         objective=dict(names=('mlm',), mask_rate=0.3), data=dict(pair_kind='full_sentences'),
         optim=dict(schedule='wsd', decay_fraction=0.5)),
     'electra_generator_mlm': dict(

@@ -39,10 +39,10 @@ def test_xla_counts_about_the_formula_for_the_compiled_step():
 
 
 def test_formula_counts_the_glu_feed_forward():
-  """Pre-LN, GeGLU (a d -> 2 d_ff input projection: 3 d d_ff multiply-adds a token) and no
-  biases: the formula still agrees with XLA's count, and counts more than the plain block."""
+  """Pre-LN, GeGLU (a d -> 2 d_ff input projection: 3 d d_ff multiply-adds a token), rotary
+  positions and no biases: the formula still agrees with XLA's count, and counts more than the plain block."""
   bench = _bench()
-  options = dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False)
+  options = dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False, rotary=True)
   f = bench.xla_flops(_args(model_overrides=options))
   assert 0.9 <= f['ratio'] <= 1.3, f
   assert f['ours'] > bench.xla_flops(_args())['ours']
