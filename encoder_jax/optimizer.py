@@ -25,23 +25,21 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> 
                      f'{num_steps}]')
   peak, kind = optim.learning_rate, optim.get('schedule', 'linear')
   after = max(num_steps - warmup, 1)
+  pieces, boundaries = [optax.linear_schedule(0.0, peak, max(warmup, 1))], [warmup]
   if kind == 'linear':
-    rest = [optax.linear_schedule(peak, 0.0, after)]
+    pieces.append(optax.linear_schedule(peak, 0.0, after))
   elif kind == 'cosine':
-    rest = [optax.cosine_decay_schedule(peak, after)]
+    pieces.append(optax.cosine_decay_schedule(peak, after))
   elif kind == 'wsd':
     fraction = float(optim.get('decay_fraction', 0.2))
     if not 0 < fraction <= 1:
       raise ValueError(f'config.optim.decay_fraction={fraction}; expected in (0, 1]')
     decay = max(1, min(after, int(round(fraction * num_steps))))
-    rest = [optax.constant_schedule(peak), optax.linear_schedule(peak, 0.0, decay)]
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, max(warmup, 1)), *rest],
-        [warmup, warmup + after - decay])
+    pieces += [optax.constant_schedule(peak), optax.linear_schedule(peak, 0.0, decay)]
+    boundaries.append(warmup + after - decay)
   else:
     raise ValueError(f'config.optim.schedule={kind!r}; expected one of {SCHEDULES}')
-  return optax.join_schedules([optax.linear_schedule(0.0, peak, max(warmup, 1)), *rest],
-                              [warmup])
+  return optax.join_schedules(pieces, boundaries)
 
 
 def decay_mask(params):

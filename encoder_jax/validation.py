@@ -25,6 +25,7 @@ import ml_collections
 
 from encoder_jax import fields as fields_lib
 from encoder_jax import objectives
+from encoder_jax import optimizer
 from encoder_jax.models import registry as models
 
 
@@ -96,7 +97,7 @@ OWN_RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
     ('optim.name', one_of('adamw', 'lamb')),
     ('optim.learning_rate', number(0, lo_open=True)),
     ('optim.warmup_steps', integer(0)),
-    ('optim.schedule', one_of('linear', 'cosine', 'wsd')),
+    ('optim.schedule', one_of(*optimizer.SCHEDULES)),
     ('optim.decay_fraction', number(0, 1, lo_open=True)),
     ('optim.b1', number(0, 1, hi_open=True)),
     ('optim.b2', number(0, 1, hi_open=True)),
