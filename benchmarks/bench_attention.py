@@ -11,6 +11,12 @@ are the compiler's on this backend (CPU here; pass ``JAX_PLATFORMS=cuda`` on a G
 
   python benchmarks/bench_attention.py                       # batch 8 x 512, base width
   python benchmarks/bench_attention.py --seq_len=128 --time  # + forward/backward ms
+  python benchmarks/bench_attention.py --local               # ModernBERT at 8,192 tokens
+
+``--local``: ModernBERT's attention (fused QKV, rotary) on a global layer beside a local one
+(a 128-token sliding window, ``config.model.local_attention``, computed band by band), at
+batch 1 x 8,192 tokens unless given: the global layer's [heads, L, L] scores against the
+local layer's [heads, L, 3 x 64] band blocks, so memory linear in the length.
 
 The disentangled terms are [B, heads, L, R] score tensors (R = the 2L - 1 reachable rows of
 v1's 2k table at L <= k, or <= 2 x 256 buckets) gathered to [B, heads, L, L]; the direct form
@@ -29,6 +35,21 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GIB = 2.0 ** 30
+
+
+def modernbert_configs(args):
+  """ModernBERT's layer 0 (global) and layer 1 (local): config and the layer index."""
+  from encoder_jax.models import registry
+  c = registry.make_config(dict(
+      kind='modernbert', vocab_size=1000, hidden_size=args.hidden_size,
+      num_heads=args.num_heads, num_layers=3, intermediate_size=4 * args.hidden_size,
+      max_position_embeddings=max(8192, args.seq_len), hidden_dropout_rate=0.0,
+      attention_dropout_rate=0.0, dtype=args.dtype, pre_norm=True, gated_ffn=True,
+      rotary=True, fused_qkv=True, first_attention_norm=False, type_vocab_size=0,
+      dense_bias=False, norm_bias=False, local_attention=args.local_attention,
+      global_attn_every_n_layers=3, rope_theta=160000.0, local_rope_theta=10000.0))
+  return {'modernbert global layer': (c, 0),
+          f'modernbert local layer (window {args.local_attention})': (c, 1)}
 
 
 def configs(args):
@@ -59,13 +80,13 @@ def direct_disentangled(c, rel_RxE, q, k, index_LxL, scale):
   return (jnp.einsum('bihd,bjhd->bhij', q, k) + c2p + p2c) / scale
 
 
-def compile_variant(name, c, args):
+def compile_variant(name, c, args, layer=None):
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from encoder_jax.models import attention as attention_lib
+  from encoder_jax.models import attention_kinds
   from encoder_jax.models import disentangled_attention as da
 
   b, l, e = args.batch_size, args.seq_len, c.hidden_size
@@ -76,14 +97,15 @@ def compile_variant(name, c, args):
     index, lo, hi = da.relative_layout(c, l)
     context = dict(rel_embeddings=jax.ShapeDtypeStruct((hi - lo, e), c.jnp_dtype),
                    rel_index=jnp.asarray(index)[None])
-  module = attention_lib.get(c.attention_kind)(c, deterministic=True)
+  module = attention_kinds.get(c.attention_kind)(c, deterministic=True)
   params = jax.eval_shape(lambda: nn.unbox(module.init(
       jax.random.key(0), jnp.zeros(x.shape, x.dtype), jnp.ones(mask.shape, bool),
-      jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) if hasattr(s, 'shape') and not
-                   isinstance(s, jax.Array) else s, context))))
+      dict(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) if hasattr(s, 'shape') and not
+                        isinstance(s, jax.Array) else s, context),
+           **({} if layer is None else {'layer': layer})))))
 
-  def forward(p, x, mask, ctx):
-    return module.apply(p, x, mask, ctx)
+  def forward(p, x, mask, ctx):  # The layer index stays a Python int (static).
+    return module.apply(p, x, mask, ctx if layer is None else dict(ctx, layer=layer))
 
   def train(p, x, mask, ctx):
     return jax.grad(lambda p, x: forward(p, x, mask, ctx).astype(jnp.float32).sum(),
@@ -135,14 +157,20 @@ def compile_direct(c, args):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  ap.add_argument('--batch_size', type=int, default=8)
-  ap.add_argument('--seq_len', type=int, default=512)
+  ap.add_argument('--batch_size', type=int, default=None, help='Default 8 (--local: 1).')
+  ap.add_argument('--seq_len', type=int, default=None, help='Default 512 (--local: 8,192).')
+  ap.add_argument('--local', action='store_true',
+                  help="ModernBERT's global against its local (sliding-window) layer.")
+  ap.add_argument('--local_attention', type=int, default=128,
+                  help='--local: the window in tokens (half either side).')
   ap.add_argument('--hidden_size', type=int, default=768)
   ap.add_argument('--num_heads', type=int, default=12)
   ap.add_argument('--dtype', default='float32')
   ap.add_argument('--time', action='store_true', help='Also run and time each executable.')
   ap.add_argument('--steps', type=int, default=5)
   args = ap.parse_args()
+  args.batch_size = args.batch_size or (1 if args.local else 8)
+  args.seq_len = args.seq_len or (8192 if args.local else 512)
 
   import jax
   print(f'One attention layer, batch {args.batch_size} x {args.seq_len}, hidden '
@@ -150,13 +178,19 @@ def main():
         f'{jax.default_backend()} ({jax.devices()[0].device_kind}); compiled memory_analysis():')
   scores = args.batch_size * args.num_heads * args.seq_len ** 2 * 4
   print(f'  (one [B, heads, L, L] float32 score tensor is {scores / GIB:.3f} GiB)')
-  cs = configs(args)
-  for name, c in cs.items():
-    out = compile_variant(name, c, args)
+  if args.local:
+    variants = modernbert_configs(args)
+  else:
+    cs = configs(args)
+    variants = {name: (c, None) for name, c in cs.items()}
+  for name, (c, layer) in variants.items():
+    out = compile_variant(name, c, args, layer)
     for what, m in out.items():
       ms = f'  {m["ms"]:8.1f} ms' if 'ms' in m else ''
       print(f'  {name:40s} {what:17s} temporaries {m["temporaries"] / GIB:7.3f} GiB  '
             f'peak {m["peak"] / GIB:7.3f} GiB{ms}', flush=True)
+  if args.local:
+    return
   direct = compile_direct(cs['deberta v1 (k=512)'], args)
   print(f'  {"direct [L, L, d] disentangled (c2c+c2p+p2c)":40s} {"forward (scores)":17s} '
         f'temporaries {direct["temporaries"] / GIB:7.3f} GiB  peak {direct["peak"] / GIB:7.3f} GiB')

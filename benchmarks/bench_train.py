@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -77,6 +78,8 @@ import time
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from encoder_jax.models import modernbert as modernbert_kind  # pylint: disable=wrong-import-position
 
 PRESETS = {
     'tiny': dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256),  # Tests.
@@ -125,6 +128,13 @@ KINDS = {
                     objective=dict(names=('electra',), mask_token_rate=0.85,
                                    random_token_rate=0.0, generator_hidden_fraction=0.25),
                     data=dict(pair_kind='full_sentences')),
+    # ModernBERT: the preset's shape with ModernBERT's blocks (pre-LN, GeGLU at the preset's
+    # intermediate size, fused QKV, rotary 160k/10k, every third layer global and a
+    # 128-token window on the others, no biases, no dropout), MLM at 30% (30% of seq_len
+    # predictions unless --max_predictions).
+    'modernbert': dict(model=dict(modernbert_kind.PUBLISHED, max_position_embeddings=8192),
+                       objective=dict(names=('mlm',), mask_rate=0.3),
+                       data=dict(pair_kind='full_sentences')),
 }
 FLOPS_SHAPES = 'small:128,base:128,base:512'
 H100_GIB = 81559 / 1024  # nvidia-smi's total for an H100 80GB (SXM and PCIe).
@@ -381,6 +391,7 @@ HF_PEERS = {
     'deberta': 'DebertaForMaskedLM (no EMD)',
     'deberta_v2': 'DebertaV2ForMaskedLM (no EMD)',
     'xlnet': 'XLNetLMHeadModel (perm_mask, target_mapping)',
+    'modernbert': 'ModernBertForMaskedLM (sparse_prediction, sdpa)',
 }
 
 
@@ -467,6 +478,19 @@ def hf_runner(args, device: str | None = None, autocast_dtype=None):
     mapping.scatter_(2, pos[:, :, None], 1.0)
     inputs = dict(input_ids=ids, token_type_ids=segments, attention_mask=attention,
                   perm_mask=perm, target_mapping=mapping, labels=ids.gather(1, pos))
+  elif kind == 'modernbert':  # Its loss reads the masked rows only (sparse_prediction).
+    mb = dict(KINDS[kind]['model'], **(getattr(args, 'model_overrides', None) or {}))
+    models.append(tr.ModernBertForMaskedLM(tr.ModernBertConfig(
+        vocab_size=args.vocab_size, hidden_size=d, num_hidden_layers=n_layers,
+        num_attention_heads=heads, intermediate_size=ff, hidden_activation='gelu',
+        max_position_embeddings=mb['max_position_embeddings'], norm_eps=mb['layer_norm_eps'],
+        local_attention=mb['local_attention'],
+        global_attn_every_n_layers=mb['global_attn_every_n_layers'],
+        global_rope_theta=mb['rope_theta'], local_rope_theta=mb['local_rope_theta'],
+        attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0, sparse_prediction=True,
+        pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+        attn_implementation='sdpa')))
+    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
   else:
     raise ValueError(f'no Hugging Face peer for --kind={kind}')
   for m in models:
@@ -594,6 +618,8 @@ def kind_args(args, kind: str) -> argparse.Namespace:
   changes = dict(kind=kind)
   if kind == 'xlnet' and not args.max_predictions_given:
     changes['max_predictions'] = args.seq_len // 6
+  if kind == 'modernbert' and not args.max_predictions_given:  # 30% masking.
+    changes['max_predictions'] = math.ceil(0.3 * args.seq_len)
   return shape_args(args, **changes)
 
 

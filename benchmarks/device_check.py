@@ -36,7 +36,8 @@ Parts (``PARTS``; estimates are guesses for an H100, none measured yet):
   electra_small     ELECTRA-Small (12 x 256, E = 128, 1/4 generator), 128 x 128: MFU
   deberta_v2_base   DeBERTa-v2-base (disentangled attention, EMD, 128K vocabulary), 512 x 32
   xlnet_base        XLNet-base (two-stream PLM, 85 targets, bidirectional data), 512 x 32
-  modernbert        skipped: encoder_jax has no ModernBERT kind yet
+  modernbert_base   ModernBERT-base (22 x 768, GeGLU 1,152, local/global attention, 50,368
+                    vocabulary), 30% masking, 1,024 tokens x 32: MFU
 
 Timed steps reuse ``bench_train.py`` (``build``/``ours_runner``, ``_time_steps``,
 ``_ours_result``'s FLOPs and MFU, ``memory_of``, ``hf_runner``). On the device the process
@@ -94,6 +95,10 @@ SHAPES = {
                             vocab_size=128_100),
     'xlnet_base': dict(kind='xlnet', preset='base', seq_len=512, batch_size=32,
                        max_predictions=85, vocab_size=32_000),
+    # ModernBERT-base as published (configs/modernbert_base.py) at its pretraining length.
+    'modernbert_base': dict(kind='modernbert', preset='base', seq_len=1024, batch_size=32,
+                            max_predictions=308, vocab_size=50_368,  # 30% masks.
+                            model_overrides=dict(num_layers=22, intermediate_size=1152)),
 }
 # The dry run's BERT parts are one program (XLA attention without dropout, one shape), the
 # attention part's XLA side too: compiled once (the persistent cache), the same code paths.
@@ -109,6 +114,9 @@ DRY_SHAPES = {
                             vocab_size=1000),
     'xlnet_base': dict(kind='xlnet', preset='tiny', seq_len=64, batch_size=4,
                        max_predictions=10, vocab_size=1000),
+    # A 16-token window at 64 tokens: the banded local path, not its dense fallback.
+    'modernbert_base': dict(kind='modernbert', preset='tiny', seq_len=64, batch_size=4,
+                            max_predictions=20, vocab_size=1000, model_overrides=dict(local_attention=16)),
 }
 # The training part: configs/bert_small.py (2 x 128, vocabulary 8000, batch 32, 64 then 128
 # tokens) in bf16, 200 steps, checkpoints at 100 and 200; killed after step 110.
@@ -489,17 +497,6 @@ def _kind_part(shape: str):
   return run
 
 
-def part_modernbert(check: Check) -> dict:
-  from encoder_jax.models import registry
-  kinds = sorted(registry.KINDS)
-  if 'modernbert' in kinds:
-    reason = ('encoder_jax has a ModernBERT kind now, but this check does not time it yet: '
-              'add its shape to SHAPES and a part')
-  else:
-    reason = f'ModernBERT does not exist in encoder_jax yet (model kinds: {", ".join(kinds)})'
-  return dict(skipped=reason, summary=f'skipped: {reason}')
-
-
 # ---- the training run, killed and resumed ----
 
 
@@ -671,7 +668,8 @@ PARTS = (
          '32', 50, 13, _kind_part('deberta_v2_base')),
     Part('xlnet_base', 'XLNet-base (two-stream PLM, 85 targets, bidirectional data), 512 x 32',
          50, 15, _kind_part('xlnet_base')),
-    Part('modernbert', 'ModernBERT', 0, 0, part_modernbert),
+    Part('modernbert_base', 'ModernBERT-base (22 x 768, GeGLU 1,152, every third layer global, '
+         '128-token windows), 1,024 x 32', 60, 12, _kind_part('modernbert_base')),
 )
 
 

@@ -47,6 +47,7 @@ from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import train
 from encoder_jax.finetune import probe
+from encoder_jax.models import modernbert
 
 # name -> config overrides (section -> fields) on the preset's base config.
 ROWS: dict[str, dict] = {
@@ -81,6 +82,13 @@ ROWS: dict[str, dict] = {
     # The small-budget recipe (configs/crammed_small.py): pre-LN, GeGLU, rotary, no biases,
     # no dropout, MLM at 30% (max_predictions follow the rate), higher peak rate, WSD.
     'crammed': config_base.SMALL_BUDGET_RECIPE,
+    # ModernBERT (configs/modernbert_base.py) at the preset's size: its network (pre-LN,
+    # GeGLU, fused QKV, rotary 160k/10k, every third layer global, a 128-token window on
+    # the others: local at the accelerator preset's lengths only from 129 tokens), no
+    # dropout, MLM at 30%, the small-budget recipe's peak rate and warmup-stable-decay.
+    'modernbert': dict(model=modernbert.PUBLISHED, objective=dict(names=('mlm',), mask_rate=0.3),
+                       data=dict(pair_kind='full_sentences'),
+                       optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2)),
 }
 
 # Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run

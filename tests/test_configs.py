@@ -17,7 +17,7 @@ from encoder_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert', 'xlnet', 'deberta',
-                                               'spanbert', 'electra')
+                                               'spanbert', 'electra', 'modernbert')
                           for p in glob.glob(os.path.join(ROOT, 'configs', f'{kind}_*.py')))
 
 

@@ -21,6 +21,7 @@ from encoder_jax import objectives
 from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax import validation
+from encoder_jax.models import modernbert
 from encoder_jax.models import registry as models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +71,12 @@ FAMILY = {
     'bert_crammed_mlm': dict(  # The small-budget options: pre-LN, GeGLU, rotary, no biases.
         model=dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False,
                    rotary=True, hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
+        objective=dict(names=('mlm',), mask_rate=0.3), data=dict(pair_kind='full_sentences'),
+        optim=dict(schedule='wsd', decay_fraction=0.5)),
+    # ModernBERT: layers global, local (an 8-token window at 32 tokens: band by band),
+    # fused QKV, rotary 160k/10k, the first layer's attention norm skipped, MLM at 30%.
+    'modernbert_mlm': dict(
+        model=dict(modernbert.PUBLISHED, local_attention=8),
         objective=dict(names=('mlm',), mask_rate=0.3), data=dict(pair_kind='full_sentences'),
         optim=dict(schedule='wsd', decay_fraction=0.5)),
     'electra_generator_mlm': dict(

@@ -78,3 +78,18 @@ def test_deberta_formula_counts_the_relative_terms_and_the_emd(kind):
   1.28 there."""
   f = _bench().xla_flops(_args(kind=kind))
   assert 0.9 <= f['ratio'] <= 1.4, f
+
+
+def test_modernbert_formula_counts_the_local_bands():
+  """ModernBERT (``--kind=modernbert``): pre-LN, GeGLU, fused QKV, rotary, layer 0 global
+  and layer 1 local with an 8-token window (4 either side, band by band at 32 tokens): the
+  formula counts the local layer's 9 keys a query, not 32. XLA counts more than that on
+  the local layer (the blocks span 12 keys, and the layer scan's ``lax.cond`` is counted at
+  its dearer branch, the global one), which the tolerance holds at this width."""
+  bench = _bench()
+  local = dict(local_attention=8, global_attn_every_n_layers=2)
+  f = bench.xla_flops(_args(kind='modernbert', max_predictions=10, model_overrides=local))
+  assert 0.9 <= f['ratio'] <= 1.3, f
+  every_layer_global = bench.xla_flops(_args(kind='modernbert', max_predictions=10,
+                                             model_overrides=dict(local, local_attention=0)))
+  assert f['ours'] < every_layer_global['ours'], (f, every_layer_global)

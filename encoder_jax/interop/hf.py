@@ -223,7 +223,7 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
   by_group = {g: entries for g, entries in by_group.items() if entries}
   fresh = abstract_params(config)
   for group, entries in by_group.items():
-    keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
+    keys = [k for e in entries for k in _hf_keys(e, config)]
     if group != spec.groups[0] and not any(k in state for k in keys):
       report.initialised_groups.append(group)
   # Only a checkpoint without some head pays for running the initialisers.
@@ -232,7 +232,7 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
   for group, entries in by_group.items():
     if group in report.initialised_groups:
       continue
-    keys = [k for e in entries for k in _hf_keys(e, config.num_layers)]
+    keys = [k for e in entries for k in _hf_keys(e, config)]
     absent = [k for k in keys if k not in state]
     if absent:
       raise ValueError(f'{source}: the {group!r} parameters are incomplete; missing '
@@ -241,13 +241,16 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
     for entry in entries:
       expected_shape = _get(fresh, entry.ours).shape
       per_key = []
-      for key in _hf_keys(entry, config.num_layers):
+      for key in _hf_keys(entry, config):
         try:
           per_key.append(entry.transform.to_ours(state[key], config))
         except ValueError as e:
           raise ValueError(f'{source}: tensor {key} has shape {state[key].shape}, which does '
                            f'not fit {entry.ours} {expected_shape} for {config}') from e
         used.add(key)
+      if entry.per_layer and len(per_key) < config.num_layers:  # Unused first slots.
+        unused = np.full(expected_shape[1:], entry.unused_value, np.float32)
+        per_key = [unused] * (config.num_layers - len(per_key)) + per_key
       value = np.stack(per_key) if entry.per_layer else per_key[0]
       if value.shape != expected_shape:
         raise ValueError(f'{source}: {entry.hf} gives {entry.ours} shape {value.shape}; '
@@ -283,7 +286,7 @@ def params_to_hf(params: Params, config: config_lib.EncoderConfig) -> dict[str, 
       if value.shape[0] != config.num_layers:
         raise ValueError(f'{entry.ours} has {value.shape[0]} layers; config.model.num_layers='
                          f'{config.num_layers}')
-      for i in range(config.num_layers):
+      for i in entry.layers(config):
         out[entry.hf.format(i=i)] = entry.transform.to_hf(value[i], config)
     else:
       out[entry.hf] = entry.transform.to_hf(value, config)

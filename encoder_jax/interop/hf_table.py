@@ -55,12 +55,18 @@ class Entry:
   pair head beside ``DebertaForMaskedLM``); its group is freshly initialised on import and
   left out of the export, so a group's entries are either all ``hf=None`` or none are.
   ``when``: the entry exists only for configs it accepts (e.g. a LayerNorm an option adds).
+  ``first_layer``: a per-layer tensor HF has from this layer on only (ModernBERT's layer 0
+  has no attention LayerNorm, ``config.model.first_attention_norm=False``); our stacked
+  slots before it are unused by the network, filled with ``unused_value`` on import and
+  left out of the export.
   """
   ours: str  # '/'-separated path in our 'params' collection.
   hf: str | None  # HF state-dict key; '{i}' marks a per-layer tensor (stacked on our axis 0).
   transform: Transform
   group: str
   when: Callable[[Config], bool] | None = None
+  first_layer: Callable[[Config], int] | None = None
+  unused_value: float = 1.0  # A LayerNorm scale's init.
 
   @property
   def per_layer(self) -> bool:
@@ -68,6 +74,10 @@ class Entry:
 
   def applies(self, config: Config) -> bool:
     return self.when is None or bool(self.when(config))
+
+  def layers(self, config: Config) -> range:
+    """The layers HF has this per-layer tensor for."""
+    return range(self.first_layer(config) if self.first_layer else 0, config.num_layers)
 
 
 
@@ -114,9 +124,9 @@ class HfSpec:
     return tuple(e for e in self.params if e.applies(config))
 
 
-def hf_keys(entry: Entry, num_layers: int) -> list[str]:
+def hf_keys(entry: Entry, config: Config) -> list[str]:
   if entry.hf is None:
     return []
   if entry.per_layer:
-    return [entry.hf.format(i=i) for i in range(num_layers)]
+    return [entry.hf.format(i=i) for i in entry.layers(config)]
   return [entry.hf]

@@ -12,6 +12,7 @@ from encoder_jax.interop import hf_albert
 from encoder_jax.interop import hf_bert
 from encoder_jax.interop import hf_deberta
 from encoder_jax.interop import hf_electra
+from encoder_jax.interop import hf_modernbert
 from encoder_jax.interop import hf_roberta
 from encoder_jax.interop import hf_table
 from encoder_jax.interop import hf_xlnet
@@ -30,6 +31,7 @@ HF_SPECS: dict[str, hf_table.HfSpec] = {
     'deberta': hf_deberta.SPEC_V1,
     'deberta_v2': hf_deberta.SPEC_V2,
     'xlnet': hf_xlnet.SPEC,
+    'modernbert': hf_modernbert.SPEC,
 }
 
 

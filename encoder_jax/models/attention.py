@@ -18,7 +18,8 @@ in ``attention_kinds``; the encoder layer never names one.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 from absl import logging
 import flax.linen as nn
@@ -152,6 +153,95 @@ def dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropout_rate, 
                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
+def band_mask(q_positions_BxL, k_positions_BxS, half_window: int):
+  """bool [B, 1, L, S]: key within ``half_window`` positions of the query (either side)."""
+  distance_BxLxS = q_positions_BxL[:, :, None] - k_positions_BxS[:, None, :]
+  return (jnp.abs(distance_BxLxS) <= half_window)[:, None]
+
+
+def local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, half_window: int, *,
+                      dropout_rate: float = 0.0, dropout_rng=None, query_positions_BxL=None):
+  """Sliding-window attention: query i reads the keys j with ``|i - j| <= half_window``
+  (and the key padding mask), the rest of the sequence masked out.
+
+  Computed band by band (:func:`banded_dot_product`): memory and work linear in the
+  length, ``L * 3 * half_window`` scores a head instead of ``L^2``. Queries at some rows of
+  the keys' sequence (``query_positions_BxL``: the last layer at the rows a loss reads),
+  and sequences that are no longer than the three blocks a band spans, take the masked
+  dense path (:func:`explicit_dot_product` with the band in the mask): the same values.
+  """
+  length = k_BxSxHxD.shape[1]
+  if query_positions_BxL is None and length > 3 * max(half_window, 1):
+    return banded_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, half_window,
+                              dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  b = q_BxLxHxD.shape[0]
+  if query_positions_BxL is None:
+    query_positions_BxL = jnp.broadcast_to(jnp.arange(q_BxLxHxD.shape[1]), (b, length))
+  band_Bx1xLxS = band_mask(query_positions_BxL, jnp.broadcast_to(jnp.arange(length), (b, length)),
+                           half_window)
+  return explicit_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD,
+                              jnp.logical_and(mask_Bx1x1xS.astype(bool), band_Bx1xLxS),
+                              dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+
+
+def banded_dot_product(q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask_Bx1x1xL, half_window: int, *,
+                       dropout_rate: float = 0.0, dropout_rng=None):
+  """:func:`local_dot_product` in blocks of ``C = half_window`` rows: block n of the
+  queries attends to key blocks n - 1, n, n + 1 ([C, 3C] scores, which hold every key of
+  its rows' bands), the band and the padding masked inside them. The sequence is padded to
+  a multiple of C (padded keys masked, padded queries dropped). Softmax in float32."""
+  b, length, h, d = q_BxLxHxD.shape
+  c = max(half_window, 1)
+  n = -(-length // c)
+  pad = n * c - length
+  q_BxNxCxHxD = jnp.pad(q_BxLxHxD, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, c, h, d)
+
+  def windows(x, fill):  # [B, L, ...] -> [B, N, 3C, ...]: blocks n-1, n, n+1 of each block n.
+    widths = ((0, 0), (c, pad + c)) + ((0, 0),) * (x.ndim - 2)
+    blocks = jnp.pad(x, widths, constant_values=fill).reshape(b, n + 2, c, *x.shape[2:])
+    return jnp.concatenate([blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]], axis=2)
+
+  k_BxNx3CxHxD, v_BxNx3CxHxD = windows(k_BxLxHxD, 0), windows(v_BxLxHxD, 0)
+  key_mask_BxNx3C = windows(mask_Bx1x1xL[:, 0, 0, :].astype(bool), False)
+  # Query row i of a block sits at c + i among its 3C keys' positions.
+  distance_Cx3C = jnp.arange(3 * c)[None, :] - (c + jnp.arange(c))[:, None]
+  band_Cx3C = jnp.abs(distance_Cx3C) <= half_window
+  allowed_BxNx1xCx3C = band_Cx3C[None, None, None] & key_mask_BxNx3C[:, :, None, None, :]
+  logits_BxNxHxCx3C = jnp.einsum('bnqhd,bnkhd->bnhqk', q_BxNxCxHxD, k_BxNx3CxHxD,
+                                 preferred_element_type=jnp.float32)
+  logits_BxNxHxCx3C = logits_BxNxHxCx3C / jnp.sqrt(jnp.float32(d))
+  logits_BxNxHxCx3C = jnp.where(allowed_BxNx1xCx3C, logits_BxNxHxCx3C,
+                                jnp.finfo(jnp.float32).min)
+  probs_BxNxHxCx3C = jax.nn.softmax(logits_BxNxHxCx3C, axis=-1)
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    probs_BxNxHxCx3C = layers.dropout(probs_BxNxHxCx3C, dropout_rate, dropout_rng)
+  a_BxNxCxHxD = jnp.einsum('bnhqk,bnkhd->bnqhd', probs_BxNxHxCx3C.astype(v_BxLxHxD.dtype),
+                           v_BxNx3CxHxD)
+  return a_BxNxCxHxD.reshape(b, n * c, h, d)[:, :length]
+
+
+def per_layer(c, layer, core: Callable[..., Any], *operands):
+  """``core(local, *operands)`` for layer ``layer`` of the stack: ``local`` (a Python bool,
+  so each variant is traced with its own static window and RoPE base) is whether the
+  layer attends within the sliding window (``config.model.local_attention`` on the layers
+  ``global_attn_every_n_layers`` does not make global).
+
+  ``layer`` is a Python int where the caller knows it (a loop over layers, the last layer
+  at some rows), or the traced index of the layer scan: there both variants are compiled
+  once and ``jax.lax.cond`` runs the layer's (one scan body for alternating layers, the
+  stacked parameters unchanged).
+  """
+  if not c.has_local_layers:
+    return core(False, *operands)
+  if layer is None:
+    raise ValueError('config.model.local_attention: the attention was called without its '
+                     "layer index (context['layer']), so it cannot tell local from global")
+  if isinstance(layer, int):
+    return core(not c.layer_is_global(layer), *operands)
+  return jax.lax.cond(c.layer_is_global(layer), functools.partial(core, False),
+                      functools.partial(core, True), *operands)
+
+
 def rotate(x_BxLxHxD, positions_BxL, theta: float):
   """Rotary position embedding (RoPE; Su et al. 2021) in the rotate-half layout of Hugging
   Face's RoFormer-derived models (ModernBERT, Llama): dimension i pairs with i + D/2, each
@@ -171,31 +261,51 @@ def rotate(x_BxLxHxD, positions_BxL, theta: float):
 class DotProductAttention(nn.Module):
   """Multi-head self-attention: q/k/v projections with a head axis, output projection.
 
+  ``config.fused_qkv``: one projection ``qkv`` [embed, 3, heads, kv] instead of three.
   ``config.rotary``: queries and keys turned by their positions (:func:`rotate`); the
   queries' positions are ``context['query_positions']`` [B, L] when the queries are some
   rows of the keys' sequence (the last layer at the predicted rows), else 0..L-1.
+  ``config.local_attention``: the layers that are not global attend within the sliding
+  window (:func:`local_dot_product`) with their own RoPE base (``local_rope_theta``); which
+  layer this is comes from ``context['layer']`` (:func:`per_layer`).
   """
   config: Any  # models.config.EncoderConfig
   deterministic: bool
+
+  def _project(self, x_BxLxE, kv_BxSxE):
+    """(q, k, v) [B, *, H, D]: keys and values from ``kv_BxSxE`` (x itself, or all rows
+    when the queries are some of them)."""
+    c, dt = self.config, self.config.jnp_dtype
+    h, d, e = c.num_heads, c.head_dim, c.hidden_size
+    if not c.fused_qkv:
+      qkv = lambda n: layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'),
+                                   c.initializer_range, dt, use_bias=c.dense_bias, name=n)
+      return qkv('query')(x_BxLxE), qkv('key')(kv_BxSxE), qkv('value')(kv_BxSxE)
+    specs = (('kernel', layers.truncated_normal(c.initializer_range), (e, 3, h, d),
+              ('embed', None, 'heads', 'kv')),)
+    if c.dense_bias:
+      specs += (('bias', nn.initializers.zeros, (3, h, d), (None, 'heads', 'kv')),)
+    p = layers.ParamGroup(specs, name='qkv')()
+    bias = p.get('bias')
+    if kv_BxSxE is x_BxLxE:
+      qkv_BxLx3xHxD = layers.dense(x_BxLxE, p['kernel'], bias, 1, dt)
+      return tuple(qkv_BxLx3xHxD[:, :, i] for i in range(3))
+    q_BxLxHxD = layers.dense(x_BxLxE, p['kernel'][:, 0], None if bias is None else bias[0], 1, dt)
+    kv_BxSx2xHxD = layers.dense(kv_BxSxE, p['kernel'][:, 1:],
+                                None if bias is None else bias[1:], 1, dt)
+    return q_BxLxHxD, kv_BxSx2xHxD[:, :, 0], kv_BxSx2xHxD[:, :, 1]
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_Bx1x1xL, context: dict[str, Any] | None = None):
     # Keys and values from context['kv_states'] [B, S, E] when given (queries at a subset
     # of the rows, e.g. the last layer at the predicted positions), else from x.
-    kv_BxSxE = (context or {}).get('kv_states', x_BxLxE)
+    context = context or {}
+    kv_BxSxE = context.get('kv_states', x_BxLxE)
     c, dt = self.config, self.config.jnp_dtype
     h, d, e = c.num_heads, c.head_dim, c.hidden_size
-    qkv = lambda n: layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'),
-                                 c.initializer_range, dt, use_bias=c.dense_bias, name=n)
-    q_BxLxHxD = qkv('query')(x_BxLxE)
-    k_BxLxHxD, v_BxLxHxD = qkv('key')(kv_BxSxE), qkv('value')(kv_BxSxE)
-    if c.rotary:
-      b, length, s = x_BxLxE.shape[0], x_BxLxE.shape[1], kv_BxSxE.shape[1]
-      q_positions = (context or {}).get('query_positions')
-      if q_positions is None:
-        q_positions = jnp.broadcast_to(jnp.arange(length), (b, length))
-      q_BxLxHxD = rotate(q_BxLxHxD, q_positions, c.rope_theta)
-      k_BxLxHxD = rotate(k_BxLxHxD, jnp.broadcast_to(jnp.arange(s), (b, s)), c.rope_theta)
+    q_BxLxHxD, k_BxSxHxD, v_BxSxHxD = self._project(x_BxLxE, kv_BxSxE)
+    b, length, s = x_BxLxE.shape[0], x_BxLxE.shape[1], kv_BxSxE.shape[1]
+    q_positions = context.get('query_positions')
     use_dropout = not self.deterministic and c.attention_dropout_rate > 0
     if use_dropout and c.attention_implementation == 'cudnn':
       raise ValueError(
@@ -203,9 +313,24 @@ class DotProductAttention(nn.Module):
           f'config.model.attention_dropout_rate={c.attention_dropout_rate} asks for it in '
           "training: set attention_dropout_rate=0, or attention_implementation None/'xla' "
           '(dropout then runs the explicit softmax).')
-    a_BxLxHxD = dot_product(q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask_Bx1x1xL,
-                            dropout_rate=c.attention_dropout_rate if use_dropout else 0.0,
-                            dropout_rng=self.make_rng('dropout') if use_dropout else None,
-                            implementation=c.attention_implementation)
+    rate = c.attention_dropout_rate if use_dropout else 0.0
+    dropout_rng = self.make_rng('dropout') if use_dropout else None
+
+    def core(local, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, q_positions, rng):
+      if c.rotary:
+        theta = c.local_theta if local else c.rope_theta
+        positions = (jnp.broadcast_to(jnp.arange(length), (b, length)) if q_positions is None
+                     else q_positions)
+        q_BxLxHxD = rotate(q_BxLxHxD, positions, theta)
+        k_BxSxHxD = rotate(k_BxSxHxD, jnp.broadcast_to(jnp.arange(s), (b, s)), theta)
+      if local:
+        return local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, c.half_window,
+                                 dropout_rate=rate, dropout_rng=rng,
+                                 query_positions_BxL=q_positions)
+      return dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, dropout_rate=rate,
+                         dropout_rng=rng, implementation=c.attention_implementation)
+
+    a_BxLxHxD = per_layer(c, context.get('layer'), core, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD,
+                          mask_Bx1x1xL, q_positions, dropout_rng)
     return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
                         use_bias=c.dense_bias, name='attention_output')(a_BxLxHxD)

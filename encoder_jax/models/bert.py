@@ -82,11 +82,26 @@ def norm(c: config_lib.EncoderConfig, name: str) -> layers.LayerNorm:
   return layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, use_bias=c.norm_bias, name=name)
 
 
+def skip_first_norm(c: config_lib.EncoderConfig, layer, x, layer_norm):
+  """``layer_norm(x)``, or x itself in layer 0 when ``first_attention_norm`` is False (the
+  layer index is a Python int, or the layer scan's traced index: then both are computed
+  and one is selected; the norm's parameters in slot 0 get no gradient)."""
+  if c.first_attention_norm:
+    return layer_norm(x)
+  if layer is None:
+    raise ValueError('config.model.first_attention_norm=False: the block was called without '
+                     "its layer index (context['layer'])")
+  if isinstance(layer, int):
+    return x if layer == 0 else layer_norm(x)
+  return jnp.where(layer == 0, x, layer_norm(x))
+
+
 class AttentionBlock(nn.Module):
   """Self-attention (the configured kind), dropout, residual, LayerNorm.
 
   Post-LN (BERT): ``LayerNorm(x + attend(x))``. ``pre_norm``: ``x + attend(LayerNorm(x))``,
-  the keys and values read from the normalised ``context['kv_states']`` too.
+  the keys and values read from the normalised ``context['kv_states']`` too; with
+  ``first_attention_norm=False`` layer 0 (``context['layer']``) attends to x itself.
   """
   config: config_lib.EncoderConfig
   deterministic: bool
@@ -99,9 +114,10 @@ class AttentionBlock(nn.Module):
     layer_norm = norm(c, 'attention_layer_norm')
     h_BxLxE = x_BxLxE
     if c.pre_norm:
-      h_BxLxE = layer_norm(x_BxLxE)
+      normed = lambda x: skip_first_norm(c, context.get('layer'), x, layer_norm)
+      h_BxLxE = normed(x_BxLxE)
       if 'kv_states' in context:
-        context = {**context, 'kv_states': layer_norm(context['kv_states'])}
+        context = {**context, 'kv_states': normed(context['kv_states'])}
     a_BxLxE = attend(h_BxLxE, mask_Bx1x1xL, context)
     a_BxLxE = layers.Dropout(c.hidden_dropout_rate, name='attention_dropout')(
         a_BxLxE, deterministic=self.deterministic)
@@ -151,7 +167,10 @@ class Layer(nn.Module):
   collect_hidden: bool = False  # Also emit each layer's output (stacked by the scan).
 
   @nn.compact
-  def __call__(self, x_BxLxE, mask_Bx1x1xL, context):
+  def __call__(self, x_BxLxE, mask_Bx1x1xL, context, layer=None):
+    """``layer``: this layer's index (the scan's traced int32, or an int), handed to the
+    blocks as ``context['layer']`` (local/global attention, the first layer's norm)."""
+    context = {**context, 'layer': layer}
     attention = AttentionBlock(self.config, self.deterministic)
     ffn = FeedForwardBlock(self.config, self.deterministic)
     nn.share_scope(self, attention)
@@ -207,11 +226,12 @@ class Encoder(nn.Module):
       stack = nn.scan(body, variable_axes={} if shared else {'params': 0},
                       variable_broadcast='params' if shared else False,
                       split_rngs={'params': not shared, 'dropout': True},
-                      in_axes=(nn.broadcast, nn.broadcast), length=c.num_layers,
+                      in_axes=(nn.broadcast, nn.broadcast, 0), length=c.num_layers,
                       unroll=c.layers_per_iteration,
                       metadata_params={nn.PARTITION_NAME: 'layers'})
+      # The layer index is scanned with the layers (per-layer behaviour: local/global).
       x_BxLxE, all_NxBxLxE = stack(c, deterministic, collect_hidden, name='layers')(
-          x_BxLxE, mask_Bx1x1xL, context)
+          x_BxLxE, mask_Bx1x1xL, context, jnp.arange(c.num_layers, dtype=jnp.int32))
       return x_BxLxE, all_NxBxLxE
     wrap = (lambda m: nn.remat(m, prevent_cse=False)) if c.remat else (lambda m: m)
     shared_attention = c.share_layers == 'attention'
@@ -221,10 +241,11 @@ class Encoder(nn.Module):
     outputs = []
     for i in range(c.num_layers):
       own = own_cls(c, deterministic, name=f'layer_{i}')
+      context_i = {**context, 'layer': i}
       if shared_attention:
-        x_BxLxE = own(shared(x_BxLxE, mask_Bx1x1xL, context))
+        x_BxLxE = own(shared(x_BxLxE, mask_Bx1x1xL, context_i))
       else:
-        x_BxLxE = shared(own(x_BxLxE, mask_Bx1x1xL, context))
+        x_BxLxE = shared(own(x_BxLxE, mask_Bx1x1xL, context_i))
       outputs.append(x_BxLxE)
     return x_BxLxE, (jnp.stack(outputs) if collect_hidden else None)
 
@@ -262,21 +283,23 @@ class Encoder(nn.Module):
       stacked = params['layers']
       layer = Layer(c, deterministic, parent=None)
 
-      def body(x_BxLxE, p_key):
-        p, key = p_key
+      def body(x_BxLxE, p_key_index):
+        p, key, index = p_key_index
         return layer.apply({'params': stacked if shared else p}, x_BxLxE, mask_Bx1x1xL,
-                           context, rngs=rngs(key))[0], None
+                           context, index, rngs=rngs(key))[0], None
 
       if c.remat:
         body = jax.checkpoint(body, prevent_cse=False)
       head = None if shared else jax.tree.map(lambda p: p[:-1], stacked)
       keys = None if dropout_keys is None else dropout_keys[:-1]
       if n > 1:
-        x_BxLxE, _ = layers.layer_scan(body, x_BxLxE, (head, keys), n - 1,
+        x_BxLxE, _ = layers.layer_scan(body, x_BxLxE,
+                                       (head, keys, jnp.arange(n - 1, dtype=jnp.int32)), n - 1,
                                        min(c.layers_per_iteration, n - 1))
       last = stacked if shared else jax.tree.map(lambda p: p[-1], stacked)
       last_context['kv_states'] = x_BxLxE
       y_BxQxE, _ = layer.apply({'params': last}, take(x_BxLxE), mask_Bx1x1xL, last_context,
+                               n - 1,
                                rngs=rngs(None if dropout_keys is None else dropout_keys[-1]))
       return y_BxQxE, x_BxLxE
     shared_attention = c.share_layers == 'attention'
@@ -285,16 +308,17 @@ class Encoder(nn.Module):
     for i in range(n):
       key = None if dropout_keys is None else dropout_keys[i]
       k1, k2 = (None, None) if key is None else jax.random.split(key)
+      context_i = {**context, 'layer': i}
       attention = block(AttentionBlock, 'shared' if shared_attention else f'layer_{i}')
       ffn = block(FeedForwardBlock, f'layer_{i}' if shared_attention else 'shared')
       if i < n - 1:
-        run = lambda x, k1, k2, attention=attention, ffn=ffn: ffn(
-            attention(x, mask_Bx1x1xL, context, key=k1), key=k2)
+        run = lambda x, k1, k2, attention=attention, ffn=ffn, context_i=context_i: ffn(
+            attention(x, mask_Bx1x1xL, context_i, key=k1), key=k2)
         if c.remat:  # As _stack's nn.remat blocks.
           run = jax.checkpoint(run, prevent_cse=False)
         x_BxLxE = run(x_BxLxE, k1, k2)
       else:
-        last_context['kv_states'] = x_BxLxE
+        last_context.update(kv_states=x_BxLxE, layer=i)
         y_BxQxE = ffn(attention(take(x_BxLxE), mask_Bx1x1xL, last_context, key=k1), key=k2)
     return y_BxQxE, x_BxLxE
 

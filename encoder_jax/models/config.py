@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -69,7 +69,25 @@ BLOCK_OPTIONS: tuple[fields_lib.Field, ...] = (
       'Rotary position embeddings (RoPE) on the queries and keys of every layer, and no '
       'absolute position table (RoFormer, ModernBERT); False = learned absolute positions.'),
     F('rope_theta', 10000.0, fields_lib.number(1.0),
-      'RoPE base: frequencies theta^(-2i/d) of the head dimension d.'),
+      'RoPE base: frequencies theta^(-2i/d) of the head dimension d (of the global layers '
+      'when some layers are local: ModernBERT 160,000).'),
+    F('local_attention', 0, fields_lib.integer(0),
+      'Sliding-window attention, in tokens (ModernBERT: 128): on the local layers (see '
+      'global_attn_every_n_layers) a token attends to the tokens at most local_attention // 2 '
+      'positions away, computed band by band (memory linear in the length); 0 = every '
+      'layer attends globally.'),
+    F('global_attn_every_n_layers', 1, fields_lib.integer(1),
+      'With local_attention: layer i (from 0) is global when i % n == 0, the others local '
+      '(ModernBERT: 3, so layers 0, 3, 6, ... global).'),
+    F('local_rope_theta', 0.0, fields_lib.number(0.0),
+      'RoPE base of the local layers (ModernBERT: 10,000); 0 = rope_theta.'),
+    F('first_attention_norm', True, fields_lib.boolean(),
+      "With pre_norm: False = the first layer's attention reads its input without a "
+      'LayerNorm (ModernBERT: the embedding LayerNorm has just normalised it; the stacked '
+      "parameter's first slot is unused)."),
+    F('fused_qkv', False, fields_lib.boolean(),
+      'One query/key/value projection, kernel [embed, 3, heads, head_dim] (ModernBERT\'s '
+      'Wqkv; one matmul instead of three); False = separate query, key, value.'),
 )
 BLOCK_OPTION_NAMES = tuple(f.name for f in BLOCK_OPTIONS)
 # The fields every kind reads (the BERT trunk and its options); BERT-base defaults. A kind
@@ -168,6 +186,9 @@ class EncoderConfig:
       raise ValueError(f'config.model.position_offset={self.position_offset}; expected in '
                        f'[0, max_position_embeddings={self.max_position_embeddings})')
     attention_kinds.get(self.attention_kind)  # Fails early, listing the valid kinds.
+    if not self.first_attention_norm and not self.pre_norm:
+      raise ValueError('config.model.first_attention_norm=False needs pre_norm=True (a post-LN '
+                       "block's LayerNorm comes after the residual)")
 
   def __getattr__(self, name: str):
     try:
@@ -230,6 +251,35 @@ class EncoderConfig:
   def jnp_dtype(self):
     return DTYPES[self.dtype]
 
+  @property
+  def has_local_layers(self) -> bool:
+    """Some layers attend within a sliding window (``local_attention``)."""
+    return self.local_attention > 0 and any(
+        not self.layer_is_global(i) for i in range(self.num_layers))
+
+  def layer_is_global(self, index):
+    """Whether layer ``index`` (from 0; an int, or a traced int32 inside the layer scan)
+    attends globally: every layer without ``local_attention``, else every n-th."""
+    if self.local_attention <= 0:
+      return True
+    return index % self.global_attn_every_n_layers == 0
+
+  @property
+  def half_window(self) -> int:
+    """Keys at most this far from the query on a local layer (``local_attention // 2``)."""
+    return self.local_attention // 2
+
+  @property
+  def local_theta(self) -> float:
+    return self.local_rope_theta or self.rope_theta
+
+  def keys_per_query(self, index: int, seq_len: int) -> int:
+    """Keys one query of layer ``index`` attends to at ``seq_len`` (model FLOPs: the band
+    of a local layer, not the blocks its computation spans)."""
+    if self.layer_is_global(index):
+      return seq_len
+    return min(seq_len, 2 * self.half_window + 1)
+
 
 def _rebuild(values: dict[str, Any]) -> EncoderConfig:
   return EncoderConfig(**values)
@@ -240,11 +290,13 @@ def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
 
   ``6*L*(4*d^2 + 2*d*d_ff) + 12*L*s*d``: the q/k/v/output projections and the
   feed-forward block (2 FLOPs per multiply-add, 3 passes; ``3*d*d_ff`` gated), plus the attention scores and
-  weighted sum. Sharing layers (ALBERT) saves parameters, not FLOPs; a factorized
+  weighted sum (a local layer's over the ``2 * (local_attention // 2) + 1`` keys of its
+  band, ``keys_per_query``). Sharing layers (ALBERT) saves parameters, not FLOPs; a factorized
   embedding adds its E x d projection.
   """
   L, d = c.num_layers, c.hidden_size
-  flops = 6 * L * (4 * d * d + ffn_macs(c)) + 12 * L * seq_len * d
+  keys = sum(c.keys_per_query(i, seq_len) for i in range(L))  # L * seq_len if all global.
+  flops = 6 * L * (4 * d * d + ffn_macs(c)) + 12 * keys * d
   if c.embedding_width != d:
     flops += 6 * c.embedding_width * d
   return float(flops)
@@ -255,7 +307,8 @@ def encoder_row_flops(c: EncoderConfig, seq_len: int) -> float:
   the feed-forward block and the row's attention scores and weighted sum (its keys and
   values stay). What the last layer saves per row when the loss does not read it."""
   d = c.hidden_size
-  return float(6 * (2 * d * d + ffn_macs(c)) + 12 * seq_len * d)
+  keys = c.keys_per_query(c.num_layers - 1, seq_len)
+  return float(6 * (2 * d * d + ffn_macs(c)) + 12 * keys * d)
 
 
 def ffn_macs(c: EncoderConfig) -> int:
@@ -311,6 +364,10 @@ class ModelKind:
   # The shared block options (``BLOCK_OPTION_NAMES``) this kind implements; any other set
   # away from its default is refused by ``models.registry.make_config``.
   block_options: tuple[str, ...] = ()
+  # ``config.model`` values the kind is defined by (ModernBERT: pre_norm=True, ...): any
+  # other is refused by ``models.registry.make_config``, naming the key; an import from
+  # Hugging Face sets them (``interop``), so its table need not import the kind's module.
+  requires: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
   def pretraining_flops(self, c: EncoderConfig, seq_len: int, predictions: int,
                         gathered: int = 0) -> float:

@@ -21,6 +21,7 @@ from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import deberta
 from encoder_jax.models import electra
+from encoder_jax.models import modernbert
 from encoder_jax.models import roberta
 from encoder_jax.models import xlnet
 
@@ -36,6 +37,7 @@ KINDS: dict[str, ModelKind] = {
     'electra': electra.KIND,
     'electra_generator': electra.GENERATOR_KIND,
     'xlnet': xlnet.KIND,
+    'modernbert': modernbert.KIND,
 }
 
 
@@ -84,6 +86,12 @@ def make_config(model_config: ml_collections.ConfigDict | dict | EncoderConfig) 
        else EncoderConfig.from_config(model_config))
   kind = get(c.kind)
   check_block_options(c, kind.block_options, f'config.model.kind={c.kind!r}')
+  wrong = {k: getattr(c, k) for k, v in kind.requires.items() if getattr(c, k) != v}
+  if wrong:
+    raise ValueError(
+        f'config.model.kind={c.kind!r} is defined by '
+        + ', '.join(f'{k}={kind.requires[k]!r}' for k in wrong) + '; got '
+        + ', '.join(f'{k}={v!r}' for k, v in wrong.items()) + f' ({kind.description})')
   kind.check(c)
   return c
 

@@ -16,9 +16,15 @@ HF_CLASSES = {
                 transformers.RobertaModel),
     'albert': (transformers.AlbertForPreTraining, transformers.AlbertForMaskedLM,
                transformers.AlbertModel),
+    'modernbert': (transformers.ModernBertForMaskedLM, transformers.ModernBertForMaskedLM,
+                   transformers.ModernBertModel),
 }
 # The id each kind pads with (RoBERTa's position ids start after it).
-PAD_IDS = {'bert': 0, 'roberta': 1, 'albert': 0}
+PAD_IDS = {'bert': 0, 'roberta': 1, 'albert': 0, 'modernbert': 2}
+# ModernBERT away from its defaults: a 4-token window (2 either side), every second layer
+# global (the default is every third), RoPE bases 1,000 / 77 (160,000 / 10,000).
+MODERNBERT_OPTIONS = dict(local_attention=4, global_attn_every_n_layers=2,
+                          global_rope_theta=1000.0, local_rope_theta=77.0)
 
 
 def hf_config(kind: str = 'bert', *, vocab_size=97, hidden_size=36, num_layers=2, num_heads=3,
@@ -46,6 +52,12 @@ def hf_config(kind: str = 'bert', *, vocab_size=97, hidden_size=36, num_layers=2
         **common, embedding_size=embedding_size or max(2, hidden_size // 2 + 1),
         max_position_embeddings=max_positions, type_vocab_size=2, hidden_act='gelu_new',
         num_hidden_groups=1, inner_group_num=1, pad_token_id=PAD_IDS['albert'])
+  if kind == 'modernbert':
+    pad = PAD_IDS['modernbert']
+    return transformers.ModernBertConfig(
+        **common, max_position_embeddings=max_positions, **MODERNBERT_OPTIONS,
+        pad_token_id=pad, bos_token_id=pad + 1, cls_token_id=pad + 1, eos_token_id=pad + 2,
+        sep_token_id=pad + 2)
   raise ValueError(f'kind={kind!r}; expected one of {sorted(HF_CLASSES)}')
 
 
@@ -56,7 +68,7 @@ def randomize_(model, seed: int | None = None):
     torch.manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if 'LayerNorm.weight' in name or 'layer_norm.weight' in name:
+      if 'LayerNorm.weight' in name or name.endswith('norm.weight'):
         p.copy_(1.0 + 0.2 * torch.randn_like(p))
       else:
         p.copy_(0.2 * torch.randn_like(p))

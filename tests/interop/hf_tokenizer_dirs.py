@@ -14,6 +14,7 @@ the tokenizer's.
 | deberta | vocab.json + merges.txt + tokenizer.json | GPT-2 byte-level BPE, [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, [MASK] last |
 | deberta_v2 | spm.model + tokenizer.json | SentencePiece, [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, [MASK] added last; 7 more embedding rows than pieces, as v3 |
 | xlnet | spiece.model + tokenizer.json | SentencePiece, <unk>=0 <s> </s> <cls>=3 <sep>=4 <pad>=5 <mask>=6 |
+| modernbert | tokenizer.json (+ tokenizer_config.json, special_tokens_map.json) | OLMo-style byte-level BPE (PreTrainedTokenizerFast), [UNK] [CLS] [SEP] [PAD] [MASK] (lstrip) appended last, [CLS] A [SEP]; 3 more embedding rows than pieces |
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ import transformers
 
 import hf_fixtures
 
-KINDS = ('bert', 'electra', 'roberta', 'albert', 'deberta', 'deberta_v2', 'xlnet')
+KINDS = ('bert', 'electra', 'roberta', 'albert', 'deberta', 'deberta_v2', 'xlnet', 'modernbert')
+# Embedding rows past the tokenizer's pieces (DeBERTa v3: 128,100 for 128,001; ModernBERT:
+# 50,368 for 50,285).
+EXTRA_ROWS = {'deberta_v2': 7, 'modernbert': 3}
 VOCAB = 400
 
 # Real sentences in other scripts, so accents and non-Latin text reach the vocabularies.
@@ -89,6 +93,30 @@ def _wordpiece(out_dir: str) -> None:
   wp.save_model(out_dir)
 
 
+def _modernbert_tokenizer() -> transformers.PreTrainedTokenizerFast:
+  """ModernBERT's layout (its tokenizer.json is OLMo's byte-level BPE): BPE trained with
+  OLMo's two specials first, then BERT's specials added after the merges' vocabulary, the
+  mask token stripping the space before it, [CLS] $A [SEP] ($B [SEP])."""
+  from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top,g-multiple-import
+  bpe = tokenizers.Tokenizer(models.BPE())
+  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  bpe.decoder = decoders.ByteLevel()
+  bpe.train_from_iterator(training_text(), trainers.BpeTrainer(
+      vocab_size=VOCAB, min_frequency=2, show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      special_tokens=['|||IP_ADDRESS|||', '<|padding|>']))
+  bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in ('[UNK]', '[CLS]', '[SEP]', '[PAD]')]
+                         + [AddedToken('[MASK]', special=True, normalized=False, lstrip=True)])
+  cls, sep = bpe.token_to_id('[CLS]'), bpe.token_to_id('[SEP]')
+  bpe.post_processor = processors.TemplateProcessing(
+      single='[CLS]:0 $A:0 [SEP]:0', pair='[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1',
+      special_tokens=[('[CLS]', cls), ('[SEP]', sep)])
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=bpe, unk_token='[UNK]', cls_token='[CLS]', sep_token='[SEP]',
+      pad_token='[PAD]', mask_token='[MASK]', model_input_names=['input_ids', 'attention_mask'])
+
+
 def save_tokenizer(kind: str, out_dir: str) -> transformers.PreTrainedTokenizerBase:
   """Trains ``kind``'s tokenizer and saves it into ``out_dir`` with the slow files its
   public checkpoints ship; the tokenizer as ``AutoTokenizer`` loads it back."""
@@ -135,6 +163,8 @@ def save_tokenizer(kind: str, out_dir: str) -> transformers.PreTrainedTokenizerB
     shutil.copyfile(model, os.path.join(work, 'spiece.model'))
     tok = transformers.XLNetTokenizer.from_pretrained(work)
     slow = ['spiece.model']
+  elif kind == 'modernbert':  # Only the fast tokenizer's files, as ModernBERT ships.
+    tok = _modernbert_tokenizer()
   else:
     raise ValueError(f'kind {kind!r}; expected one of {KINDS}')
   tok.save_pretrained(out_dir)
@@ -145,8 +175,9 @@ def save_tokenizer(kind: str, out_dir: str) -> transformers.PreTrainedTokenizerB
   return transformers.AutoTokenizer.from_pretrained(out_dir)
 
 
-def hf_model(kind: str, vocab_size: int, seed: int = 0):
-  """A random-weight model of ``kind`` with an MLM head, of an odd shape (3 heads of 12)."""
+def hf_model(kind: str, vocab_size: int, seed: int = 0, tok=None):
+  """A random-weight model of ``kind`` with an MLM head, of an odd shape (3 heads of 12);
+  ``tok`` (ModernBERT) gives the special ids of its config."""
   common = dict(vocab_size=vocab_size, num_hidden_layers=2, num_attention_heads=3,
                 intermediate_size=50, attn_implementation='eager')
   bert_like = dict(common, hidden_size=36, max_position_embeddings=128)
@@ -175,6 +206,12 @@ def hf_model(kind: str, vocab_size: int, seed: int = 0):
     model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
         vocab_size=vocab_size, d_model=36, n_layer=2, n_head=3, d_inner=50, ff_activation='gelu',
         attn_type='bi', mem_len=None, pad_token_id=5))
+  elif kind == 'modernbert':  # Layers: global, local, local (a 6-token window).
+    model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+        **dict(bert_like, num_hidden_layers=3), local_attention=6, global_attn_every_n_layers=3,
+        global_rope_theta=2000.0, local_rope_theta=300.0, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id, cls_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id, sep_token_id=tok.sep_token_id))
   else:
     raise ValueError(f'kind {kind!r}; expected one of {KINDS}')
   torch.manual_seed(seed)
@@ -184,7 +221,6 @@ def hf_model(kind: str, vocab_size: int, seed: int = 0):
 def make_dir(kind: str, out_dir: str):
   """(AutoTokenizer, HF model) of ``kind`` saved into ``out_dir``."""
   tok = save_tokenizer(kind, out_dir)
-  # DeBERTa v3's embedding table is larger than its tokenizer (128,100 rows, 128,001 pieces).
-  model = hf_model(kind, len(tok) + (7 if kind == 'deberta_v2' else 0))
+  model = hf_model(kind, len(tok) + EXTRA_ROWS.get(kind, 0), tok=tok)
   model.save_pretrained(out_dir)
   return tok, model

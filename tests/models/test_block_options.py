@@ -167,6 +167,7 @@ def test_rotary_positions_equal_hugging_face_and_depend_on_distance_only():
     ('xlnet', dict(type_vocab_size=3), dict(gated_ffn=True)),
     ('deberta_v2', dict(attention_kind='disentangled'), dict(dense_bias=False)),
     ('deberta_v2', dict(attention_kind='disentangled'), dict(pre_norm=True)),
+    ('deberta_v2', dict(attention_kind='disentangled'), dict(local_attention=8)),
 ])
 def test_a_kind_refuses_an_option_it_does_not_implement(kind, extra, option):
   (name, value), = option.items()
@@ -188,3 +189,17 @@ def test_hugging_face_export_refuses_what_bert_cannot_represent():
   with pytest.raises(ValueError, match='pre_norm=True has no Hugging Face BertForPreTraining'):
     hf.hf_config_from(c)
   hf.hf_config_from(registry.make_config(TINY))  # The defaults export.
+
+
+def test_a_kind_refuses_values_other_than_those_it_is_defined_by():
+  """``ModelKind.requires`` (ModernBERT: pre-LN, GeGLU, rotary, fused QKV, no first
+  attention norm, no segments) is checked for every config, naming each key."""
+  with pytest.raises(ValueError, match=r"kind='modernbert' is defined by pre_norm=True, "
+                                       r'gated_ffn=True.*; got pre_norm=False'):
+    registry.network(dict(TINY, kind='modernbert'))
+  c = registry.make_config(dict(TINY, kind='modernbert', pre_norm=True, gated_ffn=True,
+                                rotary=True, fused_qkv=True, first_attention_norm=False,
+                                type_vocab_size=0))
+  assert c.kind == 'modernbert' and not c.has_local_layers
+  with pytest.raises(ValueError, match='first_attention_norm=False needs pre_norm=True'):
+    registry.make_config(dict(TINY, first_attention_norm=False))

@@ -73,6 +73,12 @@ VARIANTS = {
                                    activation='gelu_new'),
     'albert_share_ffn': dict(kind='albert', embedding_size=10, share_layers='ffn',
                              activation='gelu_new'),
+    # Layers 0 global, 1 and 2 local (a 4-token window: 2 either side), so the last layer
+    # at the read rows is a local one; rotary with two bases, the first layer's norm skipped.
+    'modernbert': dict(kind='modernbert', pre_norm=True, gated_ffn=True, rotary=True,
+                       fused_qkv=True, first_attention_norm=False, type_vocab_size=0,
+                       dense_bias=False, norm_bias=False, local_attention=4,
+                       global_attn_every_n_layers=3, rope_theta=1000.0, local_rope_theta=50.0),
 }
 ATTENTION_PARAMS = ('query', 'key', 'value', 'attention_output', 'attention_layer_norm')
 FFN_PARAMS = ('intermediate', 'output', 'output_layer_norm')
@@ -114,7 +120,9 @@ def test_every_parameter_has_logical_axes_with_rules(variant):
     assert all(n is None or n in rules for n in leaf.names), leaf.names
   encoder = boxed['encoder']
   share = net.config.share_layers
-  if share == 'none':  # Stacked by the scan: the 'layers' axis first.
+  if net.config.fused_qkv:  # One projection [embed, 3, heads, kv] (ModernBERT's Wqkv).
+    assert encoder['layers']['qkv']['kernel'].names == ('layers', 'embed', None, 'heads', 'kv')
+  elif share == 'none':  # Stacked by the scan: the 'layers' axis first.
     assert encoder['layers']['query']['kernel'].names == ('layers', 'embed', 'heads', 'kv')
   elif share == 'all':  # One layer, broadcast by the scan: no layer axis.
     assert encoder['layers']['query']['kernel'].names == ('embed', 'heads', 'kv')
