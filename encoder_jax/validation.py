@@ -230,8 +230,32 @@ def _objectives(c) -> list[str]:
   return objectives.problems(c)
 
 
+def _packing(c) -> str | None:
+  """Rows of several documents (a builder with ``packs_documents``) need a model kind and
+  an attention kind that keep them apart (``ModelKind.packed_rows``)."""
+  pair_kind, kind = _get(c, 'data.pair_kind'), _get(c, 'model.kind')
+  from encoder_jax.data import builders  # pylint: disable=g-import-not-at-top
+  if not getattr(builders.REGISTRY.get(pair_kind), 'packs_documents', False):
+    return None
+  from encoder_jax.models import attention_kinds  # pylint: disable=g-import-not-at-top
+  able = sorted(n for n, k in models.KINDS.items() if k.packed_rows)
+  where = (f'config.data.pair_kind={pair_kind!r} puts several documents in one row, and '
+           f'config.model.kind={kind!r}')
+  if not models.KINDS[kind].packed_rows:
+    return (f"{where} cannot keep them apart (its attention reads no document ids): use "
+            f"one of the kinds {able}, or pair_kind='full_sentences' / 'doc_sentences'")
+  attention = _get(c, 'model.attention_kind', 'dot_product')
+  if not getattr(attention_kinds.get(attention), 'packed_rows', False):
+    able = sorted(n for n, a in attention_kinds.REGISTRY.items() if getattr(a, 'packed_rows',
+                                                                            False))
+    return (f'{where} with config.model.attention_kind={attention!r}: that attention kind '
+            f"reads no document ids; expected one of {able}, or pair_kind='full_sentences'")
+  return None
+
+
 CROSS_RULES: tuple[Callable[[Any], str | None | list[str]], ...] = (
-    _phases, _warmup, _batch, _positions, _eval, _mesh, _sources, _model, _objectives)
+    _phases, _warmup, _batch, _positions, _eval, _mesh, _sources, _model, _objectives,
+    _packing)
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:

@@ -79,6 +79,11 @@ FAMILY = {
         model=dict(modernbert.PUBLISHED, local_attention=8),
         objective=dict(names=('mlm',), mask_rate=0.3), data=dict(pair_kind='full_sentences'),
         optim=dict(schedule='wsd', decay_fraction=0.5)),
+    # Unpadded batches: documents packed back to back, attention and RoPE positions per
+    # document (ModernBERT's local window on top), eval on packed held-out rows.
+    'modernbert_mlm_packed': dict(
+        model=dict(modernbert.PUBLISHED, local_attention=8),
+        objective=dict(names=('mlm',), mask_rate=0.3), data=dict(pair_kind='packed_documents')),
     'electra_generator_mlm': dict(
         model=dict(kind='electra_generator', embedding_size=16),
         objective=dict(names=('mlm',)), data=dict(pair_kind='full_sentences')),

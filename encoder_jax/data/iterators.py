@@ -96,10 +96,14 @@ def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
   return ids, seg, lengths, labels
 
 
-def _batch(ids, seg, lengths, labels, seq_len: int) -> dict:
-  """Rendered rows (already ``seq_len`` wide) and their lengths -> the batch dict."""
+def _batch(ids, seg, lengths, labels, *documents, seq_len: int) -> dict:
+  """Rendered rows (already ``seq_len`` wide) and their lengths -> the batch dict; a
+  packing builder's ``document_ids`` (its fifth array) ride along."""
   mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
-  return {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'pair_labels': labels}
+  batch = {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'pair_labels': labels}
+  if documents:
+    batch['document_ids'] = documents[0]
+  return batch
 
 
 def _make_builder(config, seed: int):
@@ -230,7 +234,8 @@ class _Stream:
     self.build_pool((epoch, k, sub), seq_len, self.pool['number'] + 1)
 
   def take(self, need: int, seq_len: int) -> list:
-    """The stream's next ``need`` rows as [(ids, seg, lengths, labels)] at ``seq_len``."""
+    """The stream's next ``need`` rows as [(ids, seg, lengths, labels[, documents])] at
+    ``seq_len``."""
     parts = []
     while need:
       pool = self.pool
@@ -241,12 +246,13 @@ class _Stream:
       rows = pool['perm'][pool['taken']:pool['taken'] + take]
       pool['taken'] += take
       need -= take
-      ids, seg, lengths, labels = (a[rows] for a in pool['arrays'])
+      ids, seg, lengths, labels, *documents = (a[rows] for a in pool['arrays'])
       if ids.shape[1] < seq_len:
-        pad = seq_len - ids.shape[1]
-        ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=self.it._pad)
-        seg = np.pad(seg, ((0, 0), (0, pad)))
-      parts.append((ids, seg, lengths, labels))
+        pad = ((0, 0), (0, seq_len - ids.shape[1]))
+        ids = np.pad(ids, pad, constant_values=self.it._pad)
+        seg = np.pad(seg, pad)
+        documents = [np.pad(d, pad) for d in documents]  # Padding is document 0.
+      parts.append((ids, seg, lengths, labels, *documents))
     return parts
 
   def get_state(self):
@@ -347,7 +353,7 @@ class TrainIterator:
     lo = self._offset
     if lo or len(arrays[0]) != self.batch_size:
       arrays = [a[lo:lo + self.batch_size] for a in arrays]
-    return _batch(*arrays, seq_len)
+    return _batch(*arrays, seq_len=seq_len)
 
   # ---- checkpointing ----
 
@@ -468,10 +474,10 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
         f'The held-out split ({n} documents, {len(instances)} examples of length {seq_len}) '
         f'is smaller than one batch of config.train.batch_size = {batch_size}; raise '
         'config.data.held_out_fraction / held_out_max_documents.')
-  ids, seg, lengths, labels = getattr(builder, 'render', render)(
+  arrays = getattr(builder, 'render', render)(
       instances[:num_batches * batch_size], int(seq_len), tok.cls_id, tok.sep_id, tok.pad_id)
   batches = []
   for b in range(num_batches):
     own = slice(b * batch_size + lo, b * batch_size + hi)
-    batches.append(_batch(ids[own], seg[own], lengths[own], labels[own], int(seq_len)))
+    batches.append(_batch(*(a[own] for a in arrays), seq_len=int(seq_len)))
   return EvalIterator(batches)

@@ -238,6 +238,44 @@ def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
   return arrays, report
 
 
+def pack(arrays: dict[str, np.ndarray], order: np.ndarray | None = None
+         ) -> dict[str, np.ndarray]:
+  """Encoded sequence-task examples -> packed rows of the same width: examples (in
+  ``order``) back to back, each keeping its own frame and segment ids, numbered
+  ``document_ids`` 1, 2, ... in its row (0 = padding); a row is closed when the next
+  example does not fit. ``labels`` [N, L // 3] holds example d's label in slot d - 1 (the
+  rest -1): what ``heads.Classifier`` reads with ``document_ids_BxL``, and what
+  ``task.loss_and_accuracy`` weighs (ignoring -1). Each example reads as if alone
+  (``models.packing``), so the loss is the same as on padded rows; only the padding goes."""
+  ids, seg, mask = arrays['input_ids'], arrays['segment_ids'], arrays['input_mask']
+  n, width = ids.shape
+  order = np.arange(n) if order is None else np.asarray(order)
+  lengths = mask.sum(1)
+  rows, row, used = [], [], 0
+  for i in order:
+    if used + lengths[i] > width:
+      rows.append(row)
+      row, used = [], 0
+    row.append(int(i))
+    used += int(lengths[i])
+  if row:
+    rows.append(row)
+  out = {k: np.zeros((len(rows), width), np.int32)
+         for k in ('input_ids', 'segment_ids', 'input_mask', 'document_ids')}
+  out['labels'] = np.full((len(rows), width // 3), IGNORE, arrays['labels'].dtype)
+  for r, members in enumerate(rows):
+    pos = 0
+    for d, i in enumerate(members):
+      k = int(lengths[i])
+      out['input_ids'][r, pos:pos + k] = ids[i, :k]
+      out['segment_ids'][r, pos:pos + k] = seg[i, :k]
+      out['input_mask'][r, pos:pos + k] = 1
+      out['document_ids'][r, pos:pos + k] = d + 1
+      out['labels'][r, d] = arrays['labels'][i]
+      pos += k
+  return out
+
+
 def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator | None,
             order: np.ndarray | None = None, first: int = 0):
   """Fixed-size batches; the last one padded with weight-0 rows. In ``order`` if given

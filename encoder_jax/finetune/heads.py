@@ -11,6 +11,7 @@ token classification reads every final state.
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from encoder_jax.models import config as model_config_lib
@@ -39,13 +40,26 @@ class Classifier(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
-               deterministic: bool = True):
+               deterministic: bool = True, document_ids_BxL=None):
+    """``document_ids_BxL``: packed rows (several examples per row, ``data.pack``), on a
+    kind with ``packed_rows``: each example attends to itself only, and a sequence task's
+    logits are per example, [B, D, num_labels] with ``D = L // 3`` slots (example d of a
+    row in slot d - 1; ``pooling='mean'`` only)."""
     c = self.config
     cls_pool = not self.per_token and self.pooling == 'cls'
+    packed = {} if document_ids_BxL is None else {'document_ids_BxL': document_ids_BxL}
+    if packed and cls_pool:
+      raise ValueError("Packed rows pool each example by the mean of its tokens: expected "
+                       "config.pooling='mean' (the pooler reads the row's first token only)")
     out = models.get(c.kind).encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                                    deterministic=deterministic, pool=cls_pool)
+                                    deterministic=deterministic, pool=cls_pool, **packed)
     if self.per_token:
       h = out['sequence_output']
+    elif packed:  # The mean of each example's tokens: [B, D, H].
+      slots = input_ids_BxL.shape[1] // 3  # An example takes >= 3 tokens ([CLS] x [SEP]).
+      m = jax.nn.one_hot(document_ids_BxL - 1, slots, dtype=jnp.float32)  # Padding: none.
+      h = jnp.einsum('bld,blh->bdh', m, out['sequence_output'].astype(jnp.float32))
+      h = (h / jnp.maximum(m.sum(1), 1.0)[..., None]).astype(c.jnp_dtype)
     elif cls_pool:
       h = out['pooled_output']
     else:

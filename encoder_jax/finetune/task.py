@@ -76,8 +76,9 @@ class Task(base.Pretraining):
 
   def logits(self, params, batch, rng=None, train: bool = False):
     rngs = {'dropout': self.dropout_key(rng)} if train else {}
+    packed = base.packed_inputs(self.network, batch)  # Packed rows: logits per example.
     return self.model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
-                            batch['input_mask'], deterministic=not train, rngs=rngs)
+                            batch['input_mask'], deterministic=not train, rngs=rngs, **packed)
 
   def loss_fn(self, params, batch, rng, phase, train):
     del phase

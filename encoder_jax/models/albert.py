@@ -40,5 +40,6 @@ KIND = config_lib.ModelKind(
     name='albert', pretraining=AlbertForPreTraining, encoder=AlbertModel, encode=bert.encode,
     pooler=True, pair_head=True, check=_check, flops_per_token=flops_per_token,
     last_layer_rows=bert.rows_with_cls, block_options=config_lib.BLOCK_OPTION_NAMES,
+    packed_rows=True,
     description='ALBERT: factorized embedding, cross-layer sharing, SOP head',
     import_objectives=('mlm', 'sop'), import_pair_kind='sop')

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from encoder_jax.models import layers
+from encoder_jax.models import packing
 
 # config.model.attention_implementation: None = per backend (cuDNN on a CUDA GPU in
 # bf16/fp16, XLA elsewhere), or one forced.
@@ -94,14 +95,18 @@ def fused(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *,
   assumed, see :func:`key_lengths`). Queries keep their full length, so padded positions still get
   outputs, equal to the mask path's (and Hugging Face's). The XLA path keeps the boolean
   mask, exact for any mask. ``padding_as_lengths`` overrides the choice of padding form
-  (tests compare the two on XLA).
+  (tests compare the two on XLA). A mask with a row per query (``[B, 1, L, S]``: packed
+  rows' documents) always goes in as a mask.
 
   With None, a case JAX's cuDNN path rejects when tracing (no cuDNN, e.g. ROCm; compute
   capability < 8.0; a head dim over 128, or 256 on Hopper, or not a multiple of 8) falls
   back to XLA with a warning; with 'cudnn' it is an error naming the key.
   """
   impl = resolve_implementation(implementation, q_BxLxHxD.dtype)
-  as_lengths = impl == 'cudnn' if padding_as_lengths is None else padding_as_lengths
+  # A mask per query (packed rows: [B, 1, L, S]) is not key padding: it stays a mask.
+  per_query = mask_Bx1x1xS.shape[-2] != 1
+  as_lengths = (impl == 'cudnn' and not per_query if padding_as_lengths is None
+                else padding_as_lengths)
   padding = (dict(key_value_seq_lengths=key_lengths(mask_Bx1x1xS)) if as_lengths
              else dict(mask=mask_Bx1x1xS))
   if impl == 'cudnn':
@@ -160,7 +165,8 @@ def band_mask(q_positions_BxL, k_positions_BxS, half_window: int):
 
 
 def local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, half_window: int, *,
-                      dropout_rate: float = 0.0, dropout_rng=None, query_positions_BxL=None):
+                      dropout_rate: float = 0.0, dropout_rng=None, query_positions_BxL=None,
+                      documents_BxS=None):
   """Sliding-window attention: query i reads the keys j with ``|i - j| <= half_window``
   (and the key padding mask), the rest of the sequence masked out.
 
@@ -169,11 +175,14 @@ def local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, half_window
   the keys' sequence (``query_positions_BxL``: the last layer at the rows a loss reads),
   and sequences that are no longer than the three blocks a band spans, take the masked
   dense path (:func:`explicit_dot_product` with the band in the mask): the same values.
+  Packed rows: ``documents_BxS`` (the keys' document ids) keeps the band inside each
+  document (the banded path), and ``mask`` is then their [B, 1, L, S] mask (the dense one).
   """
   length = k_BxSxHxD.shape[1]
   if query_positions_BxL is None and length > 3 * max(half_window, 1):
     return banded_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, half_window,
-                              dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+                              dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                              documents_BxL=documents_BxS)
   b = q_BxLxHxD.shape[0]
   if query_positions_BxL is None:
     query_positions_BxL = jnp.broadcast_to(jnp.arange(q_BxLxHxD.shape[1]), (b, length))
@@ -185,11 +194,13 @@ def local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, half_window
 
 
 def banded_dot_product(q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask_Bx1x1xL, half_window: int, *,
-                       dropout_rate: float = 0.0, dropout_rng=None):
+                       dropout_rate: float = 0.0, dropout_rng=None, documents_BxL=None):
   """:func:`local_dot_product` in blocks of ``C = half_window`` rows: block n of the
   queries attends to key blocks n - 1, n, n + 1 ([C, 3C] scores, which hold every key of
   its rows' bands), the band and the padding masked inside them. The sequence is padded to
-  a multiple of C (padded keys masked, padded queries dropped). Softmax in float32."""
+  a multiple of C (padded keys masked, padded queries dropped). Softmax in float32.
+  ``documents_BxL`` (packed rows): a key must be in the query's document instead of
+  real (``models.packing``; the padding mask is then not read)."""
   b, length, h, d = q_BxLxHxD.shape
   c = max(half_window, 1)
   n = -(-length // c)
@@ -202,11 +213,18 @@ def banded_dot_product(q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask_Bx1x1xL, half_windo
     return jnp.concatenate([blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]], axis=2)
 
   k_BxNx3CxHxD, v_BxNx3CxHxD = windows(k_BxLxHxD, 0), windows(v_BxLxHxD, 0)
-  key_mask_BxNx3C = windows(mask_Bx1x1xL[:, 0, 0, :].astype(bool), False)
   # Query row i of a block sits at c + i among its 3C keys' positions.
   distance_Cx3C = jnp.arange(3 * c)[None, :] - (c + jnp.arange(c))[:, None]
   band_Cx3C = jnp.abs(distance_Cx3C) <= half_window
-  allowed_BxNx1xCx3C = band_Cx3C[None, None, None] & key_mask_BxNx3C[:, :, None, None, :]
+  if documents_BxL is None:
+    key_mask_BxNx3C = windows(mask_Bx1x1xL[:, 0, 0, :].astype(bool), False)
+    allowed_BxNx1xCx3C = band_Cx3C[None, None, None] & key_mask_BxNx3C[:, :, None, None, :]
+  else:  # Same document (padded keys -1 and padded queries -2 match nothing).
+    k_documents_BxNx3C = windows(documents_BxL, -1)
+    q_documents_BxNxC = jnp.pad(documents_BxL, ((0, 0), (0, pad)),
+                                constant_values=-2).reshape(b, n, c)
+    same_BxNxCx3C = q_documents_BxNxC[..., :, None] == k_documents_BxNx3C[..., None, :]
+    allowed_BxNx1xCx3C = band_Cx3C[None, None, None] & same_BxNxCx3C[:, :, None]
   logits_BxNxHxCx3C = jnp.einsum('bnqhd,bnkhd->bnhqk', q_BxNxCxHxD, k_BxNx3CxHxD,
                                  preferred_element_type=jnp.float32)
   logits_BxNxHxCx3C = logits_BxNxHxCx3C / jnp.sqrt(jnp.float32(d))
@@ -268,7 +286,11 @@ class DotProductAttention(nn.Module):
   ``config.local_attention``: the layers that are not global attend within the sliding
   window (:func:`local_dot_product`) with their own RoPE base (``local_rope_theta``); which
   layer this is comes from ``context['layer']`` (:func:`per_layer`).
+  Packed rows (``context['document_ids']`` and ``['positions']`` of the keys, from
+  ``models.packing.context``): attention within each document only (the window on top),
+  and RoPE at the positions within the document.
   """
+  packed_rows = True  # Reads the packed rows' context (see ModelKind.packed_rows).
   config: Any  # models.config.EncoderConfig
   deterministic: bool
 
@@ -304,7 +326,7 @@ class DotProductAttention(nn.Module):
     c, dt = self.config, self.config.jnp_dtype
     h, d, e = c.num_heads, c.head_dim, c.hidden_size
     q_BxLxHxD, k_BxSxHxD, v_BxSxHxD = self._project(x_BxLxE, kv_BxSxE)
-    b, length, s = x_BxLxE.shape[0], x_BxLxE.shape[1], kv_BxSxE.shape[1]
+    b, s = x_BxLxE.shape[0], kv_BxSxE.shape[1]
     q_positions = context.get('query_positions')
     use_dropout = not self.deterministic and c.attention_dropout_rate > 0
     if use_dropout and c.attention_implementation == 'cudnn':
@@ -316,17 +338,22 @@ class DotProductAttention(nn.Module):
     rate = c.attention_dropout_rate if use_dropout else 0.0
     dropout_rng = self.make_rng('dropout') if use_dropout else None
 
+    documents_BxS = context.get('document_ids')  # Packed rows: the keys' documents.
+    if documents_BxS is not None:
+      mask_Bx1x1xL = packing.same_document(packing.at_rows(documents_BxS, q_positions),
+                                           documents_BxS)  # [B, 1, L, S]
+
     def core(local, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, q_positions, rng):
       if c.rotary:
         theta = c.local_theta if local else c.rope_theta
-        positions = (jnp.broadcast_to(jnp.arange(length), (b, length)) if q_positions is None
-                     else q_positions)
-        q_BxLxHxD = rotate(q_BxLxHxD, positions, theta)
-        k_BxSxHxD = rotate(k_BxSxHxD, jnp.broadcast_to(jnp.arange(s), (b, s)), theta)
+        k_rope_BxS = context.get('positions', jnp.broadcast_to(jnp.arange(s), (b, s)))
+        q_rope_BxL = packing.at_rows(k_rope_BxS, q_positions)  # Queries: at their rows.
+        q_BxLxHxD = rotate(q_BxLxHxD, q_rope_BxL, theta)
+        k_BxSxHxD = rotate(k_BxSxHxD, k_rope_BxS, theta)
       if local:
         return local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, c.half_window,
                                  dropout_rate=rate, dropout_rng=rng,
-                                 query_positions_BxL=q_positions)
+                                 query_positions_BxL=q_positions, documents_BxS=documents_BxS)
       return dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, dropout_rate=rate,
                          dropout_rng=rng, implementation=c.attention_implementation)
 

@@ -27,22 +27,30 @@ import jax.numpy as jnp
 from encoder_jax.models import attention_kinds
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
+from encoder_jax.models import packing
 
 BertConfig = config_lib.EncoderConfig  # The BERT kind's config (all kinds share the schema).
 DTYPES = config_lib.DTYPES
 
 
-def position_ids(c: config_lib.EncoderConfig, input_mask_BxL):
+def position_ids(c: config_lib.EncoderConfig, input_mask_BxL, positions_BxL=None):
   """Absolute position ids: 0..L-1 (BERT), or as RoBERTa (fairseq) numbers them.
 
   RoBERTa counts real tokens from ``position_offset`` (= padding id + 1) and gives padding
   the padding id, so its table has ``max_length + position_offset`` rows.
+  ``positions_BxL`` (packed rows, ``models.packing``): each token's position in its own
+  document instead of in the row, numbered the same way.
   """
   length = input_mask_BxL.shape[1]
   if length > c.max_length:
     raise ValueError(f'Sequence length {length} exceeds the {c.max_length} positions of '
                      f'config.model.max_position_embeddings={c.max_position_embeddings}'
                      + (f' - position_offset={c.position_offset}' if c.position_offset else ''))
+  if positions_BxL is not None:
+    if not c.position_offset:
+      return positions_BxL
+    return jnp.where(input_mask_BxL > 0, positions_BxL + c.position_offset,
+                     c.position_offset - 1)
   if not c.position_offset:
     return jnp.arange(length)[None]
   real_BxL = (input_mask_BxL > 0).astype(jnp.int32)
@@ -53,7 +61,8 @@ class Embeddings(nn.Module):
   config: config_lib.EncoderConfig
 
   @nn.compact
-  def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic: bool):
+  def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic: bool,
+               positions_BxL=None):
     c = self.config
     emb = lambda n, v, axes: layers.Embed(v, c.embedding_width, axes, c.initializer_range,
                                           c.jnp_dtype, name=n)
@@ -62,7 +71,7 @@ class Embeddings(nn.Module):
     if c.type_vocab_size == 1:  # RoBERTa: one segment row; pair inputs must not index past it.
       segment_ids_BxL = jnp.zeros_like(segment_ids_BxL)
     x_BxLxW = word(input_ids_BxL)
-    ids_1xL = position_ids(c, input_mask_BxL)  # Also checks the length.
+    ids_1xL = position_ids(c, input_mask_BxL, positions_BxL)  # Also checks the length.
     if not c.rotary:  # Rotary: positions enter in every layer's attention instead.
       position = emb('position_embeddings', c.max_position_embeddings, ('length', 'embed'))
       x_BxLxW = x_BxLxW + position(ids_1xL)
@@ -341,8 +350,8 @@ def with_cls(rows_BxQ):
 
 
 def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
-           deterministic: bool, pool: bool = True, collect_hidden: bool = False, rows_BxQ=None
-           ) -> dict[str, Any]:
+           deterministic: bool, pool: bool = True, collect_hidden: bool = False, rows_BxQ=None,
+           document_ids_BxL=None) -> dict[str, Any]:
   """Embeddings -> encoder [-> tanh pooler on the first token], inside the calling module.
 
   The submodules are named 'embeddings', 'encoder' and 'pooler' in whatever module calls
@@ -352,14 +361,19 @@ def encode(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
   ``rows_BxQ`` (pretraining, see ``last_layer_rows``): the last layer runs at those rows
   (and [CLS] for the pooler) only, and ``row_output`` [B, Q, H] replaces
   ``sequence_output``.
+
+  ``document_ids_BxL`` (packed rows, ``models.packing``): each document attends to itself
+  only, with its positions restarting at its first token; the pooler reads the first
+  token of the row (the first document's [CLS]).
   """
+  packed = packing.context(document_ids_BxL)
   embedded_BxLxE, word_embed = Embeddings(c, name='embeddings')(
-      input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
+      input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic, packed.get('positions'))
   if rows_BxQ is not None and pool:
     rows_BxQ = with_cls(rows_BxQ)
   x_BxLxE, all_NxBxLxE = Encoder(c, name='encoder')(embedded_BxLxE, input_mask_BxL,
                                                     deterministic, collect_hidden,
-                                                    rows_BxQ=rows_BxQ)
+                                                    context=packed, rows_BxQ=rows_BxQ)
   if rows_BxQ is None:
     out = {'sequence_output': x_BxLxE, 'word_embed': word_embed}
   else:  # x is [B, Q, H] at the rows ([CLS] first when pooling).
@@ -422,9 +436,11 @@ class EncoderOnly(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
-               deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+               deterministic: bool = True, collect_hidden: bool = False,
+               document_ids_BxL=None) -> dict[str, Any]:
     out = encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                 deterministic=deterministic, pool=self.pooler, collect_hidden=collect_hidden)
+                 deterministic=deterministic, pool=self.pooler, collect_hidden=collect_hidden,
+                 document_ids_BxL=document_ids_BxL)
     del out['word_embed']
     return out
 
@@ -446,7 +462,7 @@ class PreTraining(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
                *, deterministic: bool = True, collect_hidden: bool = False,
-               gather_positions_BxG=None) -> dict[str, Any]:
+               gather_positions_BxG=None, document_ids_BxL=None) -> dict[str, Any]:
     c = self.config
     length = input_ids_BxL.shape[1]
     rows_BxQ = None
@@ -456,7 +472,8 @@ class PreTraining(nn.Module):
       rows_BxQ = last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
                                  self.pooler, collect_hidden)
     out = encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
-                 pool=self.pooler, collect_hidden=collect_hidden, rows_BxQ=rows_BxQ)
+                 pool=self.pooler, collect_hidden=collect_hidden, rows_BxQ=rows_BxQ,
+                 document_ids_BxL=document_ids_BxL)
     word_embed = out.pop('word_embed')
     if self.pair_head:
       out['pair_logits'] = layers.Dense(
@@ -488,7 +505,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='bert', pretraining=BertForPreTraining, encoder=BertModel, encode=encode, pooler=True,
     pair_head=True, check=_check, last_layer_rows=rows_with_cls,
-    block_options=config_lib.BLOCK_OPTION_NAMES,
+    block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='BERT: post-LN Transformer, absolute positions, segments, MLM + NSP/SOP heads',
     import_objectives=('mlm', 'nsp'), import_pair_kind='nsp')
 

@@ -329,7 +329,8 @@ class ModelKind:
   ``last_layer_rows`` also takes ``gather_positions_BxG`` (more rows a loss reads, returned
   as ``gathered_output``) and, given ``masked_positions`` without ``collect_hidden``, runs
   its last layer at the rows the losses read only when those are fewer than the
-  sequence's: ``sequence_output`` is then absent. ``encoder(cfg)`` is the
+  sequence's: ``sequence_output`` is then absent. A kind with ``packed_rows`` also takes
+  ``document_ids_BxL`` (packed rows). ``encoder(cfg)`` is the
   same network without the pretraining heads (same parameter paths, so it runs on the
   pretraining params); ``encode`` builds that trunk inside any compact module (for task
   heads).
@@ -364,6 +365,11 @@ class ModelKind:
   # The shared block options (``BLOCK_OPTION_NAMES``) this kind implements; any other set
   # away from its default is refused by ``models.registry.make_config``.
   block_options: tuple[str, ...] = ()
+  # Whether the kind's networks take ``document_ids_BxL`` (packed rows, several documents
+  # per row: ``models.packing``) in ``pretraining``, ``encoder`` and ``encode``; rows
+  # of ``data.pair_kind='packed_documents'`` are refused for a kind without it, and for an
+  # attention kind without a ``packed_rows`` attribute (``validation``).
+  packed_rows: bool = False
   # ``config.model`` values the kind is defined by (ModernBERT: pre_norm=True, ...): any
   # other is refused by ``models.registry.make_config``, naming the key; an import from
   # Hugging Face sets them (``interop``), so its table need not import the kind's module.

@@ -61,10 +61,12 @@ class Discriminator(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
-               *, deterministic: bool = True, collect_hidden: bool = False) -> dict[str, Any]:
+               *, deterministic: bool = True, collect_hidden: bool = False,
+               document_ids_BxL=None) -> dict[str, Any]:
     del masked_positions_BxP  # Every token is classified.
     out = bert.encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
-                      deterministic=deterministic, pool=False, collect_hidden=collect_hidden)
+                      deterministic=deterministic, pool=False, collect_hidden=collect_hidden,
+                      document_ids_BxL=document_ids_BxL)
     del out['word_embed']
     out['rtd_logits'] = DiscriminatorHead(self.config, name='discriminator_predictions')(
         out['sequence_output'])
@@ -82,7 +84,7 @@ class Generator(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BxL, segment_ids_BxL, input_mask_BxL, masked_positions_BxP=None,
                *, deterministic: bool = True, collect_hidden: bool = False,
-               gather_positions_BxG=None) -> dict[str, Any]:
+               gather_positions_BxG=None, document_ids_BxL=None) -> dict[str, Any]:
     c = self.config
     length = input_ids_BxL.shape[1]
     rows_BxQ = None
@@ -93,7 +95,7 @@ class Generator(nn.Module):
                                       False, collect_hidden)
     out = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
                       deterministic=deterministic, pool=False, collect_hidden=collect_hidden,
-                      rows_BxQ=rows_BxQ)
+                      rows_BxQ=rows_BxQ, document_ids_BxL=document_ids_BxL)
     word_embed = out.pop('word_embed')
     h_BxPxH, gathered = bert.read_rows(out, masked_positions_BxP, gather_positions_BxG)
     if gathered is not None:
@@ -119,7 +121,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 GENERATOR_KIND = config_lib.ModelKind(
     name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=bert.encode,
     pooler=False, pair_head=False, check=_check, last_layer_rows=bert.rows_without_cls,
-    block_options=config_lib.BLOCK_OPTION_NAMES,
+    block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='ELECTRA generator: factorized embedding, MLM head (GELU, tied decoder)')
 
 
@@ -151,7 +153,7 @@ def generator_config(discriminator: config_lib.EncoderConfig, hidden_fraction: f
 KIND = config_lib.ModelKind(
     name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=bert.encode,
     pooler=False, pair_head=False, mlm_head=False, check=_check,
-    block_options=config_lib.BLOCK_OPTION_NAMES,
+    block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='ELECTRA discriminator: factorized embedding, replaced-token-detection head',
     import_objectives=('electra',), companion_config=generator_config,
     shared_embeddings=SHARED_EMBEDDINGS)

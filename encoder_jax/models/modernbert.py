@@ -62,5 +62,6 @@ KIND = config_lib.ModelKind(
     name='modernbert', pretraining=ModernBertForMaskedLM, encoder=ModernBertModel,
     encode=bert.encode, pooler=False, pair_head=False, check=_check,
     last_layer_rows=bert.rows_without_cls, block_options=config_lib.BLOCK_OPTION_NAMES,
+    packed_rows=True,
     requires=REQUIRED,
     description='ModernBERT: pre-LN, GeGLU, rotary, alternating local/global attention, MLM head')

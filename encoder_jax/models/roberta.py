@@ -37,5 +37,5 @@ def _check(c: config_lib.EncoderConfig) -> None:
 KIND = config_lib.ModelKind(
     name='roberta', pretraining=RobertaForMaskedLM, encoder=RobertaModel, encode=bert.encode,
     pooler=False, pair_head=False, check=_check, last_layer_rows=bert.rows_without_cls,
-    block_options=config_lib.BLOCK_OPTION_NAMES,
+    block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='RoBERTa: BERT network, positions after the padding id, one segment, MLM head')

@@ -83,6 +83,19 @@ def _cross_entropy_bwd(residuals, g):
 _cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
+def packed_inputs(network: models.Network, batch: Batch) -> dict[str, jax.Array]:
+  """``document_ids_BxL`` for ``network`` when ``batch`` has packed rows (several documents
+  per row, ``data.pair_kind='packed_documents'``), else nothing. A kind without
+  ``packed_rows`` would mix the documents: refused (validation names it first)."""
+  if 'document_ids' not in batch:
+    return {}
+  if not network.kind.packed_rows:
+    raise ValueError(f'config.model.kind={network.kind.name!r} cannot read packed rows '
+                     "(data.pair_kind='packed_documents'): its attention does not keep the "
+                     'documents of a row apart')
+  return {'document_ids_BxL': batch['document_ids']}
+
+
 class Pretraining:
   """The contract between an objective and the training loop, evaluation and loading."""
   name: str = ''
@@ -282,7 +295,8 @@ class Composite(Pretraining):
         {'params': self.network_params(params)},
         batch.get('masked_input_ids', batch['input_ids']),
         batch['segment_ids'], batch['input_mask'], positions, deterministic=not train,
-        rngs={'dropout': self.dropout_key(rngs[0])} if train else None, **extra)
+        rngs={'dropout': self.dropout_key(rngs[0])} if train else None, **extra,
+        **packed_inputs(self.network, batch))
     if gathers and not rows_kind:
       outputs['gathered_output'] = jnp.take_along_axis(outputs['sequence_output'],
                                                        gather_BxG[..., None], axis=1)

@@ -174,7 +174,8 @@ class Electra(base.Pretraining):
 
     generated = self.generator.pretraining.apply(
         {'params': self.generator_params(params)}, masked['masked_input_ids'], segments_BxL,
-        mask_BxL, positions_BxP, deterministic=not train, rngs=dropout(k_gen))
+        mask_BxL, positions_BxP, deterministic=not train, rngs=dropout(k_gen),
+        **base.packed_inputs(self.generator, batch))
     logits_BxPxV = generated['mlm_logits']
     mlm_loss, mlm_accuracy = base.cross_entropy(logits_BxPxV, masked['masked_labels'],
                                                 weights_BxP)
@@ -185,7 +186,8 @@ class Electra(base.Pretraining):
 
     judged = self.discriminator.pretraining.apply(
         {'params': params['discriminator']}, fake_BxL, segments_BxL, mask_BxL,
-        deterministic=not train, rngs=dropout(k_disc))
+        deterministic=not train, rngs=dropout(k_disc),
+        **base.packed_inputs(self.discriminator, batch))
     logits_BxL = judged['rtd_logits']
     w_BxL = (mask_BxL > 0).astype(jnp.float32)
     n_tokens = jnp.maximum(w_BxL.sum(), 1.0)

@@ -254,6 +254,7 @@ class PermutationLM(base.Pretraining):
                        f'batch backward; a batch of {rows} rows came in (expected an even '
                        'number: train.batch_size / train.grad_accum_steps in training, '
                        "evaluate's --batch_size; or set bidirectional_data=False)")
+    base.packed_inputs(self.network, batch)  # Refuses packed rows (XLNet has no packing).
     k_perm, k_dropout = jax.random.split(rng)
     x = permute_batch(k_perm, batch, max_predictions=phase.max_predictions, recipe=self.recipe,
                       tables=self.tables)

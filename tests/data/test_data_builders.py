@@ -1,12 +1,15 @@
 """Example builders on real prepared text: NSP, SOP, FULL-SENTENCES, DOC-SENTENCES."""
 
+import jax
 import numpy as np
 import pytest
 
 from encoder_jax import data as data_lib
+from encoder_jax import objectives
 from encoder_jax.data import builders
 from encoder_jax.data import iterators
 from encoder_jax.data import mixing
+from encoder_jax.objectives import masking
 
 
 def _one_epoch_stream(prepared, seed=0, process_index=0, process_count=1):
@@ -128,9 +131,57 @@ def test_packing_uses_every_sentence_once(prepared_small, kind):
     assert any(len(pieces) > 1 for pieces, _ in instances)
 
 
+def test_packed_documents_use_every_token_once_in_full_rows(prepared_small):
+  """Unpadded rows: documents back to back, each [CLS] ... [SEP] under its own id, cut at
+  the row's end and continued in the next; padding only at a row's tail (< 3 tokens)."""
+  c, prepared = prepared_small
+  seq_len = 48
+  instances = _epoch_instances(prepared, 'packed_documents', seq_len)
+  corpus = prepared.split('train')
+  coverage = {}
+  for pieces, _ in instances:
+    for tokens, start, stop, _ in pieces:
+      assert stop > start
+      cov = coverage.setdefault(id(tokens), np.zeros(len(tokens), np.int64))
+      cov[start:stop] += 1
+  for g in range(corpus.num_documents):
+    tokens, bounds = corpus.document(g)
+    assert (coverage[id(tokens)][bounds[0]:bounds[-1]] == 1).all()
+  tok = prepared.tokenizer
+  builder = builders.make('packed_documents', seed=0, short_seq_prob=0.1)
+  ids, seg, lengths, labels, documents = builder.render(instances, seq_len, tok.cls_id,
+                                                        tok.sep_id, tok.pad_id)
+  assert (seq_len - lengths[:-1] < 3).all() and (seg == 0).all() and (labels == 0).all()
+  assert ((documents > 0) == (np.arange(seq_len) < lengths[:, None])).all()
+  assert (ids[documents == 0] == tok.pad_id).all()
+  for row_ids, row_docs in zip(ids, documents):
+    starts = np.flatnonzero(np.diff(row_docs, prepend=0) > 0)
+    ends = np.flatnonzero(np.diff(row_docs, append=0) != 0)
+    assert (row_docs[starts] == np.arange(1, len(starts) + 1)).all()  # 1, 2, ... in order.
+    assert (row_ids[starts] == tok.cls_id).all() and (row_ids[ends] == tok.sep_id).all()
+    assert (ends - starts >= 2).all()  # At least one token between [CLS] and [SEP].
+  assert max(len(p) for p, _ in instances) > 1  # Rows do hold several documents.
+  # Through the iterator: the batches carry the ids, and MLM never selects a special token
+  # (each document's [CLS]/[SEP]) or padding.
+  c = c.copy_and_resolve_references()
+  c.data.pair_kind = 'packed_documents'
+  batch = next(iterators.make_train_iterator(c, prepared))
+  assert batch['document_ids'].shape == batch['input_ids'].shape == (16, 64)
+  tables = objectives.vocab_tables(c, tok, prepared.unigram_counts)
+  masked = masking.mask_tokens(jax.random.key(0), batch['input_ids'], batch['input_mask'],
+                               max_predictions=20, recipe=masking.MaskingRecipe(mask_rate=0.3),
+                               tables=tables)
+  picked = np.asarray(masked['masked_positions'])[np.asarray(masked['masked_weights']) > 0]
+  rows = np.repeat(np.arange(16), 20).reshape(16, 20)[np.asarray(masked['masked_weights']) > 0]
+  assert len(picked) > 100
+  assert not np.isin(batch['input_ids'][rows, picked], tok.special_ids).any()
+  assert (batch['document_ids'][rows, picked] > 0).all()
+
+
 def test_unknown_pair_kind_lists_valid_ones():
   with pytest.raises(ValueError, match=r"unknown; valid: \['doc_sentences', "
-                                       r"'full_sentences', 'nsp', 'sop', 'xlnet'\]"):
+                                       r"'full_sentences', 'nsp', 'packed_documents', 'sop', "
+                                       r"'xlnet'\]"):
     builders.make('mlm_only', seed=0, short_seq_prob=0.1)
 
 

@@ -129,7 +129,8 @@ def test_a_changed_batch_size_on_resume_is_refused(prepared_small):
     data_lib.make_train_iterator(c, prepared)
 
 
-@pytest.mark.parametrize('kind', ['nsp', 'sop', 'full_sentences', 'doc_sentences'])
+@pytest.mark.parametrize('kind', ['nsp', 'sop', 'full_sentences', 'doc_sentences',
+                                  'packed_documents'])
 def test_restore_gives_identical_batches_across_the_phase_switch(prepared_small, kind):
   # pool of 256 examples, 16 per batch: pools end at steps 16, 32...; the length switches
   # from 64 to 128 at step 20 (50% of 40 steps).

@@ -299,3 +299,41 @@ def test_configs_build(name, arg):
   assert c.task in ('sequence_classification', 'token_classification')
   assert set(c.keys()) == set(finetune_config.base_config().keys())
   assert c.data.train.startswith('tfds:')
+
+
+def test_packed_examples_give_each_example_its_own_logits_and_loss():
+  """``data.pack``: short examples back to back in rows, each read as if alone, pooled by
+  the mean of its own tokens; the task's loss equals the padded rows' (only padding goes)."""
+  from encoder_jax.finetune import heads  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune import task as task_lib  # pylint: disable=g-import-not-at-top
+  from encoder_jax.models import registry  # pylint: disable=g-import-not-at-top
+  net = registry.network(dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                              intermediate_size=32, max_position_embeddings=24,
+                              hidden_dropout_rate=0.0, attention_dropout_rate=0.0))
+  rng = np.random.default_rng(0)
+  lengths = [5, 9, 3, 12, 7, 4]
+  ids = np.zeros((6, 24), np.int32)
+  for i, n in enumerate(lengths):
+    ids[i, :n] = np.concatenate([[2], rng.integers(5, 50, n - 2), [3]])
+  arrays = dict(input_ids=ids, segment_ids=np.zeros_like(ids), input_mask=(ids > 0) * 1,
+                labels=np.array([0, 1, 2, 1, 0, 2], np.int32))
+  packed = data_lib.pack(arrays, order=np.array([3, 0, 1, 5, 2, 4]))
+  assert packed['input_ids'].shape == (2, 24) and packed['labels'].shape == (2, 8)
+  assert packed['input_mask'].sum() == sum(lengths)
+  model = heads.make('sequence_classification', net.config, 3, 0.0, pooling='mean')
+  task = task_lib.Task('sequence_classification', model, net, 24)
+  params = task.init(jax.random.key(0))
+  alone = np.asarray(task.logits(params, arrays))
+  together = np.asarray(task.logits(params, packed))
+  assert together.shape == (2, 8, 3)
+  for r, members in enumerate([[3, 0], [1, 5, 2, 4]]):
+    np.testing.assert_allclose(together[r, :len(members)], alone[members], atol=1e-5)
+  weights = lambda a: dict(a, weights=np.ones(len(a['input_ids']), np.float32))
+  loss_alone, _ = task.loss_fn(params, weights(arrays), None, None, False)
+  loss_packed, m = task.loss_fn(params, weights(packed), None, None, False)
+  np.testing.assert_allclose(loss_packed, loss_alone, rtol=1e-5)
+  assert m['examples'] == 6
+  with pytest.raises(ValueError, match="pooling='mean'"):
+    heads.make('sequence_classification', net.config, 3, 0.0).apply(
+        {'params': params}, packed['input_ids'], packed['segment_ids'], packed['input_mask'],
+        document_ids_BxL=packed['document_ids'])

@@ -19,7 +19,9 @@ sentences, tokens, where) -> [warning]`` raises ValueError when it can build not
 (one document of one sentence for NSP), and ``pair_labels`` says whether its labels are a
 pair objective's targets (the iterator warns when its first pool has one class only).
 A builder with its own layout has a ``render`` (same signature as ``iterators.render``),
-e.g. XLNet's ``A [SEP] B [SEP] [CLS]``.
+e.g. XLNet's ``A [SEP] B [SEP] [CLS]``; its arrays may add ``document_ids`` [N, L] (a
+builder with ``packs_documents = True``: several documents per row, see
+``packing.PackedDocuments``), which the batches then carry.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ REGISTRY = {
     'sop': nsp.SentenceOrderPairs,
     'full_sentences': packing.FullSentences,
     'doc_sentences': packing.DocSentences,
+    # Unpadded rows: whole documents back to back, attention and positions per document.
+    'packed_documents': packing.PackedDocuments,
     'xlnet': xlnet.XLNetPairs,  # A [SEP] B [SEP] [CLS] (XLNet's layout, segment 2 = [CLS]).
 }
 

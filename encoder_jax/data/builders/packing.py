@@ -1,4 +1,4 @@
-"""RoBERTa's single-segment inputs: FULL-SENTENCES and DOC-SENTENCES.
+"""RoBERTa's single-segment inputs (FULL-SENTENCES, DOC-SENTENCES), and packed documents.
 
 Contiguous sentences are packed greedily, in stream order, into ``[CLS] ... [SEP]`` of at
 most ``seq_len`` tokens; no pair label (0). FULL-SENTENCES continues into the next document
@@ -8,9 +8,16 @@ shorter). A sentence that does not fit in the remaining space starts the next se
 single sentence longer than ``seq_len - 2`` is truncated to fit, alone in its sequence (its
 tail is dropped). Every sentence is used exactly once per epoch otherwise. ``sub`` in the
 cursor is the index of the next sentence in the current document.
+
+PACKED-DOCUMENTS (:class:`PackedDocuments`) fills rows with whole documents, each framed as
+a row of its own (``[CLS] document [SEP]``) and numbered (``document_ids``), so that the
+encoder attends within each document only and restarts its positions at each [CLS]: a
+document reads exactly as it would alone in its row, and no compute goes to padding.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 
 class _Packer:
@@ -69,3 +76,84 @@ class FullSentences(_Packer):
 
 class DocSentences(_Packer):
   cross_documents = False
+
+
+class PackedDocuments:
+  """Unpadded rows: documents back to back, each ``[CLS] tokens [SEP]`` with its own id.
+
+  Documents are taken in stream order (and on into the next epoch) and placed one after
+  another in a row of ``seq_len`` tokens; a document that does not fit in what is left of
+  the row is cut at that token, its first part closing the row and the rest starting the
+  next (with its own [CLS]), so every row is full but for fewer than 3 tokens (a piece
+  needs [CLS], one token and [SEP]) and the stream's last row. A document longer than a
+  row spans several rows. Every token is used exactly once per epoch; ``sub`` in the
+  cursor is the token offset in the current document (the same at any length). No pair
+  label (0).
+
+  :meth:`render` adds ``document_ids`` [N, L] (1, 2, ... in row order, 0 = padding) to
+  the usual arrays; the encoder derives from it the block-diagonal attention mask and
+  the positions restarting at each document (``models.packing``), so only kinds whose
+  attention reads it (``ModelKind.packed_rows``) may train on these rows
+  (``validation``).
+  """
+
+  length_dependent_cursor = False  # A token offset means the same at any length.
+  pair_labels = False
+  packs_documents = True  # Rows carry 'document_ids' (read by validation and the models).
+
+  def __init__(self, seed: int, short_seq_prob: float):
+    del seed, short_seq_prob  # Deterministic: no random choices besides the epoch order.
+
+  @staticmethod
+  def check_corpus(documents: int, sentences: int, tokens: int, where: str) -> list[str]:
+    del documents, sentences, tokens, where
+    return []
+
+  def generate(self, stream, cursor, seq_len: int):
+    """Yields ``(instance, cursor after it)`` from ``cursor`` on, until the stream ends."""
+    if seq_len < 3:
+      raise ValueError(f'Packed rows need seq_len >= 3 ([CLS] token [SEP]); got {seq_len}')
+    epoch, k, sub = cursor
+    pieces, room = [], seq_len
+    while True:
+      order = stream.order(epoch)
+      if order is None:
+        break
+      while k < len(order):
+        tokens, bounds = stream.document(int(order[k]))
+        start, stop = bounds[0] + sub, bounds[-1]
+        while start < stop:
+          take = min(stop - start, room - 2)
+          pieces.append((tokens, start, start + take, 0))
+          start += take
+          room -= take + 2
+          if room < 3:  # No room for another piece: close the row.
+            nxt = (epoch, k, start - bounds[0]) if start < stop else (epoch, k + 1, 0)
+            yield (pieces, 0), nxt
+            pieces, room = [], seq_len
+        k, sub = k + 1, 0
+      epoch, k, sub = epoch + 1, 0, 0
+    if pieces:
+      yield (pieces, 0), (epoch, 0, 0)
+
+  @staticmethod
+  def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
+    """Instances -> (input_ids, segment_ids, lengths, labels, document_ids): each piece
+    ``[CLS] tokens [SEP]`` under its own id (1, 2, ...), padding id 0 at the tail."""
+    n = len(instances)
+    ids = np.full((n, seq_len), pad_id, np.int32)
+    documents = np.zeros((n, seq_len), np.int32)
+    lengths = np.zeros(n, np.int64)
+    for r, (pieces, _) in enumerate(instances):
+      pos = 0
+      for d, (tokens, start, stop, _) in enumerate(pieces):
+        end = pos + 1 + stop - start
+        if end + 1 > seq_len:
+          raise AssertionError(f'A packed row needs {end + 1} > {seq_len} tokens (bug).')
+        ids[r, pos] = cls_id
+        ids[r, pos + 1:end] = tokens[start:stop]
+        ids[r, end] = sep_id
+        documents[r, pos:end + 1] = d + 1
+        pos = end + 1
+      lengths[r] = pos
+    return ids, np.zeros((n, seq_len), np.int32), lengths, np.zeros(n, np.int32), documents
