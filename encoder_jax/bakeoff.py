@@ -20,11 +20,15 @@ seeds for every row) at the rate each row chooses from the preset's grid on the
 validation split; the half-way checkpoint at that rate (the CPU preset: one seed there,
 three at the end). Beside the rows, **from-scratch baselines**: the first row's network and
 those of :data:`SCRATCH_BASELINES` (the recipe's), randomly initialised, with the same
-rate search and fine-tuning; a row is compared with the best of them.
+rate search and fine-tuning; a row is compared with the best of them. Every final
+checkpoint and every baseline network is also scored **frozen** (``probe.frozen``: mean-
+pooled features, logistic regression with C chosen on validation): what pretraining put
+into the features, beside what fine-tuning recovers from the labels.
 
 Writes into ``--out``: ``bakeoff.md`` and ``bakeoff.json`` (per row: steps, FLOPs, wall
 time, final pretraining loss, held-out metrics, probe accuracy and macro-F1 mean and spread
-over seeds at each checkpoint, the chosen rate and every candidate's validation scores) and
+over seeds at each checkpoint, the chosen rate and every candidate's validation scores, the
+frozen-feature scores) and
 ``bakeoff.png`` (probe accuracy against pretraining FLOPs).
 The default unlabelled text is the BBC News train split (in-domain, labels unused); pass
 ``--corpus`` (a ``config.data.sources`` spec) for other text.
@@ -206,7 +210,9 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     # budget's (one curve at one rate).
     full = probe.run(dict(workdir=workdir, step=n), os.path.join(out, 'probe', name, str(n)),
                      preset.probe, probe_specs, log)
-    points = [dict(step=n, flops=n * per_step, **_brief(full))]
+    points = [dict(step=n, flops=n * per_step, **_brief(full),
+                   frozen=_frozen(dict(workdir=workdir, step=n), probe_specs, preset.probe,
+                                  log))]
     half = max(1, n // 2)
     if half < n:
       settings = dataclasses.replace(preset.probe, seeds=preset.half_budget_seeds,
@@ -229,7 +235,10 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     summary = probe.run(dict(workdir=os.path.join(out, 'runs', name), from_scratch=True),
                         os.path.join(out, 'probe', 'from_scratch', name), preset.probe,
                         probe_specs, log)
-    results['from_scratch'][name] = _brief(summary)
+    results['from_scratch'][name] = dict(
+        _brief(summary), frozen=_frozen(
+            dict(workdir=os.path.join(out, 'runs', name), from_scratch=True), probe_specs,
+            preset.probe, log))
     _write(out, results)
   log(table(results))
   return results
@@ -251,6 +260,20 @@ def _brief(summary: dict) -> dict:
   return out
 
 
+def _frozen(init: dict, specs: dict, settings: probe.ProbeSettings, log) -> dict | None:
+  """The frozen-feature probe's test scores (``probe.frozen``; None without a validation
+  split to choose its C on)."""
+  if not specs.get('validation'):
+    return None
+  result = probe.frozen(init, specs, settings, None, log)
+  return {k: result[k] for k in ('accuracy', 'macro_f1', 'C')}
+
+
+def _frozen_fmt(point: dict) -> str:
+  f = point.get('frozen')
+  return f'{f["accuracy"]:.1%} (F1 {f["macro_f1"]:.3f})' if f else '-'
+
+
 def best_baseline(results: dict) -> tuple[str, dict] | None:
   """(network, summary) of the from-scratch baseline with the best test accuracy."""
   base = results.get('from_scratch') or {}
@@ -266,8 +289,8 @@ def table(results: dict) -> str:
   base = best[1] if best else None
   lines = ['| row | pretraining steps | training FLOPs | wall time | final loss | held-out MLM '
            'accuracy (own masking rate; BERT\'s 15%) | probe accuracy (half budget) | probe accuracy (full budget) | '
-           'fine-tuning rate | vs best from scratch |',
-           '|---|---|---|---|---|---|---|---|---|---|']
+           'fine-tuning rate | vs best from scratch | frozen features |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results['rows'].items():
     half, full = r['points'][0], r['points'][-1]
     held = r.get('heldout', {})
@@ -284,10 +307,10 @@ def table(results: dict) -> str:
                                  'spread)')
     lines.append(f'| {name} | {r["steps"]} | {r["flops"]:.3g} | {r["wall_s"]:.0f} s | '
                  f'{r["final_loss"]:.3f} | {mlm} | {_fmt(half)} | {_fmt(full)} | '
-                 f'{_rate(full)} | {gain} |')
+                 f'{_rate(full)} | {gain} | {_frozen_fmt(full)} |')
   for name, b in (results.get('from_scratch') or {}).items():
     lines.append(f'| from scratch ({name} network) | 0 | 0 | - | - | - | - | {_fmt(b)} | '
-                 f'{_rate(b)} | |')
+                 f'{_rate(b)} | | {_frozen_fmt(b)} |')
   return '\n'.join(lines)
 
 

@@ -28,6 +28,14 @@ validation accuracy (ties: macro-F1, then the lower rate) is then fine-tuned wit
 seed and scored on the test split. A pretrained network and a random one usually want
 different rates, so comparing them at one rate tuned for either is not fair. The summary
 records every rate's validation scores and the chosen one.
+
+``--frozen`` scores the encoder **without fine-tuning** instead: the mean of its final
+token states (``max_len`` tokens) as features, standardised, a multinomial logistic
+regression (scikit-learn) with the inverse regularisation ``C`` chosen from
+:data:`FROZEN_C` on the validation split, scored on test (deterministic: no seeds).
+``--from_scratch`` then scores the same network's features at a random initialisation:
+what pretraining put into the features, apart from what fine-tuning can learn from the
+labels.
 """
 
 from __future__ import annotations
@@ -39,7 +47,10 @@ import os
 import statistics
 from typing import Sequence
 
+import flax.linen as nn
+import jax
 import ml_collections
+import numpy as np
 
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune_train
@@ -214,6 +225,59 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
   return summary
 
 
+# Inverse regularisation strengths of the frozen-feature probe, chosen on validation.
+FROZEN_C: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
+
+
+def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | None = None,
+           log=print) -> dict:
+  """The frozen-feature probe (module docstring): {'accuracy', 'macro_f1', 'C', 'selection'
+  (every C's validation accuracy), 'features'}; also ``out_dir/frozen.json``."""
+  from sklearn import linear_model  # pylint: disable=g-import-not-at-top
+  from sklearn import metrics as sk_metrics  # pylint: disable=g-import-not-at-top
+  from sklearn import preprocessing  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune import data as data_lib  # pylint: disable=g-import-not-at-top
+  from encoder_jax.models import registry  # pylint: disable=g-import-not-at-top
+  if not specs.get('validation'):
+    raise ValueError('The frozen-feature probe chooses C on a validation split: pass '
+                     '--validation (a finetune data spec) with --train/--test')
+  model = finetune_train.load_pretrained(ml_collections.ConfigDict(dict(init=dict(
+      workdir=init.get('workdir', ''), hf_dir=init.get('hf_dir', ''),
+      step=int(init.get('step', -1))))))
+  if init.get('from_scratch'):  # The same networks, randomly initialised.
+    rng = jax.random.PRNGKey(int(s.seeds[0]) if s.seeds else 0)
+    setup = model.setup or registry.network(model.model_config)
+    model.params = nn.unbox(setup.init(rng))
+  d = finetune_config.base_config().data
+  d.update(text_fields=('text',), label_field='label')
+  splits, names = {}, None
+  for split in ('train', 'validation', 'test'):
+    examples, names = data_lib.read(specs[split], 'sequence_classification', d, names)
+    x = model.embed([t[0] for t in examples.texts], pooling='mean', normalize=False,
+                    max_len=int(s.max_len))
+    splits[split] = (x, np.asarray(examples.labels))
+  scaler = preprocessing.StandardScaler().fit(splits['train'][0])
+  x_tr, y_tr = scaler.transform(splits['train'][0]), splits['train'][1]
+  fitted, selection = {}, []
+  for c in FROZEN_C:
+    fitted[c] = linear_model.LogisticRegression(C=c, max_iter=5000).fit(x_tr, y_tr)
+    acc = fitted[c].score(scaler.transform(splits['validation'][0]), splits['validation'][1])
+    selection.append(dict(C=c, accuracy=float(acc)))
+  best = max(selection, key=lambda r: (r['accuracy'], -r['C']))['C']
+  pred = fitted[best].predict(scaler.transform(splits['test'][0]))
+  y_te = splits['test'][1]
+  result = dict(accuracy=float(sk_metrics.accuracy_score(y_te, pred)),
+                macro_f1=float(sk_metrics.f1_score(y_te, pred, average='macro')), C=best,
+                selection=selection, features=int(x_tr.shape[1]), init=dict(init))
+  log(f'probe (frozen features): test accuracy {result["accuracy"]:.2%}, macro-F1 '
+      f'{result["macro_f1"]:.3f} (C={best:g}, chosen on the validation split)')
+  if out_dir:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, 'frozen.json'), 'w', encoding='utf-8') as f:
+      json.dump(result, f, indent=2)
+  return result
+
+
 def main(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   del argv
@@ -226,6 +290,8 @@ def main(argv):
                     selection_seeds=tuple(range(f.selection_seeds)),
                     encoder_dropout=f.encoder_dropout)
   specs = None
+  if f.frozen and not (f.train or f.test or f.validation):
+    specs = bbc_specs(f.out, s.train_examples)
   if f.train or f.test or f.validation:
     if not (f.train and f.test):
       raise ValueError('Give both --train and --test (finetune data specs; --validation to '
@@ -233,6 +299,9 @@ def main(argv):
     specs = {'train': f.train, 'test': f.test}
     if f.validation:
       specs['validation'] = f.validation
+  if f.frozen:
+    frozen(init, specs, s, f.out)
+    return
   run(init, f.out, s, specs)
 
 
@@ -250,6 +319,8 @@ def _define_flags():
   flags.DEFINE_list('learning_rates', ['1e-4', '3e-4', '1e-3'],
                     'Fine-tuning rates to choose from on the validation split (one value = '
                     'no selection; then --learning_rate is ignored).')
+  flags.DEFINE_bool('frozen', False, 'Score frozen mean-pooled features with a logistic '
+                    'regression (C chosen on the validation split) instead of fine-tuning.')
   flags.DEFINE_integer('selection_seeds', 1, 'Seeds fine-tuned per candidate rate.')
   flags.DEFINE_float('encoder_dropout', 0.1, "The encoder's dropout while fine-tuning, the "
                      "same for every encoder; -1 = the checkpoint's own rates.")

@@ -88,6 +88,9 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
     assert 0.0 <= r['heldout']['generator_mlm_accuracy'] <= 1.0  # Held-out, at the end.
   assert list(results['from_scratch']) == ['electra']  # The first row's network.
   assert results['from_scratch']['electra']['seeds'] == 1
+  # Frozen features of the pretrained and the random network: scored, C chosen on validation.
+  for point in (results['rows']['electra']['points'][-1], results['from_scratch']['electra']):
+    assert 0.0 <= point['frozen']['accuracy'] <= 1.0 and point['frozen']['C'] in probe.FROZEN_C
   assert len(results['from_scratch']['electra']['selection']) == 2
   assert json.load(open(os.path.join(out, 'bakeoff.json')))['rows'].keys() == {'electra'}
   assert os.path.getsize(os.path.join(out, 'bakeoff.png')) > 10_000
