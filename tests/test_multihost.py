@@ -263,10 +263,11 @@ def two_process_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('processes, devices', [(1, 4), (1, 1)])
+@pytest.mark.parametrize('processes, devices', [(1, 1)])
 def test_the_same_run_on_another_topology(two_process_run, tmp_path, processes, devices):
-  """The 2 x 2 run against 1 x 4 (the same mesh) and 1 x 1, unpatched. (2 x 4 agreed to
-  1.3e-7 when measured; the in-process test of the data covers 8 processes.)"""
+  """The 2 x 2 run against 1 x 1 (another mesh, one process), unpatched. (1 x 4, the same
+  mesh in one process, and 2 x 4 agreed to 1.3e-7 when measured, and are left out of the
+  suite for its time; the in-process test of the data covers 8 processes.)"""
   workdir, prepared_dir, log, cache = two_process_run
   assert re.search(r'^\[p1\] process 1 of 2, coordinator localhost:\d+ \(explicit\): 2 local '
                    '/ 4 global cpu devices$', log, re.M), log[:3000]

@@ -8,16 +8,24 @@ methods and nested classes); exact duplicate documents are kept once. Doctest li
 (``>>>``/``...`` and their output) and rule lines (``-----``) are dropped; the rest is split
 into sentences by ``sentences.split_paragraph``. Test suites and ``site-packages`` are
 skipped.
+
+Parsing the stdlib takes seconds, so the extracted corpus is kept in a cache file
+(``ENCODER_JAX_CACHE_DIR``, default ``<tempdir>/encoder_jax_cache_<uid>``; ``''`` turns it
+off) named by the :func:`fingerprint` and a digest of every source file's path, size and
+modification time: a changed stdlib or extraction rule is a new file, never a stale read.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
 import os
 import re
 import sys
 import sysconfig
+import tempfile
 
 from encoder_jax.data import sentences as sentences_lib
 
@@ -116,11 +124,46 @@ def _file_documents(path: str) -> list[list[str]]:
   return out
 
 
+def _cache_path(root: str, files: list[str]) -> str | None:
+  directory = os.environ.get('ENCODER_JAX_CACHE_DIR',
+                             os.path.join(tempfile.gettempdir(),
+                                          f'encoder_jax_cache_{os.getuid()}'))
+  if not directory:
+    return None
+  digest = hashlib.sha256(f'{fingerprint()}\n{root}'.encode())
+  for path in files:
+    st = os.stat(path)
+    digest.update(f'{path}\t{st.st_size}\t{st.st_mtime_ns}\n'.encode())
+  return os.path.join(directory, f'embedded_corpus_{digest.hexdigest()[:24]}.json')
+
+
 @functools.lru_cache(maxsize=1)
 def _corpus() -> tuple[tuple[str, ...], ...]:
   root = stdlib_dir()
+  files = _source_files(root)
+  cache = _cache_path(root, files)
+  if cache and os.path.exists(cache):
+    try:
+      with open(cache, encoding='utf-8') as f:
+        return tuple(tuple(d) for d in json.load(f))
+    except (OSError, ValueError):  # A damaged cache file: extracted again below.
+      pass
+  documents = _extract(root, files)
+  if cache:
+    try:  # Written whole then renamed, so a concurrent reader never sees a partial file.
+      os.makedirs(os.path.dirname(cache), exist_ok=True)
+      tmp = f'{cache}.{os.getpid()}.tmp'
+      with open(tmp, 'w', encoding='utf-8') as f:
+        json.dump(documents, f)
+      os.replace(tmp, cache)
+    except OSError:  # A read-only temp dir: the corpus still works, uncached.
+      pass
+  return documents
+
+
+def _extract(root: str, files: list[str]) -> tuple[tuple[str, ...], ...]:
   documents, seen = [], set()
-  for path in _source_files(root):
+  for path in files:
     for doc in map(tuple, _file_documents(path)):
       if doc not in seen:  # Exact duplicates (e.g. shared deprecation notices): keep one.
         seen.add(doc)

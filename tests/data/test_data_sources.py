@@ -23,6 +23,28 @@ def test_embedded_corpus_is_real_deterministic_text(corpus_docs):
   assert not any(s.startswith('>>>') for d in corpus_docs for s in d)
 
 
+def test_embedded_corpus_cache_file_equals_the_extraction(tmp_path, monkeypatch, corpus_docs):
+  from encoder_jax.data import embedded  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('ENCODER_JAX_CACHE_DIR', str(tmp_path))
+  root = embedded.stdlib_dir()
+  files = embedded._source_files(root)
+  path = embedded._cache_path(root, files)
+  assert os.path.dirname(path) == str(tmp_path)
+  embedded._corpus.cache_clear()
+  try:
+    assert embedded.embedded_corpus() == corpus_docs and os.path.exists(path)  # Written.
+    embedded._corpus.cache_clear()
+    assert embedded.embedded_corpus() == corpus_docs  # Read back: the same documents.
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write('[["truncat')  # Damaged: extracted again, and rewritten whole.
+    embedded._corpus.cache_clear()
+    assert embedded.embedded_corpus() == corpus_docs
+    with open(path, encoding='utf-8') as f:
+      assert len(json.load(f)) == len(corpus_docs)
+  finally:
+    embedded._corpus.cache_clear()
+
+
 def test_sentence_splitter():
   text = ('Dr. Smith arrived at 5 p.m. on Monday. He said "Hello!" Then he left, e.g. to '
           'the U.S. office. Version 3.11 was out? Yes.\nNew paragraph here')
