@@ -40,6 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
       tags_field='tags',  # Token task: one label per word (ints or strings).
       labels=(),  # Label names, index = class id; () = from tfds, or the sorted train labels.
       max_len=128,  # Tokens per example including [CLS]/[SEP]; longer inputs are truncated.
+      # Sequence classification: whole examples packed back to back into rows of max_len
+      # (each attends to itself only, pooled by the mean of its tokens: pooling='mean'; kinds
+      # with packed rows); optim.batch_size and eval_batch_size then count rows.
+      packing=False,
   ))
 
   # ---- optim: AdamW, linear warmup then linear decay to 0 (BERT fine-tuning). ----
@@ -49,7 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
       weight_decay=0.01,  # Not applied to biases and LayerNorm parameters.
       grad_clip_norm=1.0,  # 0 disables.
       epochs=3,
-      batch_size=32,  # Examples per step.
+      batch_size=32,  # Examples per step (rows with data.packing).
       eval_batch_size=64,
   ))
   c.dropout_rate = 0.1  # Head dropout.

@@ -131,6 +131,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      "'float32' or 'bfloat16'")
   if int(config.checkpoint_keep) < 1:
     raise ValueError(f'config.checkpoint_keep={config.checkpoint_keep}; expected >= 1')
+  if config.data.packing and (config.task != 'sequence_classification'
+                              or config.pooling != 'mean'):
+    raise ValueError(f'config.data.packing=True packs whole examples of sequence '
+                     f"classification, pooled per example: expected task="
+                     f"'sequence_classification' and pooling='mean'; got task={config.task!r}, "
+                     f'pooling={config.pooling!r}')
   dropout = float(config.encoder_dropout)
   if dropout != -1.0 and not 0.0 <= dropout < 1.0:
     raise ValueError(f'config.encoder_dropout={dropout}; expected -1 (the checkpoint\'s rates) '
@@ -198,8 +204,14 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
     model = heads.make(config.task, model_config, num_outputs, config.dropout_rate,
                        config.pooling)
     task = task_lib.Task(config.task, model, models.network(model_config), max_len)
-  steps_per_epoch = math.ceil(len(train['input_ids']) / o.batch_size)
-  total = steps_per_epoch * int(o.epochs)
+  packing = bool(config.data.get('packing', False))
+  if packing and not model_config_packs(model_config):
+    raise ValueError(f'config.data.packing=True: model kind {model_config.kind!r} does not '
+                     'take packed rows (its attention reads no document ids); expected one of '
+                     f'{sorted(k for k, v in models.KINDS.items() if v.packed_rows)}')
+  epoch_steps = [math.ceil(rows_in_epoch(train, config, e, packing) / o.batch_size)
+                 for e in range(1, int(o.epochs) + 1)]
+  steps_per_epoch, total = max(epoch_steps), sum(epoch_steps)
   ec = engine_config(config, total, steps_per_epoch)
   mesh = sharding.make_mesh(ec.mesh)
   sharding.check_batch(int(o.batch_size), mesh, 'config.optim.batch_size')
@@ -212,6 +224,20 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
     run.scorer = scorer
     run.more_evals = more_evals or {}
     return run.go(preempted)
+
+
+def model_config_packs(model_config) -> bool:
+  return bool(models.get(model_config.kind).packed_rows)
+
+
+def rows_in_epoch(train: dict, config: ml_collections.ConfigDict, epoch: int,
+                  packing: bool) -> int:
+  """Batch rows of one epoch: the examples, or the packed rows of the epoch's order."""
+  n = len(train['input_ids'])
+  if not packing:
+    return n
+  return len(data_lib.pack(train, task_lib.epoch_order(n, int(config.seed), epoch))
+             ['input_ids'])
 
 
 def _more_evals(config, tok, names, max_len) -> dict[str, dict]:
@@ -290,12 +316,17 @@ class _Run:
 
   def evaluate(self, params, predict, arrays=None) -> dict:
     arrays = self.evals if arrays is None else arrays
+    packing = bool(self.config.data.get('packing', False))
+    rows = data_lib.pack(arrays) if packing else arrays  # In order: example d of a row, slot d.
     preds = []
     shard = sharding.batch_sharding(self.mesh)
-    for batch in data_lib.batches(arrays, int(self.config.optim.eval_batch_size), None):
+    for batch in data_lib.batches(rows, int(self.config.optim.eval_batch_size), None):
       keep = batch['weights'] > 0
-      preds.append(np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))
-                   [keep])
+      pred = np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))[keep]
+      if packing:  # [rows, slots] -> the examples of each row, in order.
+        count = batch['document_ids'][keep].max(axis=1)
+        pred = np.concatenate([p[:k] for p, k in zip(pred, count)])
+      preds.append(pred)
     return self.scorer(arrays, np.concatenate(preds))
 
   def go(self, preempted) -> dict:
@@ -321,8 +352,11 @@ class _Run:
         start, metrics = time.perf_counter(), []
         first = int(position['batch']) if epoch == int(position['epoch']) else 0
         order = task_lib.epoch_order(n, int(c.seed), epoch)
+        rows = self.train
+        if c.data.get('packing', False):  # The epoch's examples, packed in its order.
+          rows, order = data_lib.pack(self.train, order), None
         stopped = False
-        for i, batch in enumerate(data_lib.batches(self.train, int(o.batch_size), None, order,
+        for i, batch in enumerate(data_lib.batches(rows, int(o.batch_size), None, order,
                                                    first), start=first):
           state, m = train_step(state, feeding.to_global(batch, shard))
           metrics.append(m)

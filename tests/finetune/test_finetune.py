@@ -60,6 +60,27 @@ def test_sentence_classification_from_tsv_learns(hf_dir, tmp_path):
   assert os.path.isdir(tmp_path / 'run' / 'params')
 
 
+def test_packed_fine_tuning_learns_and_scores_every_example(hf_dir, tmp_path):
+  """``data.packing``: several whole examples a row, fewer steps than one example a row,
+  and every eval example scored (the rows' slots mapped back to the examples, in order)."""
+  path = tmp_path / 'sst.tsv'
+  rows = [(s, 'positive') for s in GOOD] + [(s, 'negative') for s in BAD]
+  path.write_text('sentence\tlabel\n' + ''.join(f'{s}\t{l}\n' for s, l in rows * 3))
+  config = _config(hf_dir, 'sequence_classification', f'tsv:{path}', f'tsv:{path}',
+                   packing=True)
+  config.pooling, config.eval_every_epoch, config.optim.epochs = 'mean', False, 20
+  result = train.finetune(config)
+  assert result['eval_accuracy'] >= 0.9, result
+  assert result['step'] < 20 * 36 // 8  # Fewer rows than the 36 examples, each epoch.
+  for bad, match in ((dict(pooling='cls'), "pooling='mean'"),
+                     (dict(task='token_classification'), "task='sequence_classification'")):
+    c = _config(hf_dir, 'sequence_classification', f'tsv:{path}', '', packing=True)
+    c.pooling = 'mean'
+    c.update(bad)
+    with pytest.raises(ValueError, match=match):
+      train.finetune(c)
+
+
 def test_preempted_fine_tuning_resumes_exactly(hf_dir, tmp_path, monkeypatch, capsys):
   """Stopped mid-epoch (SIGTERM's path: checkpoint, exit), rerun: the same params as a run
   never stopped, bit for bit (the engine's Orbax checkpoint holds the data position)."""
