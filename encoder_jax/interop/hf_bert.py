@@ -68,12 +68,7 @@ BUFFERS = ('bert.embeddings.position_ids',)
 
 # (our EncoderConfig field, HF BertConfig field). Other fields of ours (attention_kind,
 # dtype, remat) have no HF counterpart and keep their defaults on import.
-CONFIG_FIELDS: tuple[tuple[str, str], ...] = (
-    ('vocab_size', 'vocab_size'),
-    ('hidden_size', 'hidden_size'),
-    ('num_layers', 'num_hidden_layers'),
-    ('num_heads', 'num_attention_heads'),
-    ('intermediate_size', 'intermediate_size'),
+CONFIG_FIELDS: tuple[tuple[str, str], ...] = T.SHAPE_FIELDS + (
     ('max_position_embeddings', 'max_position_embeddings'),
     ('type_vocab_size', 'type_vocab_size'),
     ('hidden_dropout_rate', 'hidden_dropout_prob'),

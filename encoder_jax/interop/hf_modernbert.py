@@ -80,13 +80,7 @@ PARAMS: tuple[T.Entry, ...] = (
 )
 TIED = {'decoder.weight': 'model.embeddings.tok_embeddings.weight'}
 
-CONFIG_FIELDS: tuple[tuple[str, str], ...] = (
-    ('vocab_size', 'vocab_size'),
-    ('hidden_size', 'hidden_size'),
-    ('num_layers', 'num_hidden_layers'),
-    ('num_heads', 'num_attention_heads'),
-    ('intermediate_size', 'intermediate_size'),
-)
+CONFIG_FIELDS: tuple[tuple[str, str], ...] = T.SHAPE_FIELDS
 # ModernBertConfig's defaults of the fields read in _config_from_hf (a config.json may
 # leave a default out).
 DEFAULTS = dict(max_position_embeddings=8192, initializer_range=0.02, norm_eps=1e-5,

@@ -32,6 +32,16 @@ class Transform:
   to_ours: Callable[[Array, Config], Array]
   to_hf: Callable[[Array, Config], Array]
 
+# (our EncoderConfig field, HF config field) of the shape, the same in every BERT-like HF
+# config; a table's CONFIG_FIELDS starts with them.
+SHAPE_FIELDS: tuple[tuple[str, str], ...] = (
+    ('vocab_size', 'vocab_size'),
+    ('hidden_size', 'hidden_size'),
+    ('num_layers', 'num_hidden_layers'),
+    ('num_heads', 'num_attention_heads'),
+    ('intermediate_size', 'intermediate_size'),
+)
+
 IDENTITY = Transform(lambda x, c: x, lambda x, c: x)
 # nn.Linear weight [out, in] <-> Dense kernel [in, out].
 LINEAR = Transform(lambda x, c: x.T, lambda x, c: x.T)

@@ -20,6 +20,24 @@ from __future__ import annotations
 import numpy as np
 
 
+def _walk(stream, cursor):
+  """``(epoch, k, sub, tokens, bounds)`` of every document from ``cursor`` = (epoch, k,
+  sub) on, document ``k`` of the epoch's order starting at ``sub`` (0 for the later ones),
+  on into the following epochs; then ``(epoch, None, 0, None, None)`` once, at the end of
+  the stream."""
+  epoch, k, sub = cursor
+  while True:
+    order = stream.order(epoch)
+    if order is None:
+      yield epoch, None, 0, None, None
+      return
+    while k < len(order):
+      tokens, bounds = stream.document(int(order[k]))
+      yield epoch, k, sub, tokens, bounds
+      k, sub = k + 1, 0
+    epoch, k = epoch + 1, 0
+
+
 class _Packer:
   length_dependent_cursor = False  # A sentence index means the same at any length.
   cross_documents = True
@@ -36,38 +54,32 @@ class _Packer:
 
   def generate(self, stream, cursor, seq_len: int):
     """Yields ``(instance, cursor after it)`` from ``cursor`` on, until the stream ends."""
-    epoch, k, sub = cursor
     budget = seq_len - 1  # Room after [CLS]; every piece costs its tokens + one [SEP].
     pieces, used = [], 0
-    while True:
-      order = stream.order(epoch)
-      if order is None:
-        break
-      while k < len(order):
-        tokens, bounds = stream.document(int(order[k]))
-        n = len(bounds) - 1
-        j = sub
-        while j < n:
-          piece_start = bounds[j]
-          while j < n and used + bounds[j + 1] - piece_start + 1 <= budget:  # +1: its [SEP].
+    for epoch, k, sub, tokens, bounds in _walk(stream, cursor):
+      if tokens is None:  # The stream's end.
+        if pieces:
+          yield (pieces, 0), (epoch, 0, 0)
+        return
+      n = len(bounds) - 1
+      j = sub
+      while j < n:
+        piece_start = bounds[j]
+        while j < n and used + bounds[j + 1] - piece_start + 1 <= budget:  # +1: its [SEP].
+          j += 1
+        if bounds[j] > piece_start:  # At least one sentence of this document fits.
+          pieces.append((tokens, piece_start, bounds[j], 0))
+          used += bounds[j] - piece_start + 1
+        if j < n:  # Sentence j does not fit: close the sequence.
+          if not pieces:  # Longer than a whole sequence: truncate it, alone.
+            pieces.append((tokens, bounds[j], bounds[j] + budget - 1, 0))
             j += 1
-          if bounds[j] > piece_start:  # At least one sentence of this document fits.
-            pieces.append((tokens, piece_start, bounds[j], 0))
-            used += bounds[j] - piece_start + 1
-          if j < n:  # Sentence j does not fit: close the sequence.
-            if not pieces:  # Longer than a whole sequence: truncate it, alone.
-              pieces.append((tokens, bounds[j], bounds[j] + budget - 1, 0))
-              j += 1
-            nxt = (epoch, k, j) if j < n else (epoch, k + 1, 0)
-            yield (pieces, 0), nxt
-            pieces, used = [], 0
-        k, sub = k + 1, 0
-        if pieces and (not self.cross_documents or used + 2 > budget):
-          yield (pieces, 0), (epoch, k, 0)
+          nxt = (epoch, k, j) if j < n else (epoch, k + 1, 0)
+          yield (pieces, 0), nxt
           pieces, used = [], 0
-      epoch, k, sub = epoch + 1, 0, 0
-    if pieces:
-      yield (pieces, 0), (epoch, 0, 0)
+      if pieces and (not self.cross_documents or used + 2 > budget):
+        yield (pieces, 0), (epoch, k + 1, 0)
+        pieces, used = [], 0
 
 
 class FullSentences(_Packer):
@@ -78,7 +90,7 @@ class DocSentences(_Packer):
   cross_documents = False
 
 
-class PackedDocuments:
+class PackedDocuments(_Packer):
   """Unpadded rows: documents back to back, each ``[CLS] tokens [SEP]`` with its own id.
 
   Documents are taken in stream order (and on into the next epoch) and placed one after
@@ -97,44 +109,30 @@ class PackedDocuments:
   (``validation``).
   """
 
-  length_dependent_cursor = False  # A token offset means the same at any length.
-  pair_labels = False
+  # A token offset in the cursor (``sub``) means the same at any length, as a sentence
+  # index does; no pair label; any non-empty corpus packs (``_Packer``).
   packs_documents = True  # Rows carry 'document_ids' (read by validation and the models).
-
-  def __init__(self, seed: int, short_seq_prob: float):
-    del seed, short_seq_prob  # Deterministic: no random choices besides the epoch order.
-
-  @staticmethod
-  def check_corpus(documents: int, sentences: int, tokens: int, where: str) -> list[str]:
-    del documents, sentences, tokens, where
-    return []
 
   def generate(self, stream, cursor, seq_len: int):
     """Yields ``(instance, cursor after it)`` from ``cursor`` on, until the stream ends."""
     if seq_len < 3:
       raise ValueError(f'Packed rows need seq_len >= 3 ([CLS] token [SEP]); got {seq_len}')
-    epoch, k, sub = cursor
     pieces, room = [], seq_len
-    while True:
-      order = stream.order(epoch)
-      if order is None:
-        break
-      while k < len(order):
-        tokens, bounds = stream.document(int(order[k]))
-        start, stop = bounds[0] + sub, bounds[-1]
-        while start < stop:
-          take = min(stop - start, room - 2)
-          pieces.append((tokens, start, start + take, 0))
-          start += take
-          room -= take + 2
-          if room < 3:  # No room for another piece: close the row.
-            nxt = (epoch, k, start - bounds[0]) if start < stop else (epoch, k + 1, 0)
-            yield (pieces, 0), nxt
-            pieces, room = [], seq_len
-        k, sub = k + 1, 0
-      epoch, k, sub = epoch + 1, 0, 0
-    if pieces:
-      yield (pieces, 0), (epoch, 0, 0)
+    for epoch, k, sub, tokens, bounds in _walk(stream, cursor):
+      if tokens is None:  # The stream's end.
+        if pieces:
+          yield (pieces, 0), (epoch, 0, 0)
+        return
+      start, stop = bounds[0] + sub, bounds[-1]
+      while start < stop:
+        take = min(stop - start, room - 2)
+        pieces.append((tokens, start, start + take, 0))
+        start += take
+        room -= take + 2
+        if room < 3:  # No room for another piece: close the row.
+          nxt = (epoch, k, start - bounds[0]) if start < stop else (epoch, k + 1, 0)
+          yield (pieces, 0), nxt
+          pieces, room = [], seq_len
 
   @staticmethod
   def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
