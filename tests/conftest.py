@@ -26,10 +26,3 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(tempfile.gettempdir(),
                                                          f'encoder_jax_test_xla_{os.getuid()}')
 
-
-def pytest_collection_modifyitems(config, items):
-  """The end-to-end (``slow``) tests first, each group in collection order: with
-  ``-n 2`` the longest tests start early and the many short ones fill the workers' tails
-  (with ``--dist worksteal``, set in setup.cfg, an idle worker takes queued tests)."""
-  del config
-  items.sort(key=lambda item: item.get_closest_marker('slow') is None)
