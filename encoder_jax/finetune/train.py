@@ -131,10 +131,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      "'float32' or 'bfloat16'")
   if int(config.checkpoint_keep) < 1:
     raise ValueError(f'config.checkpoint_keep={config.checkpoint_keep}; expected >= 1')
-  if config.data.packing and (config.task != 'sequence_classification'
-                              or config.pooling != 'mean'):
-    raise ValueError(f'config.data.packing=True packs whole examples of sequence '
-                     f"classification, pooled per example: expected task="
+  if config.data.get('packing', False) and (config.task != 'sequence_classification'
+                                           or config.pooling != 'mean'):
+    raise ValueError('config.data.packing=True packs whole examples of sequence '
+                     "classification, pooled per example: expected task="
                      f"'sequence_classification' and pooling='mean'; got task={config.task!r}, "
                      f'pooling={config.pooling!r}')
   dropout = float(config.encoder_dropout)
@@ -205,7 +205,7 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
                        config.pooling)
     task = task_lib.Task(config.task, model, models.network(model_config), max_len)
   packing = bool(config.data.get('packing', False))
-  if packing and not model_config_packs(model_config):
+  if packing and not models.get(model_config.kind).packed_rows:
     raise ValueError(f'config.data.packing=True: model kind {model_config.kind!r} does not '
                      'take packed rows (its attention reads no document ids); expected one of '
                      f'{sorted(k for k, v in models.KINDS.items() if v.packed_rows)}')
@@ -224,10 +224,6 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
     run.scorer = scorer
     run.more_evals = more_evals or {}
     return run.go(preempted)
-
-
-def model_config_packs(model_config) -> bool:
-  return bool(models.get(model_config.kind).packed_rows)
 
 
 def rows_in_epoch(train: dict, config: ml_collections.ConfigDict, epoch: int,
