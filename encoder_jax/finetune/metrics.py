@@ -1,8 +1,13 @@
-"""Accuracy and F1 for the fine-tuning tasks (host-side numpy, over whole eval sets).
+"""Accuracy and F1 for the fine-tuning tasks (host-side, over whole eval sets), computed by
+the standard libraries: scikit-learn (F1, Matthews), scipy.stats (Pearson, Spearman) and
+seqeval (entity-level F1).
 
-Sequence classification: accuracy and F1 (binary F1 of class 1 with two labels, else
-macro F1). Token classification: accuracy over labelled first pieces, and entity-level
-micro F1 (CoNLL: exact spans) when the labels are BIO/IOB2 tags, else macro F1.
+Sequence classification: accuracy and F1 (binary F1 of class 1 with two labels, plus
+Matthews; else macro F1 over every label). Token classification: accuracy over labelled
+first pieces, and entity-level micro F1 (seqeval's default, CoNLL's conlleval: exact spans,
+an I- tag without its B- opens an entity) when the labels are BIO/IOB2 tags, else macro F1.
+Undefined scores (a class never predicted nor present; a constant input to a correlation)
+are 0.
 """
 
 from __future__ import annotations
@@ -10,23 +15,23 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-
-
-def _f1(tp: float, fp: float, fn: float) -> float:
-  return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+from scipy import stats
+from seqeval import metrics as seqeval_metrics
+from seqeval.metrics import sequence_labeling
+from sklearn import metrics as sk_metrics
 
 
 def macro_f1(pred: np.ndarray, gold: np.ndarray, num_labels: int) -> float:
-  return float(np.mean([_f1(((pred == c) & (gold == c)).sum(), ((pred == c) & (gold != c)).sum(),
-                            ((pred != c) & (gold == c)).sum()) for c in range(num_labels)]))
+  return float(sk_metrics.f1_score(gold, pred, labels=list(range(num_labels)),
+                                   average='macro', zero_division=0))
 
 
 def sequence_metrics(pred: np.ndarray, gold: np.ndarray, num_labels: int) -> dict[str, float]:
-  out = {'accuracy': float((pred == gold).mean()), 'examples': int(len(gold))}
+  out = {'accuracy': float(sk_metrics.accuracy_score(gold, pred)), 'examples': int(len(gold))}
   if num_labels == 2:
     out['matthews'] = matthews(pred, gold)
-    out['f1'] = _f1(((pred == 1) & (gold == 1)).sum(), ((pred == 1) & (gold == 0)).sum(),
-                    ((pred == 0) & (gold == 1)).sum())
+    out['f1'] = float(sk_metrics.f1_score(gold, pred, labels=[0, 1], pos_label=1,
+                                          average='binary', zero_division=0))
   else:
     out['f1'] = macro_f1(pred, gold, num_labels)
   return out
@@ -34,45 +39,28 @@ def sequence_metrics(pred: np.ndarray, gold: np.ndarray, num_labels: int) -> dic
 
 def matthews(pred: np.ndarray, gold: np.ndarray) -> float:
   """Matthews correlation of binary predictions (CoLA's GLUE metric); 0 when undefined."""
-  tp = float(((pred == 1) & (gold == 1)).sum())
-  tn = float(((pred == 0) & (gold == 0)).sum())
-  fp = float(((pred == 1) & (gold == 0)).sum())
-  fn = float(((pred == 0) & (gold == 1)).sum())
-  denom = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-  return 0.0 if denom == 0 else float((tp * tn - fp * fn) / denom)
+  return float(sk_metrics.matthews_corrcoef(gold, pred))
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-  """Ranks from 1, ties given their mean rank (as Spearman's definition needs)."""
-  order = np.argsort(x, kind='mergesort')
-  ranks = np.empty(len(x), np.float64)
-  sorted_x = x[order]
-  i = 0
-  while i < len(x):
-    j = i
-    while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-      j += 1
-    ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
-    i = j + 1
-  return ranks
+def _constant(x: np.ndarray) -> bool:
+  return len(x) < 2 or bool(np.all(x == x[0]))
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  a, b = a - a.mean(), b - b.mean()
-  denom = np.sqrt((a * a).sum() * (b * b).sum())
-  return 0.0 if denom == 0 else float((a * b).sum() / denom)
+  return 0.0 if _constant(a) or _constant(b) else float(stats.pearsonr(a, b).statistic)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-  return pearson(_ranks(np.asarray(a, np.float64)), _ranks(np.asarray(b, np.float64)))
+  """Spearman's rank correlation (ties at their mean rank)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return 0.0 if _constant(a) or _constant(b) else float(stats.spearmanr(a, b).statistic)
 
 
 def regression_metrics(pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
   """STS-B's GLUE metrics: Pearson and Spearman correlation, and the mean squared error."""
   return {'pearson': pearson(pred, gold), 'spearman': spearman(pred, gold),
-          'mse': float(np.mean((np.asarray(pred) - np.asarray(gold)) ** 2)),
-          'examples': int(len(gold))}
+          'mse': float(sk_metrics.mean_squared_error(gold, pred)), 'examples': int(len(gold))}
 
 
 def is_bio(names: Sequence[str]) -> bool:
@@ -81,16 +69,10 @@ def is_bio(names: Sequence[str]) -> bool:
 
 
 def spans(tags: Sequence[str]) -> set[tuple[int, int, str]]:
-  """(start, end, type) entity spans of one BIO sequence (an I- without B- starts one)."""
-  out, start, kind = set(), None, None
-  for i, t in enumerate(list(tags) + ['O']):
-    inside = t.startswith('I-') and kind == t[2:]
-    if start is not None and not inside:
-      out.add((start, i, kind))
-      start, kind = None, None
-    if t.startswith('B-') or (t.startswith('I-') and not inside):
-      start, kind = i, t[2:]
-  return out
+  """(start, end, type) entity spans of one BIO sequence, as seqeval reads them (an I-
+  without its B- starts one); ``end`` exclusive."""
+  return {(start, end + 1, kind)
+          for kind, start, end in sequence_labeling.get_entities(list(tags))}
 
 
 def token_metrics(pred_NxL: np.ndarray, gold_NxL: np.ndarray, names: Sequence[str],
@@ -99,12 +81,9 @@ def token_metrics(pred_NxL: np.ndarray, gold_NxL: np.ndarray, names: Sequence[st
   out = {'accuracy': float((pred_NxL == gold_NxL)[labelled].mean()),
          'tokens': int(labelled.sum())}
   if is_bio(names):
-    tp = fp = fn = 0
-    for p_row, g_row, keep in zip(pred_NxL, gold_NxL, labelled):
-      p = spans([names[i] for i in p_row[keep]])
-      g = spans([names[i] for i in g_row[keep]])
-      tp, fp, fn = tp + len(p & g), fp + len(p - g), fn + len(g - p)
-    out['f1'] = _f1(tp, fp, fn)
+    tags = lambda rows: [[names[i] for i in row[keep]] for row, keep in zip(rows, labelled)]
+    out['f1'] = float(seqeval_metrics.f1_score(tags(gold_NxL), tags(pred_NxL),
+                                               zero_division=0))
   else:
     out['f1'] = macro_f1(pred_NxL[labelled], gold_NxL[labelled], len(names))
   return out
