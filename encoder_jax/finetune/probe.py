@@ -53,6 +53,7 @@ import ml_collections
 import numpy as np
 
 from encoder_jax.finetune import config as finetune_config
+from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import train as finetune_train
 
 BBC_CLASSES = ('business', 'entertainment', 'politics', 'sports', 'tech')  # Directory names.
@@ -236,8 +237,6 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
   from sklearn import linear_model  # pylint: disable=g-import-not-at-top
   from sklearn import metrics as sk_metrics  # pylint: disable=g-import-not-at-top
   from sklearn import preprocessing  # pylint: disable=g-import-not-at-top
-  from encoder_jax.finetune import data as data_lib  # pylint: disable=g-import-not-at-top
-  from encoder_jax.models import registry  # pylint: disable=g-import-not-at-top
   if not specs.get('validation'):
     raise ValueError('The frozen-feature probe chooses C on a validation split: pass '
                      '--validation (a finetune data spec) with --train/--test')
@@ -246,8 +245,7 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
       step=int(init.get('step', -1))))))
   if init.get('from_scratch'):  # The same networks, randomly initialised.
     rng = jax.random.PRNGKey(int(s.seeds[0]) if s.seeds else 0)
-    setup = model.setup or registry.network(model.model_config)
-    model.params = nn.unbox(setup.init(rng))
+    model.params = nn.unbox(model.setup.init(rng))
   d = finetune_config.base_config().data
   d.update(text_fields=('text',), label_field='label')
   splits, names = {}, None

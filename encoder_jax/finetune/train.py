@@ -266,6 +266,7 @@ class _Run:
     self.ec, self.mesh, self.tx = ec, mesh, tx
     self.train, self.evals, self.names = train, evals, names
     self.total, self.steps_per_epoch, self.max_len = total, steps_per_epoch, max_len
+    self.packing = bool(config.data.get('packing', False))  # Examples packed into rows.
     self.lead = jax.process_index() == 0
     self.console = console_lib.Console(enabled=self.lead, shown=task.console_metrics)
     self.ckpt = (checkpointing.Checkpointer(workdir, ec.checkpoint) if workdir else None)
@@ -312,14 +313,13 @@ class _Run:
 
   def evaluate(self, params, predict, arrays=None) -> dict:
     arrays = self.evals if arrays is None else arrays
-    packing = bool(self.config.data.get('packing', False))
-    rows = data_lib.pack(arrays) if packing else arrays  # In order: example d of a row, slot d.
+    rows = data_lib.pack(arrays) if self.packing else arrays  # In order: example d of a row, slot d.
     preds = []
     shard = sharding.batch_sharding(self.mesh)
     for batch in data_lib.batches(rows, int(self.config.optim.eval_batch_size), None):
       keep = batch['weights'] > 0
       pred = np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))[keep]
-      if packing:  # [rows, slots] -> the examples of each row, in order.
+      if self.packing:  # [rows, slots] -> the examples of each row, in order.
         count = batch['document_ids'][keep].max(axis=1)
         pred = np.concatenate([p[:k] for p, k in zip(pred, count)])
       preds.append(pred)
@@ -349,7 +349,7 @@ class _Run:
         first = int(position['batch']) if epoch == int(position['epoch']) else 0
         order = task_lib.epoch_order(n, int(c.seed), epoch)
         rows = self.train
-        if c.data.get('packing', False):  # The epoch's examples, packed in its order.
+        if self.packing:  # The epoch's examples, packed in its order.
           rows, order = data_lib.pack(self.train, order), None
         stopped = False
         for i, batch in enumerate(data_lib.batches(rows, int(o.batch_size), None, order,
