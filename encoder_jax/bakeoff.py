@@ -86,6 +86,11 @@ ROWS: dict[str, dict] = {
     # The small-budget recipe (configs/crammed_small.py): pre-LN, GeGLU, rotary, no biases,
     # no dropout, MLM at 30% (max_predictions follow the rate), higher peak rate, WSD.
     'crammed': config_base.SMALL_BUDGET_RECIPE,
+    # The recipe with the span contrastive objective beside MLM (DeCLUTR): a row's two
+    # halves, kept apart, against the batch's other halves; mean-pooled states learn what
+    # a text is about, which MLM alone learns last.
+    'crammed_contrastive': config_base.with_objective(config_base.SMALL_BUDGET_RECIPE,
+                                                      'contrastive'),
     # ModernBERT (configs/modernbert_base.py) at the preset's size: its network (pre-LN,
     # GeGLU, fused QKV, rotary 160k/10k, every third layer global, a 128-token window on
     # the others: local at the accelerator preset's lengths only from 129 tokens), no
@@ -96,8 +101,9 @@ ROWS: dict[str, dict] = {
 }
 
 # Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run
-# (the first row's always is): a row is compared with the best of them.
-SCRATCH_BASELINES: tuple[str, ...] = ('crammed',)
+# (the first row's always is; a network already baselined is not again): a row is compared
+# with the best of them.
+SCRATCH_BASELINES: tuple[str, ...] = ('crammed', 'crammed_contrastive')
 
 
 @dataclasses.dataclass
@@ -111,7 +117,8 @@ class Preset:
   warmup_steps: int
   budget_steps: int  # Steps of the first row; the others get its FLOPs.
   probe: probe.ProbeSettings
-  half_budget_seeds: tuple[int, ...] = (0,)  # Probe seeds at the half-way checkpoint (curve).
+  # Probe seeds at the half-way checkpoint (the curve's middle point; () = none).
+  half_budget_seeds: tuple[int, ...] = (0,)
   eval_batches: int = 8  # Held-out batches scored at the end of each pretraining run.
 
 
@@ -124,7 +131,8 @@ PRESETS = {
                   probe=probe.ProbeSettings(seeds=(0, 1, 2), epochs=5, batch_size=16,
                                             learning_rate=1e-3, max_len=128,
                                             train_examples=500,
-                                            learning_rates=(1e-3, 3e-3, 6e-3))),
+                                            learning_rates=(3e-4, 1e-3, 3e-3, 6e-3)),
+                  half_budget_seeds=()),
     # BERT-small-sized rows for an accelerator (tune --budget_steps to the hours you have).
     'accelerator': Preset(model=dict(vocab_size=30522, hidden_size=512, num_layers=4,
                                      num_heads=8, intermediate_size=2048,
@@ -214,7 +222,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
                    frozen=_frozen(dict(workdir=workdir, step=n), probe_specs, preset.probe,
                                   log))]
     half = max(1, n // 2)
-    if half < n:
+    if half < n and preset.half_budget_seeds:
       settings = dataclasses.replace(preset.probe, seeds=preset.half_budget_seeds,
                                      learning_rates=(), learning_rate=full['learning_rate'])
       summary = probe.run(dict(workdir=workdir, step=half),
@@ -230,7 +238,12 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
                                  heldout=scores, points=points)
     _write(out, results)
   results['from_scratch'] = {}
+  networks = []
   for name in [n for n in names if n == names[0] or n in SCRATCH_BASELINES]:
+    network = row_config(name, preset, corpus, prepared_root, 1).model.to_dict()
+    if network in networks:  # E.g. the recipe's, with or without the contrastive loss.
+      continue
+    networks.append(network)
     log(f'bake-off: fine-tuning the from-scratch baseline of the {name} network')
     summary = probe.run(dict(workdir=os.path.join(out, 'runs', name), from_scratch=True),
                         os.path.join(out, 'probe', 'from_scratch', name), preset.probe,
@@ -292,7 +305,8 @@ def table(results: dict) -> str:
            'fine-tuning rate | vs best from scratch | frozen features |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results['rows'].items():
-    half, full = r['points'][0], r['points'][-1]
+    full = r['points'][-1]
+    half = _fmt(r['points'][0]) if len(r['points']) > 1 else '-'
     held = r.get('heldout', {})
     mlm = held.get('mlm_accuracy', held.get('generator_mlm_accuracy'))
     mlm = '-' if mlm is None else f'{mlm:.1%}'
@@ -306,7 +320,7 @@ def table(results: dict) -> str:
                                  f'({"better" if delta > 0 else "worse"}, beyond the seed '
                                  'spread)')
     lines.append(f'| {name} | {r["steps"]} | {r["flops"]:.3g} | {r["wall_s"]:.0f} s | '
-                 f'{r["final_loss"]:.3f} | {mlm} | {_fmt(half)} | {_fmt(full)} | '
+                 f'{r["final_loss"]:.3f} | {mlm} | {half} | {_fmt(full)} | '
                  f'{_rate(full)} | {gain} | {_frozen_fmt(full)} |')
   for name, b in (results.get('from_scratch') or {}).items():
     lines.append(f'| from scratch ({name} network) | 0 | 0 | - | - | - | - | {_fmt(b)} | '

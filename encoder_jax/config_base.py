@@ -161,6 +161,14 @@ SMALL_BUDGET_RECIPE: dict[str, dict] = dict(
 )
 
 
+def with_objective(recipe: dict[str, dict], name: str) -> dict[str, dict]:
+  """``recipe`` with the objective ``name`` added to its ``objective.names``."""
+  out = {section: dict(fields) for section, fields in recipe.items()}
+  out.setdefault('objective', {})
+  out['objective']['names'] = tuple(out['objective'].get('names', ('mlm',))) + (name,)
+  return out
+
+
 def apply_recipe(c: ml_collections.ConfigDict, recipe: dict[str, dict]) -> None:
   """Sets a recipe's fields (section -> fields) on ``c``. A recipe that sets the masking
   rate and not ``train.max_predictions`` gets the predictions the rate needs at each phase's

@@ -62,8 +62,12 @@ def check_prepared_tokenizer(workdir: str, pinned, prepared) -> None:
 
 def at_bert_masking(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """``config`` with BERT's masks (15%, 80/10/10, the predictions that rate needs): held-out
-  MLM figures of runs trained at other rates, comparable with each other and with BERT's."""
+  MLM figures of runs trained at other rates, comparable with each other and with BERT's.
+  Objectives that change the rows beyond the masks (``Entry.alters_rows``: the contrastive
+  halves) are left out, so MLM reads whole rows as BERT's does."""
   e = config.copy_and_resolve_references()
+  e.objective.names = tuple(n for n in e.objective.names
+                            if not (n in objectives.REGISTRY and objectives.REGISTRY[n].alters_rows))
   config_base.apply_recipe(e, dict(objective=dict(mask_rate=0.15, mask_token_rate=0.8,
                                                   random_token_rate=0.1)))
   return e

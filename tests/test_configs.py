@@ -17,7 +17,7 @@ from encoder_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert', 'xlnet', 'deberta',
-                                               'spanbert', 'electra', 'modernbert')
+                                               'spanbert', 'electra', 'modernbert', 'crammed')
                           for p in glob.glob(os.path.join(ROOT, 'configs', f'{kind}_*.py')))
 
 
@@ -30,7 +30,8 @@ def _load(path, arg=None):
 
 # Every config, plus the runlocal variant of those that take it.
 VARIANTS = [(p, None) for p in PRETRAIN_CONFIGS] + [
-    (p, 'runlocal=True') for p in PRETRAIN_CONFIGS if 'runlocal' in open(p).read()]
+    (p, 'runlocal=True') for p in PRETRAIN_CONFIGS if 'runlocal' in open(p).read()] + [
+    (os.path.join(ROOT, 'configs', 'crammed_small.py'), 'contrastive=True')]
 
 
 @pytest.mark.parametrize('path,arg', VARIANTS,

@@ -68,10 +68,13 @@ FAMILY = {
         objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6,
                        bidirectional_data=True),
         data=dict(pair_kind='xlnet')),
-    'bert_crammed_mlm': dict(  # The small-budget options: pre-LN, GeGLU, rotary, no biases.
+    # The small-budget options (pre-LN, GeGLU, rotary, no biases) and the span contrastive
+    # loss over the whole sharded batch.
+    'bert_crammed_mlm_contrastive': dict(
         model=dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False,
                    rotary=True, hidden_dropout_rate=0.0, attention_dropout_rate=0.0),
-        objective=dict(names=('mlm',), mask_rate=0.3), data=dict(pair_kind='full_sentences'),
+        objective=dict(names=('mlm', 'contrastive'), mask_rate=0.3),
+        data=dict(pair_kind='full_sentences'),
         optim=dict(schedule='wsd', decay_fraction=0.5)),
     # ModernBERT: layers global, local (an 8-token window at 32 tokens: band by band),
     # fused QKV, rotary 160k/10k, the first layer's attention norm skipped, MLM at 30%.

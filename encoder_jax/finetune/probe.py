@@ -168,29 +168,37 @@ def summarize(runs: Sequence[dict]) -> dict:
 
 
 def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, log=print
-                         ) -> tuple[float, list[dict]]:
-  """(the chosen rate, every rate's validation scores): each rate of ``s.learning_rates``
-  fine-tuned with ``s.selection_seeds`` and scored on ``specs['validation']``; the best mean
-  validation accuracy wins (ties: macro-F1, then the lower rate)."""
+                         ) -> tuple[float, list[dict], dict[int, dict]]:
+  """(the chosen rate, every rate's validation scores, the chosen rate's selection runs by
+  seed): each rate of ``s.learning_rates`` fine-tuned with ``s.selection_seeds`` and scored
+  on ``specs['validation']``; the best mean validation accuracy wins (ties: macro-F1, then
+  the lower rate). Each selection run also scores the test split after its last epoch
+  (``data.more_evals``), unread by the choice: the chosen rate's runs are then the test
+  runs of their seeds (the same training), not fine-tuned again."""
   if len(s.learning_rates) <= 1:  # Nothing to choose.
-    return float(s.learning_rates[0] if s.learning_rates else s.learning_rate), []
+    return float(s.learning_rates[0] if s.learning_rates else s.learning_rate), [], {}
   if not specs.get('validation'):
     raise ValueError('Choosing the fine-tuning rate from learning_rates='
                      f'{list(s.learning_rates)} needs a validation split (never the test '
                      'split): pass --validation (a finetune data spec), or one rate')
   if not s.selection_seeds:
     raise ValueError('ProbeSettings.selection_seeds is empty: no run to choose a rate from')
-  scores = []
+  scores, runs_of = [], {}
   for lr in s.learning_rates:
-    runs = [finetune_train.finetune(probe_config(init, specs, s, seed, 'validation', lr))
-            for seed in s.selection_seeds]
-    row = dict(learning_rate=float(lr), **_brief(summarize(runs)))
+    runs_of[float(lr)] = {}
+    for seed in s.selection_seeds:
+      c = probe_config(init, specs, s, seed, 'validation', lr)
+      c.data.more_evals = f'test={specs["test"]}'
+      runs_of[float(lr)][int(seed)] = finetune_train.finetune(c)
+    row = dict(learning_rate=float(lr), **_brief(summarize(list(runs_of[float(lr)].values()))))
     scores.append(row)
     log(f'probe: learning rate {lr:g}: validation accuracy {row["accuracy"]:.2%}, macro-F1 '
-        f'{row["macro_f1"]:.3f} ({len(runs)} seed(s))')
+        f'{row["macro_f1"]:.3f} ({len(s.selection_seeds)} seed(s))')
   best = max(scores, key=lambda r: (r['accuracy'], r['macro_f1'], -r['learning_rate']))
   log(f'probe: chosen learning rate {best["learning_rate"]:g} (on the validation split)')
-  return best['learning_rate'], scores
+  chosen = {seed: dict(r, eval_accuracy=r['test_accuracy'], eval_f1=r['test_f1'])
+            for seed, r in runs_of[best['learning_rate']].items()}
+  return best['learning_rate'], scores, chosen
 
 
 def _brief(summary: dict) -> dict:
@@ -207,10 +215,11 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
   s = settings or ProbeSettings()
   if specs is None:
     specs = bbc_specs(out_dir, s.train_examples)
-  lr, selection = select_learning_rate(init, specs, s, log)
+  lr, selection, done = select_learning_rate(init, specs, s, log)
   runs = []
   for seed in s.seeds:
-    result = finetune_train.finetune(probe_config(init, specs, s, seed, 'test', lr))
+    result = done.get(int(seed)) or finetune_train.finetune(
+        probe_config(init, specs, s, seed, 'test', lr))
     runs.append({k: v for k, v in result.items() if k != 'labels'})
     log(f'probe seed {seed}: test accuracy {result["eval_accuracy"]:.2%}, macro-F1 '
         f'{result["eval_f1"]:.3f}')

@@ -16,6 +16,7 @@ import ml_collections
 from encoder_jax import fields as fields_lib
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
+from encoder_jax.objectives import contrastive
 from encoder_jax.objectives import electra
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import mlm
@@ -42,6 +43,9 @@ class Entry:
   needs: tuple[str, ...] = ()  # Objectives that must be chosen with it.
   stands_alone: bool = False  # A whole setup (its own networks and losses): no other name.
   check: Callable[[ml_collections.ConfigDict], str | None] = lambda c: None  # Further checks.
+  # Its corruption changes what the encoder reads beyond the masks (the contrastive halves):
+  # left out when MLM is scored alone (``evaluate.at_bert_masking``), on whole rows.
+  alters_rows: bool = False
   description: str = ''
 
 
@@ -53,7 +57,9 @@ def _electra_check(c) -> str | None:
   return masking.check_config(c)
 
 
-HEADS = {'mlm_head': 'MLM head', 'pair_head': 'pair head'}  # Entry.heads: ModelKind flags.
+# Entry.heads: ModelKind flags, and what a kind without one lacks.
+HEADS = {'mlm_head': 'MLM head', 'pair_head': 'pair head',
+         'packed_rows': 'attention that keeps the documents of a packed row apart'}
 NAMES = fields_lib.Field(
     'names', ('mlm', 'nsp'),
     fields_lib.sequence_of(fields_lib.registry('encoder_jax.objectives', 'REGISTRY',
@@ -68,6 +74,12 @@ REGISTRY: dict[str, Entry] = {
                  pair_kinds=('nsp',), segments=2, description='next-sentence prediction'),
     'sop': Entry(lambda c, tables, net: pair.PairClassification('sop'), heads=('pair_head',),
                  pair_kinds=('sop',), segments=2, description='sentence-order prediction'),
+    'contrastive': Entry(
+        lambda c, tables, net: contrastive.SpanContrastive(c.objective.contrastive_weight,
+                                                           c.objective.contrastive_temperature),
+        fields=contrastive.FIELDS, heads=('packed_rows',),
+        pair_kinds=('full_sentences', 'doc_sentences'), alters_rows=True,
+        description="span contrastive: a row's two halves against the batch's (DeCLUTR)"),
     'sbo': Entry(lambda c, tables, net: sbo.SpanBoundary(net.config), heads=('mlm_head',),
                  needs=('mlm',), description="SpanBERT's span boundary objective"),
     'electra': Entry(lambda c, tables, net: electra.build(

@@ -104,7 +104,7 @@ def test_choosing_the_rate_needs_a_validation_split_never_the_test_split():
     probe.select_learning_rate({}, {'train': 'jsonl:a', 'test': 'jsonl:b'}, settings)
   # One rate: nothing to choose, no run.
   one = probe.ProbeSettings(learning_rates=(3e-4,))
-  assert probe.select_learning_rate({}, {'train': 'x', 'test': 'y'}, one) == (3e-4, [])
+  assert probe.select_learning_rate({}, {'train': 'x', 'test': 'y'}, one) == (3e-4, [], {})
 
 
 def test_fine_tuning_encoder_dropout_is_checked_and_the_probe_sets_it():

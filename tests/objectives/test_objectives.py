@@ -81,7 +81,7 @@ def test_a_pair_objective_needs_a_kind_with_a_pair_head():
   c.objective.names, c.data.pair_kind = ('mlm', 'nsp'), 'nsp'
   with pytest.raises(ValueError, match=r"kind='roberta' with .*: the kind has no pair head, "
                                        r"which 'nsp' needs; objectives that train 'roberta': "
-                                       r"\['mlm', 'sbo'\]"):
+                                       r"\['mlm', 'contrastive', 'sbo'\]"):
     objectives.build(c)
 
 

@@ -1,0 +1,108 @@
+"""The span contrastive objective: halves kept apart, InfoNCE as written, declared limits."""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from encoder_jax import config_base
+from encoder_jax import evaluate
+from encoder_jax import objectives
+from encoder_jax import schedule
+from encoder_jax import validation
+from encoder_jax.objectives import contrastive
+from encoder_jax.objectives import masking
+
+TINY = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
+            max_position_embeddings=20, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def _config(**model):
+  c = config_base.base_config()
+  c.model.update(**TINY, **model)
+  c.objective.names = ('mlm', 'contrastive')
+  c.data.pair_kind = 'full_sentences'
+  c.train.update(seq_lens=(12,), max_predictions=(3,), phase_fractions=(1.0,))
+  return c
+
+
+def test_halves_split_each_row_at_the_middle_of_its_tokens():
+  mask = np.zeros((3, 8), np.int32)
+  mask[0, :8], mask[1, :5], mask[2, :1] = 1, 1, 1
+  np.testing.assert_array_equal(contrastive.halves(jnp.asarray(mask)), [
+      [1, 1, 1, 1, 2, 2, 2, 2],
+      [1, 1, 1, 2, 2, 0, 0, 0],
+      [1, 0, 0, 0, 0, 0, 0, 0]])
+
+
+def test_info_nce_is_the_symmetric_cross_entropy_over_the_counted_rows():
+  rng = np.random.RandomState(0)
+  z1, z2 = rng.randn(5, 4), rng.randn(5, 4)
+  weights = np.array([1, 1, 0, 1, 1], np.float32)
+  t = 0.5
+  loss, accuracy = contrastive.info_nce(jnp.asarray(z1), jnp.asarray(z2), jnp.asarray(weights), t)
+  keep = weights > 0
+  s = (z1[keep] @ z2[keep].T) / t
+
+  def ce(m):
+    m = m - m.max(axis=1, keepdims=True)
+    return -np.mean(np.diag(m) - np.log(np.exp(m).sum(axis=1)))
+
+  np.testing.assert_allclose(float(loss), (ce(s) + ce(s.T)) / 2, rtol=1e-5)
+  hits = (np.argmax(s, 1) == np.arange(4)).mean() + (np.argmax(s.T, 1) == np.arange(4)).mean()
+  np.testing.assert_allclose(float(accuracy), hits / 2, rtol=1e-6)
+
+
+def test_one_half_never_sees_the_other_and_the_loss_trains():
+  """The first half's span embedding is the same whatever the second half holds; the loss
+  and its gradient are finite, with one encoder pass shared with MLM."""
+  c = _config()
+  special = np.zeros(50, bool)
+  special[:5] = True
+  setup = objectives.build(c, masking.VocabTables(special, np.ones(50, bool), np.ones(50),
+                                                  mask_id=4))
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
+  phase = schedule.phases(c.train)[0]
+  rng = np.random.RandomState(1)
+  ids = rng.randint(5, 50, (4, 12)).astype(np.int32)
+  batch = dict(input_ids=ids, segment_ids=np.zeros_like(ids), input_mask=np.ones_like(ids))
+  split = setup.objectives[1].corrupt(batch, None, phase)['document_ids']
+  network = setup.network
+
+  def first_half(ids_BxL):
+    out = network.encoder.apply({'params': setup.network_params(params)}, ids_BxL,
+                                batch['segment_ids'], batch['input_mask'],
+                                document_ids_BxL=split)
+    return np.asarray(out['sequence_output'][:, :6])
+
+  changed = ids.copy()
+  changed[:, 9] = 7
+  np.testing.assert_array_equal(first_half(ids), first_half(changed))
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(
+      lambda p: setup.loss_fn(p, batch, jax.random.key(2), phase, True), has_aux=True))(params)
+  assert np.isfinite(float(loss)) and float(metrics['contrastive_rows']) == 4
+  assert 0.0 <= float(metrics['contrastive_accuracy']) <= 1.0
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize('change,expected', [
+    (dict(model=dict(kind='deberta', attention_kind='disentangled', type_vocab_size=0)),
+     r"the kind has no attention that keeps the documents of a packed row apart, which "
+     r"'contrastive' needs"),
+    (dict(data=dict(pair_kind='nsp')),
+     r"'contrastive', which reads the examples of config.data.pair_kind 'full_sentences' or "
+     r"'doc_sentences': got 'nsp'"),
+])
+def test_settings_it_cannot_train_are_refused_by_name(change, expected):
+  c = _config()
+  for section, fields in change.items():
+    c[section].update(fields)
+  assert any(re.search(expected, p) for p in validation.problems(c)), (
+      validation.problems(c))
+
+
+def test_mlm_is_scored_on_whole_rows_at_bert_masking():
+  assert tuple(evaluate.at_bert_masking(_config()).objective.names) == ('mlm',)
