@@ -17,8 +17,9 @@ XLNet's two streams count): ``--budget_steps`` steps of the first row, and every
 the end, and is scored on the held-out split at the end. The final checkpoint is fine-tuned
 on the probe (``finetune.probe``: BBC News by default, the same fine-tuning budget and
 seeds for every row) at the rate each row chooses from the preset's grid on the
-validation split; the half-way checkpoint at that rate (the CPU preset: one seed there,
-three at the end). Beside the rows, **from-scratch baselines**: the first row's network and
+validation split; the half-way checkpoint at that rate where the preset asks for it
+(``Preset.half_budget_seeds``: the accelerator preset's three seeds; the CPU preset
+leaves it out, for time). Beside the rows, **from-scratch baselines**: the first row's network and
 those of :data:`SCRATCH_BASELINES` (the recipe's), randomly initialised, with the same
 rate search and fine-tuning; a row is compared with the best of them. Every final
 checkpoint and every baseline network is also scored **frozen** (``probe.frozen``: mean-
@@ -240,7 +241,8 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   results['from_scratch'] = {}
   networks = []
   for name in [n for n in names if n == names[0] or n in SCRATCH_BASELINES]:
-    network = row_config(name, preset, corpus, prepared_root, 1).model.to_dict()
+    c = row_config(name, preset, corpus, prepared_root, 1)
+    network = (c.model.to_dict(), c.tokenizer.to_dict())
     if network in networks:  # E.g. the recipe's, with or without the contrastive loss.
       continue
     networks.append(network)

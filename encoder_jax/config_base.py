@@ -162,10 +162,13 @@ SMALL_BUDGET_RECIPE: dict[str, dict] = dict(
 
 
 def with_objective(recipe: dict[str, dict], name: str) -> dict[str, dict]:
-  """``recipe`` with the objective ``name`` added to its ``objective.names``."""
+  """``recipe`` (which sets ``objective.names``) with the objective ``name`` added."""
+  names = tuple(recipe.get('objective', {}).get('names', ()))
+  if not names or name in names:
+    raise ValueError(f'with_objective({name!r}): expected a recipe whose objective.names '
+                     f'are set and lack {name!r}; got {names}')
   out = {section: dict(fields) for section, fields in recipe.items()}
-  out.setdefault('objective', {})
-  out['objective']['names'] = tuple(out['objective'].get('names', ('mlm',))) + (name,)
+  out['objective']['names'] = names + (name,)
   return out
 
 

@@ -66,8 +66,12 @@ def at_bert_masking(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   Objectives that change the rows beyond the masks (``Entry.alters_rows``: the contrastive
   halves) are left out, so MLM reads whole rows as BERT's does."""
   e = config.copy_and_resolve_references()
-  e.objective.names = tuple(n for n in e.objective.names
-                            if not (n in objectives.REGISTRY and objectives.REGISTRY[n].alters_rows))
+  names = tuple(n for n in e.objective.names
+                if not (n in objectives.REGISTRY and objectives.REGISTRY[n].alters_rows))
+  if not names:
+    raise ValueError(f'config.objective.names={tuple(config.objective.names)}: no MLM '
+                     'objective to score at BERT\'s masks')
+  e.objective.names = names
   config_base.apply_recipe(e, dict(objective=dict(mask_rate=0.15, mask_token_rate=0.8,
                                                   random_token_rate=0.1)))
   return e

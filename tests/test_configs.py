@@ -44,6 +44,8 @@ def test_config_builds_under_eval_shape(path, arg):
   n = sum(x.size for x in jax.tree.leaves(state.params))
   assert n > 0
   assert schedule.phases(c.train)[-1].end_step == c.train.num_steps
+  if arg == 'contrastive=True':
+    assert tuple(c.objective.names) == ('mlm', 'contrastive')
 
 
 @pytest.mark.parametrize('name', ['bert_base.py', 'bert_large.py', 'roberta_base.py',

@@ -25,7 +25,9 @@ split): with ``--learning_rates=1e-4,3e-4,1e-3`` each rate is fine-tuned with th
 selection seeds (``--selection_seeds``, default 1) and scored on the validation split
 (BBC News has one; ``--validation`` for other data); the rate with the best mean
 validation accuracy (ties: macro-F1, then the lower rate) is then fine-tuned with every
-seed and scored on the test split. A pretrained network and a random one usually want
+seed and scored on the test split (each selection run also scores the test split after its
+last epoch, unread by the choice, so the chosen rate's selection seeds are not fine-tuned
+twice). A pretrained network and a random one usually want
 different rates, so comparing them at one rate tuned for either is not fair. The summary
 records every rate's validation scores and the chosen one.
 
@@ -196,9 +198,16 @@ def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, lo
         f'{row["macro_f1"]:.3f} ({len(s.selection_seeds)} seed(s))')
   best = max(scores, key=lambda r: (r['accuracy'], r['macro_f1'], -r['learning_rate']))
   log(f'probe: chosen learning rate {best["learning_rate"]:g} (on the validation split)')
-  chosen = {seed: dict(r, eval_accuracy=r['test_accuracy'], eval_f1=r['test_f1'])
-            for seed, r in runs_of[best['learning_rate']].items()}
+  chosen = {seed: _as_test_run(r) for seed, r in runs_of[best['learning_rate']].items()}
   return best['learning_rate'], scores, chosen
+
+
+def _as_test_run(result: dict) -> dict:
+  """A selection run as the test run of its seed: its ``test_*`` scores as ``eval_*``,
+  its validation scores dropped (the training is the same)."""
+  out = {k: v for k, v in result.items() if not k.startswith(('eval_', 'test_'))}
+  out.update({f'eval_{k[5:]}': v for k, v in result.items() if k.startswith('test_')})
+  return out
 
 
 def _brief(summary: dict) -> dict:

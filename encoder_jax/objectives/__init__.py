@@ -79,6 +79,7 @@ REGISTRY: dict[str, Entry] = {
                                                            c.objective.contrastive_temperature),
         fields=contrastive.FIELDS, heads=('packed_rows',),
         pair_kinds=('full_sentences', 'doc_sentences'), alters_rows=True,
+        check=contrastive.check_config,
         description="span contrastive: a row's two halves against the batch's (DeCLUTR)"),
     'sbo': Entry(lambda c, tables, net: sbo.SpanBoundary(net.config), heads=('mlm_head',),
                  needs=('mlm',), description="SpanBERT's span boundary objective"),

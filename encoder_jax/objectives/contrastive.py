@@ -13,12 +13,21 @@ the spans of each row,
     L = contrastive_weight * (CE(z1 z2^T / t, I) + CE(z2 z1^T / t, I)) / 2
 
 over the rows with at least ``MIN_SPAN`` tokens in each half (``contrastive_rows``
-counts them). In-batch negatives, so the batch is the number of candidates (the global
-batch: the loss is computed on the whole sharded batch). Rows from one document are
+counts them). In-batch negatives, so the batch is the number of candidates: the global
+batch (the loss is computed on the whole sharded batch), or one micro-batch with
+``train.grad_accum_steps`` > 1. Rows from one document are
 negatives of each other; the shuffle pool (``data.shuffle_pool_examples``) keeps them
 rare. MLM reads the same pass (its context is the row's half: the cost of sharing the
 pass). The loss needs every position's final state, so the last layer runs at every row
 (counted in the FLOPs).
+
+Every training row is split, so the network never attends over more than half a row
+while it pretrains (rotary distances of L/2 and beyond are never trained); a learned
+position table would leave its second half untrained (the halves restart their
+positions), so the objective needs ``model.rotary=True``. ``data.pair_kind=
+'full_sentences'`` rows may run across a document boundary (their halves are then two
+texts): measured better than ``'doc_sentences'`` on BBC News at the bake-off's budget,
+whose single-document rows are often short.
 """
 
 from __future__ import annotations
@@ -37,6 +46,22 @@ FIELDS: tuple[fields_lib.Field, ...] = (
     fields_lib.Field('contrastive_temperature', 0.05, fields_lib.number(0, lo_open=True),
                      'Temperature t of the span contrastive softmax (SimCSE: 0.05).'),
 )
+
+
+def check_config(c) -> str | None:
+  """What the objective cannot train: an attention kind that reads no document ids (the
+  halves would see each other), or a learned position table (half of it never trained)."""
+  from encoder_jax.models import attention_kinds  # pylint: disable=g-import-not-at-top
+  attention = c.model.get('attention_kind', 'dot_product')
+  if not getattr(attention_kinds.get(attention), 'packed_rows', False):
+    return (f"config.objective.names={tuple(c.objective.names)} has 'contrastive', which "
+            f"keeps a row's halves apart by document ids, and config.model.attention_kind="
+            f'{attention!r} reads none')
+  if not c.model.get('rotary', False):
+    return (f"config.objective.names={tuple(c.objective.names)} has 'contrastive', whose "
+            'halves restart their positions: a learned position table would train its first '
+            'half only; expected config.model.rotary=True')
+  return None
 
 
 def halves(input_mask_BxL):

@@ -17,7 +17,8 @@ from encoder_jax.objectives import contrastive
 from encoder_jax.objectives import masking
 
 TINY = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
-            max_position_embeddings=20, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+            max_position_embeddings=20, hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
+            rotary=True)
 
 
 def _config(**model):
@@ -57,8 +58,9 @@ def test_info_nce_is_the_symmetric_cross_entropy_over_the_counted_rows():
 
 
 def test_one_half_never_sees_the_other_and_the_loss_trains():
-  """The first half's span embedding is the same whatever the second half holds; the loss
-  and its gradient are finite, with one encoder pass shared with MLM."""
+  """The training pass hands the network the halves as document ids, with which the first
+  half's states are the same whatever the second half holds; the loss and its gradient are
+  finite, with one encoder pass shared with MLM."""
   c = _config()
   special = np.zeros(50, bool)
   special[:5] = True
@@ -81,8 +83,18 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
   changed = ids.copy()
   changed[:, 9] = 7
   np.testing.assert_array_equal(first_half(ids), first_half(changed))
-  (loss, metrics), grads = jax.jit(jax.value_and_grad(
-      lambda p: setup.loss_fn(p, batch, jax.random.key(2), phase, True), has_aux=True))(params)
+  seen = []
+
+  def record(next_fun, args, kwargs, context):
+    if context.method_name == '__call__' and type(context.module).__name__ == 'PreTraining':
+      seen.append(kwargs.get('document_ids_BxL'))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):  # Recorded while tracing: one pass, with the halves.
+    (loss, metrics), grads = jax.jit(jax.value_and_grad(
+        lambda p: setup.loss_fn(p, batch, jax.random.key(2), phase, True), has_aux=True))(
+            params)
+  assert len(seen) == 1 and seen[0] is not None
   assert np.isfinite(float(loss)) and float(metrics['contrastive_rows']) == 4
   assert 0.0 <= float(metrics['contrastive_accuracy']) <= 1.0
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
@@ -92,6 +104,9 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
     (dict(model=dict(kind='deberta', attention_kind='disentangled', type_vocab_size=0)),
      r"the kind has no attention that keeps the documents of a packed row apart, which "
      r"'contrastive' needs"),
+    (dict(model=dict(attention_kind='disentangled', position_biased_input=False)),
+     r"config.model.attention_kind='disentangled' reads none"),
+    (dict(model=dict(rotary=False)), r'expected config.model.rotary=True'),
     (dict(data=dict(pair_kind='nsp')),
      r"'contrastive', which reads the examples of config.data.pair_kind 'full_sentences' or "
      r"'doc_sentences': got 'nsp'"),
