@@ -37,6 +37,8 @@ VARIANTS = {
     'mask_15': ('15% masking', dict(objective=dict(mask_rate=0.15))),
     'linear_schedule': ('linear decay after warmup', dict(optim=dict(schedule='linear'))),
     'lr_1e-3': ("BERT quickstart's peak rate 1e-3", dict(optim=dict(learning_rate=1e-3))),
+    'contrastive': ('the span contrastive objective added (crammed_small.py:contrastive=True)',
+                    dict(objective=dict(names=('mlm', 'contrastive')))),
     'bert': ('configs/bert_small.py (MLM + NSP, post-LN, ...)', None),
 }
 

@@ -299,16 +299,20 @@ def best_baseline(results: dict) -> tuple[str, dict] | None:
 
 def table(results: dict) -> str:
   """The Markdown table: every row, then every from-scratch baseline; each row's gain is
-  against the best baseline (the bar a pretrained row has to clear)."""
+  against the best baseline (the bar a pretrained row has to clear). The half-budget
+  column is there when some row was probed half-way."""
   best = best_baseline(results)
   base = best[1] if best else None
-  lines = ['| row | pretraining steps | training FLOPs | wall time | final loss | held-out MLM '
-           'accuracy (own masking rate; BERT\'s 15%) | probe accuracy (half budget) | probe accuracy (full budget) | '
-           'fine-tuning rate | vs best from scratch | frozen features |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
+  halves = any(len(r['points']) > 1 for r in results['rows'].values())
+  head = ['row', 'pretraining steps', 'training FLOPs', 'wall time', 'final loss',
+          "held-out MLM accuracy (own masking rate; BERT's 15%)",
+          *(['probe accuracy (half budget)'] if halves else []),
+          'probe accuracy (full budget)', 'fine-tuning rate', 'vs best from scratch',
+          'frozen features']
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for name, r in results['rows'].items():
     full = r['points'][-1]
-    half = _fmt(r['points'][0]) if len(r['points']) > 1 else '-'
+    half = [_fmt(r['points'][0]) if len(r['points']) > 1 else '-'] if halves else []
     held = r.get('heldout', {})
     mlm = held.get('mlm_accuracy', held.get('generator_mlm_accuracy'))
     mlm = '-' if mlm is None else f'{mlm:.1%}'
@@ -321,12 +325,14 @@ def table(results: dict) -> str:
       gain = f'{delta:+.1%} ' + ('(within the seed spread)' if abs(delta) <= spread else
                                  f'({"better" if delta > 0 else "worse"}, beyond the seed '
                                  'spread)')
-    lines.append(f'| {name} | {r["steps"]} | {r["flops"]:.3g} | {r["wall_s"]:.0f} s | '
-                 f'{r["final_loss"]:.3f} | {mlm} | {half} | {_fmt(full)} | '
-                 f'{_rate(full)} | {gain} | {_frozen_fmt(full)} |')
+    cells = [name, str(r['steps']), f'{r["flops"]:.3g}', f'{r["wall_s"]:.0f} s',
+             f'{r["final_loss"]:.3f}', mlm, *half, _fmt(full), _rate(full), gain,
+             _frozen_fmt(full)]
+    lines.append('| ' + ' | '.join(cells) + ' |')
   for name, b in (results.get('from_scratch') or {}).items():
-    lines.append(f'| from scratch ({name} network) | 0 | 0 | - | - | - | - | {_fmt(b)} | '
-                 f'{_rate(b)} | | {_frozen_fmt(b)} |')
+    cells = [f'from scratch ({name} network)', '0', '0', '-', '-', '-',
+             *(['-'] if halves else []), _fmt(b), _rate(b), '', _frozen_fmt(b)]
+    lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 
