@@ -205,7 +205,8 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
                                os.path.join(out, 'data', 'pretrain.jsonl'))
   prepared_root = os.path.join(out, 'prepared')
   steps = plan(names, preset, corpus, prepared_root, budget_steps or preset.budget_steps)
-  results: dict = {'preset': preset_name if isinstance(preset_name, str) else 'custom', 'corpus': corpus, 'probe_data': probe_specs,
+  results: dict = {'preset': preset_name if isinstance(preset_name, str) else 'custom',
+                   'corpus': corpus, 'probe_data': probe_specs,
                    'budget_flops': steps[names[0]][0] * steps[names[0]][1], 'rows': {}}
   for name in names:
     n, per_step = steps[name]
