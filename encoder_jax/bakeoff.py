@@ -9,7 +9,8 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
 Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
 MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
 SpanBERT spans + SBO, ELECTRA generator + discriminator, DeBERTa v2 MLM, XLNet PLM, and the
-small-budget recipe ``crammed``, ``config_base.SMALL_BUDGET_RECIPE``) at the same encoder
+small-budget recipe ``crammed``, ``config_base.SMALL_BUDGET_RECIPE``, and the same with the
+span contrastive objective beside MLM, ``crammed_contrastive``) at the same encoder
 size (the preset's), on the same unlabelled text. The budget is in **training
 FLOPs as MFU counts them** (``objective.flops_per_sequence``: ELECTRA's generator and
 XLNet's two streams count): ``--budget_steps`` steps of the first row, and every row runs
@@ -19,9 +20,10 @@ on the probe (``finetune.probe``: BBC News by default, the same fine-tuning budg
 seeds for every row) at the rate each row chooses from the preset's grid on the
 validation split; the half-way checkpoint at that rate where the preset asks for it
 (``Preset.half_budget_seeds``: the accelerator preset's three seeds; the CPU preset
-leaves it out, for time). Beside the rows, **from-scratch baselines**: the first row's network and
-those of :data:`SCRATCH_BASELINES` (the recipe's), randomly initialised, with the same
-rate search and fine-tuning; a row is compared with the best of them. Every final
+leaves it out, for time). Beside the rows, **from-scratch baselines**: the first row's
+network and those of :data:`SCRATCH_BASELINES` (the recipe's, once, whatever its
+objectives), randomly initialised, with the same rate search and fine-tuning; a row is
+compared with the best of them. Every final
 checkpoint and every baseline network is also scored **frozen** (``probe.frozen``: mean-
 pooled features, logistic regression with C chosen on validation): what pretraining put
 into the features, beside what fine-tuning recovers from the labels.

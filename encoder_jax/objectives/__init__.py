@@ -77,7 +77,7 @@ REGISTRY: dict[str, Entry] = {
     'contrastive': Entry(
         lambda c, tables, net: contrastive.SpanContrastive(c.objective.contrastive_weight,
                                                            c.objective.contrastive_temperature),
-        fields=contrastive.FIELDS, heads=('packed_rows',),
+        fields=contrastive.FIELDS, heads=('mlm_head', 'packed_rows'), needs=('mlm',),
         pair_kinds=('full_sentences', 'doc_sentences'), alters_rows=True,
         check=contrastive.check_config,
         description="span contrastive: a row's two halves against the batch's (DeCLUTR)"),

@@ -107,6 +107,7 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
     (dict(model=dict(attention_kind='disentangled', position_biased_input=False)),
      r"config.model.attention_kind='disentangled' reads none"),
     (dict(model=dict(rotary=False)), r'expected config.model.rotary=True'),
+    (dict(objective=dict(names=('contrastive',))), r"expected 'mlm' in the names too"),
     (dict(data=dict(pair_kind='nsp')),
      r"'contrastive', which reads the examples of config.data.pair_kind 'full_sentences' or "
      r"'doc_sentences': got 'nsp'"),
