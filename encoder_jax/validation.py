@@ -245,11 +245,10 @@ def _packing(c) -> str | None:
     return (f"{where} cannot keep them apart (its attention reads no document ids): use "
             f"one of the kinds {able}, or pair_kind='full_sentences' / 'doc_sentences'")
   attention = _get(c, 'model.attention_kind', 'dot_product')
-  if not getattr(attention_kinds.get(attention), 'packed_rows', False):
-    able = sorted(n for n, a in attention_kinds.REGISTRY.items() if getattr(a, 'packed_rows',
-                                                                            False))
+  if not attention_kinds.reads_document_ids(attention):
     return (f'{where} with config.model.attention_kind={attention!r}: that attention kind '
-            f"reads no document ids; expected one of {able}, or pair_kind='full_sentences'")
+            f'reads no document ids; expected one of {attention_kinds.document_readers()}, '
+            "or pair_kind='full_sentences'")
   return None
 
 

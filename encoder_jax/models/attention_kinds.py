@@ -24,3 +24,14 @@ def get(name: str) -> type[nn.Module]:
         f'config.model.attention_kind={name!r} is not a known attention kind; '
         f'valid: {sorted(REGISTRY)}')
   return REGISTRY[name]
+
+
+def reads_document_ids(name: str) -> bool:
+  """Whether the attention kind keeps the documents of a packed row apart (its class
+  declares ``packed_rows``)."""
+  return bool(getattr(get(name), 'packed_rows', False))
+
+
+def document_readers() -> list[str]:
+  """The attention kinds that keep the documents of a packed row apart."""
+  return sorted(n for n in REGISTRY if reads_document_ids(n))

@@ -51,10 +51,10 @@ def check_config(c) -> str | None:
   halves would see each other), or a learned position table (half of it never trained)."""
   from encoder_jax.models import attention_kinds  # pylint: disable=g-import-not-at-top
   attention = c.model.get('attention_kind', 'dot_product')
-  if not getattr(attention_kinds.get(attention), 'packed_rows', False):
+  if not attention_kinds.reads_document_ids(attention):
     return (f"config.objective.names={tuple(c.objective.names)} has 'contrastive', which "
             f"keeps a row's halves apart by document ids, and config.model.attention_kind="
-            f'{attention!r} reads none')
+            f'{attention!r} reads none; expected one of {attention_kinds.document_readers()}')
   if not c.model.get('rotary', False):
     return (f"config.objective.names={tuple(c.objective.names)} has 'contrastive', whose "
             'halves restart their positions: a learned position table would train its first '
