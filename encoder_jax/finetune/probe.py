@@ -222,6 +222,9 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
   rate given); writes ``out_dir/probe.json`` and returns the summary (``learning_rate``:
   the rate used; ``selection``: every candidate's validation scores)."""
   s = settings or ProbeSettings()
+  if not s.seeds:
+    raise ValueError('ProbeSettings.seeds is empty (--seeds=0): the probe needs at least one '
+                     'fine-tuning seed to score')
   if specs is None:
     specs = bbc_specs(out_dir, s.train_examples)
   lr, selection, done = select_learning_rate(init, specs, s, log)

@@ -56,6 +56,35 @@ def test_every_row_gets_the_same_training_flops(tmp_path):
     validation.validate(bakeoff.row_config(name, preset, 'jsonl:/x.jsonl', str(tmp_path), 10))
 
 
+def test_set_changes_one_rows_fields_and_its_equal_flops_steps(tmp_path):
+  """--set ROW.section.field=value: that row's config and FLOPs change (a masking rate
+  also brings its predictions), no other row's; typos are errors naming the item."""
+  preset = bakeoff.PRESETS['cpu']
+  names = ['bert', 'crammed', 'crammed_contrastive']
+  overrides = bakeoff.parse_overrides(
+      ['crammed.objective.mask_rate=0.15', 'crammed_contrastive.objective.contrastive_weight=0.3',
+       "crammed_contrastive.optim.schedule='linear'"], names)
+  assert overrides == {'crammed': {'objective': {'mask_rate': 0.15}},
+                       'crammed_contrastive': {'objective': {'contrastive_weight': 0.3},
+                                               'optim': {'schedule': 'linear'}}}
+  args = ('jsonl:/x.jsonl', str(tmp_path))
+  c = bakeoff.row_config('crammed', preset, *args, 10, overrides=overrides['crammed'])
+  assert c.objective.mask_rate == 0.15 and tuple(c.train.max_predictions) == (20,)
+  c = bakeoff.row_config('crammed_contrastive', preset, *args, 10,
+                         overrides=overrides['crammed_contrastive'])
+  assert (c.objective.contrastive_weight, c.optim.schedule) == (0.3, 'linear')
+  plain = bakeoff.plan(names, preset, *args, 400)
+  changed = bakeoff.plan(names, preset, *args, 400, overrides)
+  assert changed['bert'] == plain['bert'] and changed['crammed'][0] > plain['crammed'][0]
+  assert changed['crammed_contrastive'] == plain['crammed_contrastive']  # Same FLOPs.
+  assert bakeoff.overrides_text(overrides['crammed']) == 'objective.mask_rate=0.15'
+  for item, says in (('crammed.objective.mask_rte=0.2', 'config.objective.mask_rte'),
+                     ('roberta.objective.mask_rate=0.2', "row 'roberta' is not run"),
+                     ('crammed.mask_rate=0.2', 'expected ROW.section.field=value')):
+    with pytest.raises(ValueError, match=says):
+      bakeoff.parse_overrides([item], names)
+
+
 @pytest.mark.slow  # A tiny pretraining run, then three one-seed probe fine-tunes.
 def test_bakeoff_end_to_end_on_real_text(tmp_path):
   tiny = bakeoff.Preset(
@@ -74,8 +103,13 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
                                            str(tmp_path / 'validation.jsonl')),
            'test': probe.write_jsonl(rows['test'][:30], str(tmp_path / 'test.jsonl'))}
   out = str(tmp_path / 'out')
-  results = bakeoff.run(out, ['electra'], tiny, corpus, specs, budget_steps=6)
+  results = bakeoff.run(out, ['electra'], tiny, corpus, specs, budget_steps=6,
+                        overrides={'electra': {'optim': {'warmup_steps': 3}}})
   assert results['rows']['electra']['steps'] == 6  # The first row sets the budget.
+  # --set: the run trained with the changed field, and the row says so.
+  saved = json.load(open(os.path.join(out, 'runs', 'electra', 'config.json')))
+  assert saved['optim']['warmup_steps'] == 3
+  assert results['rows']['electra']['overrides'] == 'optim.warmup_steps=3'
   for r in results['rows'].values():
     assert [p['step'] for p in r['points']] == [r['steps'] // 2, r['steps']]
     assert all(0.0 <= p['accuracy'] <= 1.0 for p in r['points'])
@@ -95,13 +129,15 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
   assert json.load(open(os.path.join(out, 'bakeoff.json')))['rows'].keys() == {'electra'}
   assert os.path.getsize(os.path.join(out, 'bakeoff.png')) > 10_000
   table = open(os.path.join(out, 'bakeoff.md')).read()
-  assert '| electra | 6 |' in table and '| from scratch (electra network) |' in table
+  assert '| electra (optim.warmup_steps=3) | 6 |' in table and '| from scratch (electra network) |' in table
 
 
 def test_choosing_the_rate_needs_a_validation_split_never_the_test_split():
   settings = probe.ProbeSettings(learning_rates=(1e-4, 1e-3))
   with pytest.raises(ValueError, match='needs a validation split'):
     probe.select_learning_rate({}, {'train': 'jsonl:a', 'test': 'jsonl:b'}, settings)
+  with pytest.raises(ValueError, match='seeds is empty'):  # Before any data is written.
+    probe.run({}, '/nonexistent/out', probe.ProbeSettings(seeds=()))
   # One rate: nothing to choose, no run.
   one = probe.ProbeSettings(learning_rates=(3e-4,))
   assert probe.select_learning_rate({}, {'train': 'x', 'test': 'y'}, one) == (3e-4, [], {})
