@@ -165,7 +165,7 @@ def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
     parts = key.strip().split('.')
     if not sep or len(parts) != 3:
       raise ValueError(f'--set {item!r}: expected ROW.section.field=value, e.g. '
-                       "'crammed_contrastive.objective.contrastive_weight=0.3'")
+                       "'crammed_contrastive.objective.contrastive_weight=1.0'")
     row, section, field = parts
     if row not in names:
       raise ValueError(f'--set {item!r}: row {row!r} is not run; expected one of {list(names)}')
@@ -463,6 +463,6 @@ if __name__ == '__main__':
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
   flags.DEFINE_multi_string('set', [], 'ROW.section.field=value: a config field of one row '
                             "changed (repeatable), e.g. 'crammed_contrastive.objective."
-                            "contrastive_weight=0.3'; shown beside the row's name.")
+                            "contrastive_weight=1.0'; shown beside the row's name.")
   flags.mark_flags_as_required(['out'])
   cli.run(main)
