@@ -4,13 +4,16 @@ import os
 
 # Must be set before JAX initialises its backends (first jax import in the session).
 # The tests compile far more than they run (about 7 of the 12 minutes a cold suite took on 2
-# cores): XLA's CPU backend skips its expensive LLVM passes (the suite: 12m -> 10m). The
-# HLO is the same; code generation differs, so two differently compiled programs may round
-# differently in the last bit (bit-exact comparisons in the tests are between runs of one
-# program, as resume is).
+# cores): XLA's CPU backend skips its expensive LLVM passes (the suite: 12m -> 10m), and
+# emits fusions with its older loop emitters instead of the MLIR fusion emitters (about
+# half the backend compile time of a family row's programs). The HLO is the same;
+# code generation differs, so two differently compiled programs may round differently in
+# the last bit (bit-exact comparisons in the tests are between runs of one program, as
+# resume is).
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
                       '--xla_backend_optimization_level=0 '
-                      '--xla_llvm_disable_expensive_passes=true')
+                      '--xla_llvm_disable_expensive_passes=true '
+                      '--xla_cpu_use_fusion_emitters=false')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')

@@ -31,8 +31,7 @@ import tiny_config  # pylint: disable=wrong-import-position
 # name -> config overrides (section -> fields) on top of tests/tiny_config.py.
 FAMILY = {
     'bert_mlm_nsp': {},
-    'bert_mlm_wwm': dict(objective=dict(names=('mlm',), whole_word_masking=True),
-                         data=dict(pair_kind='full_sentences')),
+    # (Whole-word masking: the ALBERT, SpanBERT and DeBERTa rows.)
     'roberta_mlm': dict(
         model=dict(kind='roberta', position_offset=2, type_vocab_size=1, layer_norm_eps=1e-5,
                    max_position_embeddings=66),

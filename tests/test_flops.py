@@ -1,5 +1,8 @@
 """The MFU formula (``objectives.build(config).flops_per_sequence``) against XLA's FLOP count
-of the compiled train step (``benchmarks/bench_train.py``'s check, on a tiny BERT)."""
+of the compiled train step (``benchmarks/bench_train.py``'s check, on a tiny BERT). The
+first test counts the compiled step, as the benchmark does; the others count the lowered
+step (``xla_flops(compiled=False)``: XLA's cost analysis before optimisation, within 2% of
+the compiled count here, without the seconds of compiling each)."""
 
 from __future__ import annotations
 
@@ -43,9 +46,9 @@ def test_formula_counts_the_glu_feed_forward():
   positions and no biases: the formula still agrees with XLA's count, and counts more than the plain block."""
   bench = _bench()
   options = dict(pre_norm=True, gated_ffn=True, dense_bias=False, norm_bias=False, rotary=True)
-  f = bench.xla_flops(_args(model_overrides=options))
+  f = bench.xla_flops(_args(model_overrides=options), compiled=False)
   assert 0.9 <= f['ratio'] <= 1.3, f
-  assert f['ours'] > bench.xla_flops(_args())['ours']
+  assert f['ours'] > bench.xla_flops(_args(), compiled=False)['ours']
 
 
 def test_xlnet_formula_counts_both_streams():
@@ -59,7 +62,7 @@ def test_xlnet_formula_counts_both_streams():
   of that layer's content stream (1.23 of the formula here; 1.8 with the layer)."""
   bench = _bench()
   args = _args(kind='xlnet')
-  f = bench.xla_flops(args)
+  f = bench.xla_flops(args, compiled=False)
   shape = bench.PRESETS[args.preset]
   d, ff, l = shape['hidden_size'], shape['intermediate_size'], args.seq_len
   skipped = 3 * l * (4 * d * d + 4 * d * l + 4 * d * l + 4 * d * ff) * args.batch_size
@@ -76,7 +79,7 @@ def test_deberta_formula_counts_the_relative_terms_and_the_emd(kind):
   out of the formula), weigh at batch 4; at batch 32 the ratio is 1.10 (BERT 1.09), at
   d=256, s=128 it is 1.04 (BERT 1.03); without the relative terms and the EMD it would be
   1.28 there."""
-  f = _bench().xla_flops(_args(kind=kind))
+  f = _bench().xla_flops(_args(kind=kind), compiled=False)
   assert 0.9 <= f['ratio'] <= 1.4, f
 
 
@@ -88,8 +91,10 @@ def test_modernbert_formula_counts_the_local_bands():
   its dearer branch, the global one), which the tolerance holds at this width."""
   bench = _bench()
   local = dict(local_attention=8, global_attn_every_n_layers=2)
-  f = bench.xla_flops(_args(kind='modernbert', max_predictions=10, model_overrides=local))
+  f = bench.xla_flops(_args(kind='modernbert', max_predictions=10, model_overrides=local),
+                      compiled=False)
   assert 0.9 <= f['ratio'] <= 1.3, f
   every_layer_global = bench.xla_flops(_args(kind='modernbert', max_predictions=10,
-                                             model_overrides=dict(local, local_attention=0)))
+                                             model_overrides=dict(local, local_attention=0)),
+                                       compiled=False)
   assert f['ours'] < every_layer_global['ours'], (f, every_layer_global)
