@@ -56,6 +56,7 @@ from encoder_jax import metrics
 from encoder_jax import objectives
 from encoder_jax import schedule
 from encoder_jax import train
+from encoder_jax import validation
 from encoder_jax.finetune import probe
 from encoder_jax.models import modernbert
 
@@ -218,11 +219,15 @@ def flops_per_step(config: ml_collections.ConfigDict) -> float:
 
 def plan(names, preset: Preset, corpus: str, prepared_root: str, budget_steps: int,
          overrides: dict | None = None) -> dict[str, tuple[int, float]]:
-  """name -> (steps, FLOPs per step): every row gets the first row's budget in FLOPs."""
+  """name -> (steps, FLOPs per step): every row gets the first row's budget in FLOPs. Every
+  row's config is validated here, before any row runs (a bad ``--set`` value of the last
+  row is an error now, not after the others have pretrained)."""
   overrides = overrides or {}
-  per_step = {n: flops_per_step(row_config(n, preset, corpus, prepared_root, 10,
-                                           overrides=overrides.get(n)))
-              for n in names}
+  per_step = {}
+  for n in names:
+    config = row_config(n, preset, corpus, prepared_root, 10, overrides=overrides.get(n))
+    validation.validate(config)
+    per_step[n] = flops_per_step(config)
   budget = budget_steps * per_step[names[0]]
   return {n: (max(2, round(budget / per_step[n])), per_step[n]) for n in names}
 

@@ -79,6 +79,10 @@ def test_set_changes_one_rows_fields_and_its_equal_flops_steps(tmp_path):
   assert changed['bert'] == plain['bert'] and changed['crammed'][0] > plain['crammed'][0]
   assert changed['crammed_contrastive'] == plain['crammed_contrastive']  # Same FLOPs.
   assert bakeoff.overrides_text(overrides['crammed']) == 'objective.mask_rate=0.15'
+  # A value out of range is refused by the plan, naming the field, before any row runs.
+  bad = bakeoff.parse_overrides(['crammed.objective.mask_rate=1.5'], names)
+  with pytest.raises(ValueError, match='config.objective.mask_rate=1.5'):
+    bakeoff.plan(names, preset, *args, 400, bad)
   for item, says in (('crammed.objective.mask_rte=0.2', 'config.objective.mask_rte'),
                      ('roberta.objective.mask_rate=0.2', "row 'roberta' is not run"),
                      ('crammed.mask_rate=0.2', 'expected ROW.section.field=value')):
