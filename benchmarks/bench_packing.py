@@ -43,7 +43,7 @@ from encoder_jax import config_base  # pylint: disable=wrong-import-position
 from encoder_jax import data as data_lib  # pylint: disable=wrong-import-position
 from encoder_jax import objectives  # pylint: disable=wrong-import-position
 from encoder_jax import optimizer  # pylint: disable=wrong-import-position
-from encoder_jax import schedule  # pylint: disable=wrong-import-position
+from encoder_jax import length_phases  # pylint: disable=wrong-import-position
 from encoder_jax import sharding  # pylint: disable=wrong-import-position
 from encoder_jax import train  # pylint: disable=wrong-import-position
 from encoder_jax import train_state  # pylint: disable=wrong-import-position
@@ -125,7 +125,7 @@ def pretraining(args, mesh) -> None:
     setup = objectives.build(c, train.vocab_tables(c, prepared))
     tx = optimizer.make(c)
     _, shards = train_state.state_shardings(c, mesh, setup, tx)
-    phase = schedule.phases(c.train)[0]
+    phase = length_phases.phases(c.train)[0]
     step = train.make_train_step(c, setup, tx, optimizer.learning_rate_schedule(c.optim, 1000),
                                  mesh, shards, phase)
     batch_sharding = sharding.batch_sharding(mesh)

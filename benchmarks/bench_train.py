@@ -374,7 +374,7 @@ def ours_runner(args):
 def _ours_result(args, dt: float, info: dict) -> dict:
   import jax
 
-  from encoder_jax import metrics
+  from encoder_jax import metrics_log as metrics
   b, l = args.batch_size, args.seq_len
   out = dict(step_s=dt, tokens_per_s=b * l / dt)
   out['tflops_per_device'] = info['flops'] / dt / 1e12 / jax.device_count()

@@ -52,9 +52,9 @@ import ml_collections
 
 from encoder_jax import config_base
 from encoder_jax import evaluate
-from encoder_jax import metrics
+from encoder_jax import metrics_log as metrics
 from encoder_jax import objectives
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import train
 from encoder_jax import validation
 from encoder_jax.finetune import probe
@@ -213,7 +213,7 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
 
 def flops_per_step(config: ml_collections.ConfigDict) -> float:
   """Training FLOPs of one step as MFU counts them (every network of the setup)."""
-  phase = schedule.phases(config.train)[0]
+  phase = length_phases.phases(config.train)[0]
   return objectives.build(config).flops_per_sequence(phase) * int(config.train.batch_size)
 
 

@@ -31,16 +31,16 @@ from etils import epath
 from encoder_jax import checkpointing
 from encoder_jax import config_base
 from encoder_jax import objectives
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import cli
 from encoder_jax import loading
 from encoder_jax import sharding
 from encoder_jax import workdir as workdir_lib
 
-def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) -> schedule.Phase:
-  phases = schedule.phases(config.train)
+def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) -> length_phases.Phase:
+  phases = length_phases.phases(config.train)
   if seq_len is None:
-    return schedule.phase_at(phases, step)
+    return length_phases.phase_at(phases, step)
   for ph in phases:
     if ph.seq_len == seq_len:
       return ph

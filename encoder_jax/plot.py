@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from etils import epath
 
-from encoder_jax import metrics as metrics_lib
+from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import workdir as workdir_lib
 
 PANELS = (('loss', 'Loss'), ('accuracy', 'Accuracy'))

@@ -27,10 +27,10 @@ from encoder_jax import checkpointing
 from encoder_jax import console as console_lib
 from encoder_jax import data as data_lib
 from encoder_jax import feeding
-from encoder_jax import metrics as metrics_lib
+from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import objectives
 from encoder_jax import optimizer as optimizer_lib
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import sharding
 from encoder_jax import train_state
 from encoder_jax import validation
@@ -46,7 +46,7 @@ create_train_state = train_state.create_train_state
 _INIT, _TRAIN, _EVAL = train_state.INIT, train_state.TRAIN, train_state.EVAL
 
 
-def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: schedule.Phase):
+def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: length_phases.Phase):
   """A jitted ``(state, batch) -> (state, metrics)`` for one sequence-length phase."""
   accum = int(config.train.grad_accum_steps)
   skip_nonfinite = config.train.nonfinite_policy == 'skip'
@@ -97,7 +97,7 @@ def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: sch
                  out_shardings=(shards, None), donate_argnums=(0,))
 
 
-def make_eval_step(config, objective, mesh, param_shardings, phase: schedule.Phase):
+def make_eval_step(config, objective, mesh, param_shardings, phase: length_phases.Phase):
   """A jitted ``(params, batch, index) -> metrics``: fixed masks, no dropout."""
   base_key = jax.random.fold_in(jax.random.key(config.seed), _EVAL)
 
@@ -138,10 +138,10 @@ def evaluate(eval_step, params, eval_batches, mesh, objective,
   return out
 
 
-def validate(config: ml_collections.ConfigDict, mesh) -> tuple[schedule.Phase, ...]:
+def validate(config: ml_collections.ConfigDict, mesh) -> tuple[length_phases.Phase, ...]:
   """Checks the config fields that only make sense together; returns the phases."""
   t = config.train
-  phases = schedule.phases(t)
+  phases = length_phases.phases(t)
   if t.nonfinite_policy not in ('stop', 'skip'):
     raise ValueError(f'config.train.nonfinite_policy={t.nonfinite_policy!r}; expected "stop" '
                      'or "skip"')
@@ -224,7 +224,7 @@ class _Run:
   config: ml_collections.ConfigDict
   workdir: str
   mesh: jax.sharding.Mesh
-  phases: tuple[schedule.Phase, ...]
+  phases: tuple[length_phases.Phase, ...]
   prepared: Any  # data.Prepared
   tx: optax.GradientTransformation
   objective: Any  # objectives.base.Pretraining
@@ -414,7 +414,7 @@ def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlu
 
   step = int(jax.device_get(state.step))
   if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
-    eval_set(schedule.phase_at(run.phases, step))
+    eval_set(length_phases.phase_at(run.phases, step))
   if preempted.at(step):
     out.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the same '
             'command to resume.')
@@ -423,9 +423,9 @@ def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlu
   batch_shard = sharding.batch_sharding(run.mesh)
   try:
     while step < t.num_steps:
-      phase = schedule.phase_at(run.phases, step)
+      phase = length_phases.phase_at(run.phases, step)
       if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
-        flusher.flush(step, schedule.phase_at(run.phases, max(step - 1, 0)), state)
+        flusher.flush(step, length_phases.phase_at(run.phases, max(step - 1, 0)), state)
         step_fns[phase.index] = make_train_step(config, run.objective, run.tx, run.schedule_fn,
                                                 run.mesh, run.shards, phase)
         flusher.restart_timer()

@@ -11,7 +11,7 @@ import pytest
 
 from encoder_jax import config_base
 from encoder_jax import data as data_lib
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import sharding
 from encoder_jax import train
 
@@ -43,7 +43,7 @@ def test_config_builds_under_eval_shape(path, arg):
   state = train.abstract_state(c, mesh)
   n = sum(x.size for x in jax.tree.leaves(state.params))
   assert n > 0
-  assert schedule.phases(c.train)[-1].end_step == c.train.num_steps
+  assert length_phases.phases(c.train)[-1].end_step == c.train.num_steps
   if arg == 'contrastive=True':
     assert tuple(c.objective.names) == ('mlm', 'contrastive')
 
@@ -65,7 +65,7 @@ def test_bert_base_is_the_papers_recipe():
   c = _load(os.path.join(ROOT, 'configs', 'bert_base.py'))
   assert (c.model.num_layers, c.model.hidden_size, c.model.num_heads) == (12, 768, 12)
   assert c.train.batch_size == 256 and c.train.num_steps == 1_000_000
-  ph = schedule.phases(c.train)
+  ph = length_phases.phases(c.train)
   assert [(p.seq_len, p.max_predictions, p.end_step - p.start_step) for p in ph] == [
       (128, 20, 900_000), (512, 80, 100_000)]
   assert (c.optim.learning_rate, c.optim.warmup_steps, c.optim.eps) == (1e-4, 10_000, 1e-6)
@@ -80,7 +80,7 @@ def test_roberta_base_is_the_papers_recipe():
   assert c.tokenizer.kind == 'bytelevel_bpe' and c.objective.names == ('mlm',)
   assert c.data.pair_kind == 'full_sentences'
   assert (c.train.batch_size, c.train.num_steps) == (8192, 500_000)
-  assert [(p.seq_len, p.end_step - p.start_step) for p in schedule.phases(c.train)] == [
+  assert [(p.seq_len, p.end_step - p.start_step) for p in length_phases.phases(c.train)] == [
       (512, 500_000)]
   o = c.optim
   assert (o.name, o.learning_rate, o.warmup_steps, o.b1, o.b2, o.eps, o.weight_decay) == (
@@ -108,7 +108,7 @@ def test_xlnet_large_is_the_papers_recipe():
   assert (c.objective.partial_prediction_k, c.objective.max_ngram) == (6, 5)
   assert c.objective.bidirectional_data
   assert (c.train.batch_size, c.train.num_steps) == (8192, 500_000)
-  assert [(p.seq_len, p.max_predictions) for p in schedule.phases(c.train)] == [(512, 85)]
+  assert [(p.seq_len, p.max_predictions) for p in length_phases.phases(c.train)] == [(512, 85)]
   assert (o.name, o.learning_rate, o.warmup_steps, o.eps, o.weight_decay) == (
       'adamw', 4e-4, 40_000, 1e-6, 0.01)
 
@@ -131,7 +131,7 @@ def test_phase_fractions_must_sum_to_one():
   c = config_base.base_config()
   c.train.phase_fractions = (0.5, 0.4)
   with pytest.raises(ValueError, match='phase_fractions'):
-    schedule.phases(c.train)
+    length_phases.phases(c.train)
 
 
 @pytest.mark.parametrize('arg', ['', 'version=2', 'sop=True', 'version=2,runlocal=True'])

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax import metrics as metrics_lib
+from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,10 +15,10 @@ import pytest
 from encoder_jax import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax import feeding
-from encoder_jax import metrics as metrics_lib
+from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import objectives
 from encoder_jax import optimizer
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import sharding
 from encoder_jax import train
 from encoder_jax import workdir as workdir_lib
@@ -127,7 +127,7 @@ def _one_step(c, mesh, batch, prepared, state=None):
   else:
     state = jax.device_put(state, shards)
   step = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
-      c.optim, c.train.num_steps), mesh, shards, schedule.phases(c.train)[0])
+      c.optim, c.train.num_steps), mesh, shards, length_phases.phases(c.train)[0])
   new, m = step(state, feeding.to_global(batch, sharding.batch_sharding(mesh)))
   return jax.device_get(new), jax.device_get(m)
 

@@ -21,7 +21,7 @@ The iterator state is the step plus, per stream, where its current pool started 
 rebuilds those pools and continues with exactly the batch the uninterrupted iterator would
 have given. Every process saves the states of its own streams; ``merge_states`` joins them
 into the global state a checkpoint holds, which any topology can resume from.
-Sequence-length phases (``schedule.phase_at``): a batch for a longer phase pads the rest of
+Sequence-length phases (``length_phases.phase_at``): a batch for a longer phase pads the rest of
 a shorter pool; when the length shrinks, the rest of the longer pool is dropped. A new
 length starts pair builders at the next document boundary (their instances depend on it).
 """
@@ -33,7 +33,7 @@ import logging
 
 import numpy as np
 
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax.data import builders
 from encoder_jax.data import mixing
 from encoder_jax.data import seeding
@@ -281,7 +281,7 @@ class TrainIterator:
       rows = process_rows(self.global_batch_size, process_index, process_count)
     self.rows = _check_rows(rows, self.global_batch_size)
     self.batch_size = self.rows[1] - self.rows[0]
-    self.phases = schedule.phases(config.train)
+    self.phases = length_phases.phases(config.train)
     self.seed = int(config.seed)
     self.pool_size = int(config.data.shuffle_pool_examples)
     if self.pool_size < 1:
@@ -344,7 +344,7 @@ class TrainIterator:
     return self
 
   def __next__(self) -> dict:
-    seq_len = schedule.phase_at(self.phases, self.step).seq_len
+    seq_len = length_phases.phase_at(self.phases, self.step).seq_len
     parts = []
     for s in self._streams:
       parts.extend(s.take(self.rows_per_stream, seq_len))

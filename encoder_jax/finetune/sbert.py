@@ -45,7 +45,7 @@ from encoder_jax import inference
 from encoder_jax import loading
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
-from encoder_jax.finetune import metrics as metrics_lib
+from encoder_jax.finetune import scores as metrics_lib
 from encoder_jax.finetune import task as task_lib
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.interop import hf

@@ -6,7 +6,7 @@ FLOPs), so the engine's train step (``train.make_train_step``: mesh and sharding
 model's dtype policy, gradient clipping through the optimizer, the non-finite policy),
 its sharded state (``train_state``) and its Orbax checkpoints run it unchanged. The data
 side is ``finetune.data`` (encoded arrays, :func:`epoch_batches`); the task metrics
-(accuracy, macro-F1, span F1) are ``finetune.metrics``, on the host over a whole split.
+(accuracy, macro-F1, span F1) are ``finetune.scores``, on the host over a whole split.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.models import registry as models
@@ -98,16 +98,16 @@ class Task(base.Pretraining):
       return logits
     return logits[:, 0] if self.regression else jnp.argmax(logits, -1)
 
-  def flops_per_sequence(self, phase: schedule.Phase) -> float:
+  def flops_per_sequence(self, phase: length_phases.Phase) -> float:
     return self.network.flops_per_token(phase.seq_len) * phase.seq_len
 
   def downstream(self, params):
     return self.network, {k: v for k, v in params.items() if k not in heads.HEAD_PARTS}
 
 
-def phase(max_len: int) -> schedule.Phase:
+def phase(max_len: int) -> length_phases.Phase:
   """Fine-tuning has one phase at ``max_len`` (no masked positions)."""
-  return schedule.Phase(index=0, start_step=0, end_step=0, seq_len=max_len, max_predictions=0)
+  return length_phases.Phase(index=0, start_step=0, end_step=0, seq_len=max_len, max_predictions=0)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from encoder_jax import checkpointing
 from encoder_jax import console as console_lib
 from encoder_jax import feeding
 from encoder_jax import loading
-from encoder_jax import metrics as metrics_writer
+from encoder_jax import metrics_log as metrics_writer
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import sharding
 from encoder_jax import train as engine
@@ -39,7 +39,7 @@ from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
-from encoder_jax.finetune import metrics as metrics_lib
+from encoder_jax.finetune import scores as metrics_lib
 from encoder_jax.finetune import task as task_lib
 from encoder_jax.interop import hf_import
 from encoder_jax.models import registry as models

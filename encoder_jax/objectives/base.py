@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax.models import registry as models
 
 Batch = dict[str, jax.Array]
@@ -116,7 +116,7 @@ class Pretraining:
     """Boxed (logically partitioned) params of every network, one tree."""
     raise NotImplementedError
 
-  def loss_fn(self, params, batch: Batch, rng: jax.Array, phase: schedule.Phase,
+  def loss_fn(self, params, batch: Batch, rng: jax.Array, phase: length_phases.Phase,
               train: bool) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
 
@@ -128,13 +128,13 @@ class Pretraining:
     return None
 
   def stateful_loss_fn(self, params, extra, batch: Batch, rng: jax.Array,
-                       phase: schedule.Phase, train: bool):
+                       phase: length_phases.Phase, train: bool):
     """What the training step differentiates: ``(loss, (metrics, new extra))``. Setups
     without ``init_extra`` state are their ``loss_fn``; evaluation calls ``loss_fn``."""
     loss, metrics = self.loss_fn(params, batch, rng, phase, train)
     return loss, (metrics, extra)
 
-  def flops_per_sequence(self, phase: schedule.Phase) -> float:
+  def flops_per_sequence(self, phase: length_phases.Phase) -> float:
     """Training FLOPs (forward + backward) of one sequence at this phase, every network."""
     raise NotImplementedError
 
@@ -200,7 +200,7 @@ class Objective:
     """Boxed params of this objective's head (called only when ``head_key`` is set)."""
     raise NotImplementedError
 
-  def corrupt(self, batch: Batch, rng: jax.Array, phase: schedule.Phase) -> Batch:
+  def corrupt(self, batch: Batch, rng: jax.Array, phase: length_phases.Phase) -> Batch:
     del rng, phase
     return batch
 
@@ -212,7 +212,7 @@ class Objective:
     del batch, length
     return None
 
-  def gathered_rows(self, phase: schedule.Phase) -> int:
+  def gathered_rows(self, phase: length_phases.Phase) -> int:
     """How many rows ``gather_positions`` returns per sequence (for the FLOPs count)."""
     del phase
     return 0
@@ -220,7 +220,7 @@ class Objective:
   def loss(self, outputs: dict[str, Any], batch: Batch) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
 
-  def head_flops_per_sequence(self, network: models.Network, phase: schedule.Phase) -> float:
+  def head_flops_per_sequence(self, network: models.Network, phase: length_phases.Phase) -> float:
     """Training FLOPs of this objective's head for one sequence (0 if it has none)."""
     return 0.0
 

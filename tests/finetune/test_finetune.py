@@ -12,7 +12,7 @@ import pytest
 
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
-from encoder_jax.finetune import metrics
+from encoder_jax.finetune import scores as metrics
 from encoder_jax.finetune import train
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))

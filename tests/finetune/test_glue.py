@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from encoder_jax.finetune import glue
-from encoder_jax.finetune import metrics
+from encoder_jax.finetune import scores as metrics
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -52,7 +52,7 @@ from encoder_jax import config_base
 from encoder_jax import feeding
 from encoder_jax import objectives
 from encoder_jax import optimizer
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import sharding
 from encoder_jax import train
 from encoder_jax.interop import hf
@@ -219,7 +219,7 @@ def _ours(setup, monkeypatch):
   objective = objectives.build(c, _tables(setup))
   _record_draws(objective, monkeypatch)
   tx = _grad_keeping(optimizer.make(c))
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   params = _perturbed(jax.jit(lambda key: nn.unbox(objective.init(key)))(jax.random.key(1)))
   batch = _batch(setup)

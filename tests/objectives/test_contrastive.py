@@ -11,7 +11,7 @@ import pytest
 from encoder_jax import config_base
 from encoder_jax import evaluate
 from encoder_jax import objectives
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import validation
 from encoder_jax.objectives import contrastive
 from encoder_jax.objectives import masking
@@ -67,7 +67,7 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
   setup = objectives.build(c, masking.VocabTables(special, np.ones(50, bool), np.ones(50),
                                                   mask_id=4))
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   rng = np.random.RandomState(1)
   ids = rng.randint(5, 50, (4, 12)).astype(np.int32)
   batch = dict(input_ids=ids, segment_ids=np.zeros_like(ids), input_mask=np.ones_like(ids))

@@ -14,7 +14,7 @@ import pytest
 
 from encoder_jax import config_base
 from encoder_jax import objectives
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import validation
 from encoder_jax.interop import hf
 from encoder_jax.models import electra as electra_models
@@ -96,7 +96,7 @@ def test_replaced_labels_count_a_correct_sample_as_original():
 
 def test_loss_metrics_and_where_the_gradients_go():
   c, setup, params = _setup_and_params()
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   batch = _batch()
 
   def parts(p):
@@ -135,7 +135,7 @@ def test_loss_metrics_and_where_the_gradients_go():
 def test_flops_count_both_networks():
   c = _config()
   setup = objectives.build(c)
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   s = phase.seq_len
   disc = models.network(c.model).flops_per_token(s) * s
   gen = setup.generator.flops_per_token(s) * s

@@ -16,7 +16,7 @@ import transformers
 from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import loading
-from encoder_jax import metrics as metrics_lib
+from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import train
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune

@@ -7,7 +7,7 @@ import pytest
 
 from encoder_jax import config_base
 from encoder_jax import objectives
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax.models import bert
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import masking
@@ -57,7 +57,7 @@ def test_setup_initialises_and_runs_the_network_once(kind):
   c = _config(kind)
   setup = objectives.build(c, _tables())
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))  # Jitted: eager is slow.
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   calls = []
 
   def count(next_fun, args, kwargs, context):
@@ -103,7 +103,7 @@ def test_flops_follow_the_documented_formula():
   expected = ((6 * L * (4 * d * d + 2 * d * f) + 12 * L * s * d) * s
               - (s - p - 1) * (6 * (2 * d * d + 2 * d * f) + 12 * s * d)
               + 6 * p * (d * d + d * v) + 6 * (d * d + 2 * d))
-  assert setup.flops_per_sequence(schedule.phases(c.train)[0]) == expected
+  assert setup.flops_per_sequence(length_phases.phases(c.train)[0]) == expected
 
 
 def test_mlm_without_tables_describes_but_cannot_corrupt():
@@ -111,7 +111,7 @@ def test_mlm_without_tables_describes_but_cannot_corrupt():
   setup = objectives.build(c)  # No tokenizer: loading a checkpoint needs only the shapes.
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))  # Jitted: eager is slow.
   with pytest.raises(ValueError, match='without vocabulary tables'):
-    setup.loss_fn(params, _batch(), jax.random.key(1), schedule.phases(c.train)[0], False)
+    setup.loss_fn(params, _batch(), jax.random.key(1), length_phases.phases(c.train)[0], False)
 
 
 def test_sbo_reads_boundaries_from_a_kind_without_last_layer_rows():
@@ -125,7 +125,7 @@ def test_sbo_reads_boundaries_from_a_kind_without_last_layer_rows():
   setup = objectives.build(c, _tables())
   assert setup.network.kind.last_layer_rows is None
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   loss, metrics = jax.jit(lambda p, b, k: setup.loss_fn(p, b, k, phase, True))(
       params, _batch(), jax.random.key(1))
   assert np.isfinite(float(loss)) and float(metrics['sbo_predictions']) > 0

@@ -19,7 +19,7 @@ import pytest
 
 from encoder_jax import checkpointing
 from encoder_jax import data as data_lib
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax.models import registry
@@ -255,7 +255,7 @@ def test_memory_is_training_state_carried_from_step_to_step():
   assert extra['mems'].shape == (4, 2, 6, 32) and not extra['mem_mask'].any()
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
   batch = _xlnet_rows(np.random.RandomState(0), [16, 12, 9, 16], 16)
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   step = jax.jit(lambda p, e: setup.stateful_loss_fn(p, e, batch, jax.random.key(1), phase,
                                                      False))
   loss, (metrics, new) = step(params, extra)
@@ -272,7 +272,7 @@ def test_backward_halves_need_an_even_batch():
   c, setup = _setup(mem_len=0)
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
   batch = _xlnet_rows(np.random.RandomState(0), [16, 12, 9], 16)
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   with pytest.raises(ValueError, match=r'bidirectional_data.*3 rows.*even'):
     setup.loss_fn(params, batch, jax.random.key(1), phase, False)
 

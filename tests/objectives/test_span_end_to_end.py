@@ -14,7 +14,7 @@ import transformers
 from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import loading
-from encoder_jax import metrics as metrics_lib
+from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

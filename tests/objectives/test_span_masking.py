@@ -18,7 +18,7 @@ import pytest
 
 from encoder_jax import config_base
 from encoder_jax import objectives
-from encoder_jax import schedule
+from encoder_jax import length_phases
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import sbo
@@ -255,7 +255,7 @@ def test_sbo_loss_trains_the_head_and_the_tied_embedding():
   c = _spanbert_config()
   setup = objectives.build(c, _small_tables())
   params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   batch = _small_batch()
 
   def sbo_only(p):  # The SBO loss alone, the step's metrics beside it.
