@@ -4,9 +4,10 @@
 documents in worker processes (all cores; results are consumed in order, so the output does
 not depend on the number of workers), and writes shards as they fill, so memory stays
 bounded by (workers x chunk) + one shard buffer + the held-out documents. The result lands
-in a ``.partial-<host>-<pid>`` directory that is renamed when complete (and removed on
-failure); ``manifest.json`` lists shards, counts, skipped input by reason, the unigram counts of the train split, the tokenizer's
-sha256 and a hash of the config fields that determine the content (``CONTENT_KEYS``).
+in a ``.partial-<host>-<pid>-<process start>`` directory that is renamed when complete (and
+removed on failure); ``manifest.json`` lists shards, counts, skipped input by reason, the
+unigram counts of the train split, the tokenizer's sha256 and a hash of the config fields
+that determine the content (``CONTENT_KEYS``).
 
 ``load_or_prepare(config)`` reuses a prepared directory whose config hash matches, prepares
 a missing one, and refuses (naming the changed fields) to reuse one made from a different
@@ -35,6 +36,7 @@ import time
 
 import numpy as np
 
+from encoder_jax import filelock
 from encoder_jax.data import prepare_once
 from encoder_jax.data import seeding
 from encoder_jax.data import sentences as sentences_lib
@@ -254,32 +256,37 @@ def _summary(manifest: dict) -> str:
 
 
 def _partial_directory(directory: str) -> str:
-  """A fresh ``<directory>.partial-<host>-<pid>``; removes this host's dead ones.
+  """A fresh ``<directory>.partial-<host>-<pid>-<process start>``; removes this host's dead
+  ones.
 
   Unique per process, so hosts sharing a file system can prepare the same directory at
-  once (the first to finish wins; the others use its result).
+  once (the first to finish wins; the others use its result). The name records its owner
+  as a lock file does (``filelock.pid_running`` judges it: a pid reused by a process
+  started at another time is not the owner); a name without the start time (written by
+  an earlier version, or where /proc is missing) is judged by its pid alone.
   """
   host = socket.gethostname()
   prefix = f"{directory.rstrip('/')}.partial-{host}-"
   for stale in glob.glob(glob.escape(prefix) + '*'):
-    pid = stale[len(prefix):]
-    if pid.isdigit() and not _alive(int(pid)):
+    owner = _partial_owner(stale[len(prefix):])
+    if owner is not None and not filelock.pid_running(*owner):
       logging.warning('Removing the unfinished preparation %s', stale)
       shutil.rmtree(stale, ignore_errors=True)
-  partial = prefix + str(os.getpid())
+  pid = os.getpid()
+  start = filelock.process_start(pid)
+  partial = prefix + (f'{pid}-{start}' if start is not None else str(pid))
   shutil.rmtree(partial, ignore_errors=True)
   os.makedirs(partial)
   return partial
 
 
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
+def _partial_owner(tag: str) -> tuple[int, int | None] | None:
+  """(pid, process start or None) from a partial directory's ``<pid>[-<start>]``; None
+  for a name that is not one."""
+  pid, _, start = tag.partition('-')
+  if not pid.isdigit() or not (start.isdigit() or not start):
+    return None
+  return int(pid), int(start) if start else None
 
 
 def prepare(config, directory: str | None = None) -> dict:

@@ -2,11 +2,14 @@
 
 import filecmp
 import os
+import socket
+import subprocess
 
 import numpy as np
 import pytest
 
 from encoder_jax import data as data_lib
+from encoder_jax import filelock
 from encoder_jax.data import preparation
 
 
@@ -139,3 +142,29 @@ def test_tfds_source_end_to_end(tmp_path, corpus_docs, make_config, sp_model_pat
     c.tokenizer.path = sp_model_path
     with pytest.raises(FileNotFoundError, match=msg):
       data_lib.load_or_prepare(c)
+
+
+def test_unfinished_preparations_of_dead_or_reused_pids_are_removed(tmp_path):
+  """A partial directory names its owner (pid and start time) as a lock file does: one
+  whose pid is gone, or runs a process started at another time (a reused pid), is removed;
+  a live owner's is kept."""
+  directory = str(tmp_path / 'prepared')
+  prefix = f'{directory}.partial-{socket.gethostname()}-'
+  live = subprocess.Popen(['sleep', '60'])
+  try:
+    start = filelock.process_start(live.pid)
+    if start is None:
+      pytest.skip('no /proc: a reused pid cannot be told from its first owner here')
+    dead = subprocess.Popen(['true'])
+    dead.wait()
+    kept, reused = f'{prefix}{live.pid}-{start}', f'{prefix}{live.pid}-{start + 1}'
+    gone, old_style = f'{prefix}{dead.pid}-{start}', f'{prefix}{dead.pid}'
+    for path in (kept, reused, gone, old_style):
+      os.makedirs(path)
+    mine = preparation._partial_directory(directory)
+    assert mine == f'{prefix}{os.getpid()}-{filelock.process_start(os.getpid())}'
+    assert os.path.isdir(kept) and os.path.isdir(mine)
+    assert not any(os.path.exists(p) for p in (reused, gone, old_style))
+  finally:
+    live.kill()
+    live.wait()
