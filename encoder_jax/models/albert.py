@@ -13,16 +13,16 @@ the base model has the parameter count of Hugging Face's ``AlbertForPreTraining`
 
 from __future__ import annotations
 
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
+from encoder_jax.models import trunk
 
 
-def AlbertForPreTraining(config: config_lib.EncoderConfig) -> bert.PreTraining:  # pylint: disable=invalid-name
-  return bert.PreTraining(config, pooler=True, pair_head=True)
+def AlbertForPreTraining(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
+  return trunk.PreTraining(config, pooler=True, pair_head=True)
 
 
-def AlbertModel(config: config_lib.EncoderConfig) -> bert.EncoderOnly:  # pylint: disable=invalid-name
-  return bert.EncoderOnly(config, pooler=True)
+def AlbertModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name
+  return trunk.EncoderOnly(config, pooler=True)
 
 
 def _check(c: config_lib.EncoderConfig) -> None:
@@ -37,9 +37,9 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
 
 
 KIND = config_lib.ModelKind(
-    name='albert', pretraining=AlbertForPreTraining, encoder=AlbertModel, encode=bert.encode,
+    name='albert', pretraining=AlbertForPreTraining, encoder=AlbertModel, encode=trunk.encode,
     pooler=True, pair_head=True, check=_check, flops_per_token=flops_per_token,
-    last_layer_rows=bert.rows_with_cls, block_options=config_lib.BLOCK_OPTION_NAMES,
+    last_layer_rows=trunk.rows_with_cls, block_options=config_lib.BLOCK_OPTION_NAMES,
     packed_rows=True,
     description='ALBERT: factorized embedding, cross-layer sharing, SOP head',
     import_objectives=('mlm', 'sop'), import_pair_kind='sop')

@@ -1,6 +1,6 @@
 """DeBERTa (He et al. 2020, "DeBERTa: Decoding-enhanced BERT with Disentangled Attention").
 
-BERT's post-LN Transformer (``bert.Layer``, unchanged) with two changes:
+BERT's post-LN Transformer (``trunk.Layer``, unchanged) with two changes:
 
 1. **Disentangled attention** (``attention_kind='disentangled'``, see
    ``models/disentangled_attention.py``): content and relative-position terms computed
@@ -43,10 +43,10 @@ import jax
 import jax.numpy as jnp
 
 from encoder_jax import fields as fields_lib
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import disentangled_attention as da
 from encoder_jax.models import layers
+from encoder_jax.models import trunk
 
 # Fraction of positions the EMD's query side runs at, for MFU (the MLM masking rate).
 EMD_FLOPS_FRACTION = 0.15
@@ -88,7 +88,7 @@ class Embeddings(nn.Module):
 
 
 class Encoder(nn.Module):
-  """The relative-position context, then BERT's layer stack (``bert.Encoder``) with it.
+  """The relative-position context, then BERT's layer stack (``trunk.Encoder``) with it.
 
   Parameters: ``rel_embeddings`` [2 * span, E], ``rel_layer_norm`` (``norm_rel_ebd``) and
   the scanned ``layers`` (BERT's layout; the attention's own projections inside).
@@ -108,9 +108,9 @@ class Encoder(nn.Module):
       rel_RxE = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='rel_layer_norm')(rel_RxE)
     context = {'rel_embeddings': rel_RxE.astype(c.jnp_dtype),
                'rel_index': jnp.asarray(index_LxL)[None]}
-    stack = bert.Encoder(c)
+    stack = trunk.Encoder(c)
     nn.share_scope(self, stack)  # Its 'layers' sit here, as in BERT: encoder/layers/...
-    # With rows (``bert.Encoder``): the last layer's queries at the rows, their index rows.
+    # With rows (``trunk.Encoder``): the last layer's queries at the rows, their index rows.
     rows_context = (None if rows_BxQ is None
                     else {'rel_index': jnp.take(jnp.asarray(index_LxL), rows_BxQ, axis=0)})
     x_BxLxE, all_NxBxLxE = stack(x_BxLxE, input_mask_BxL, deterministic, collect_hidden, context,
@@ -123,14 +123,14 @@ def _trunk(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_ma
            ) -> dict[str, Any]:
   """``encode`` plus what the EMD needs (position table, relative context).
 
-  ``rows_BxQ`` as ``bert.encode``'s: the last layer at those rows ([CLS] first when
+  ``rows_BxQ`` as ``trunk.encode``'s: the last layer at those rows ([CLS] first when
   pooling) only; ``row_output`` replaces ``sequence_output`` and ``layer_input`` is the
   last layer's input (the output of layer N-1, which the EMD reads).
   """
   embedded_BxLxE, word_embed, position_PxE = Embeddings(c, name='embeddings')(
       input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic)
   if rows_BxQ is not None and pool:
-    rows_BxQ = bert.with_cls(rows_BxQ)
+    rows_BxQ = trunk.with_cls(rows_BxQ)
   x_BxLxE, all_NxBxLxE, context = Encoder(c, name='encoder')(
       embedded_BxLxE, input_mask_BxL, deterministic, collect_hidden, rows_BxQ)
   out = {'word_embed': word_embed, 'position_table': position_PxE, 'context': context}
@@ -178,7 +178,7 @@ class PreTraining(nn.Module):
   ``sequence_output`` is the encoder's output (the EMD's is ``emd_output`` [B, P, E]).
   With positions given it is absent (unless those rows would be as many as the sequence's):
   the last layer runs only at the rows the losses read
-  (``bert.last_layer_rows``): [CLS] and ``gather_positions_BxG`` (returned as
+  (``trunk.last_layer_rows``): [CLS] and ``gather_positions_BxG`` (returned as
   ``gathered_output``), plus the masked positions without the EMD. With the EMD, whose
   keys and values are layer N-1's output, the last layer otherwise feeds nothing.
   """
@@ -199,7 +199,7 @@ class PreTraining(nn.Module):
                   if gather_positions_BxG is None else gather_positions_BxG)
       rows_BxQ = rows_BxQ if rows_BxQ.shape[1] + 1 < length else None
     elif not emd:
-      rows_BxQ = bert.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
+      rows_BxQ = trunk.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
                                       True, collect_hidden)
     out = _trunk(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL, deterministic=deterministic,
                  pool=True, collect_hidden=collect_hidden or (emd and rows_BxQ is None),
@@ -227,10 +227,10 @@ class PreTraining(nn.Module):
       out['emd_output'] = h_BxPxE
     else:
       out.pop('layer_input', None)
-      h_BxPxE, gathered = bert.read_rows(out, masked_positions_BxP, gather_positions_BxG)
+      h_BxPxE, gathered = trunk.read_rows(out, masked_positions_BxP, gather_positions_BxG)
       if gathered is not None:
         out['gathered_output'] = gathered
-    out['mlm_logits'] = bert.MlmHead(c, name='mlm_head')(h_BxPxE, word_embed)
+    out['mlm_logits'] = trunk.MlmHead(c, name='mlm_head')(h_BxPxE, word_embed)
     return out
 
   def enhanced_mask_decoder(self, hidden_BxLxE, input_mask_BxL, positions_BxP, position_PxE,
@@ -246,7 +246,7 @@ class PreTraining(nn.Module):
                    'rel_index': jnp.take(jnp.asarray(context['index_LxL']), positions_BxP, axis=0),
                    'kv_states': hidden_BxLxE}
     mask_Bx1x1xL = input_mask_BxL.astype(bool)[:, None, None, :]
-    layer = bert.Layer(c, deterministic, parent=None)
+    layer = trunk.Layer(c, deterministic, parent=None)
     for _ in range(c.emd_layers):
       rngs = None if deterministic else {'dropout': self.make_rng('dropout')}
       q_BxPxE, _ = layer.apply({'params': last_layer}, q_BxPxE, mask_Bx1x1xL, emd_context,

@@ -33,7 +33,7 @@ disentangled_attention.py`` and Hugging Face ``modeling_deberta.py`` /
 ``context`` (built once per pass by ``models.deberta.Encoder``): ``rel_embeddings`` [R, E]
 (the reachable rows, normalised if ``norm_rel_ebd``), ``rel_index`` [1 or B, L, S] int32
 (row of ``rel_embeddings`` for each query/key pair) and, for the enhanced mask decoder and
-the last layer at the rows a loss reads (``bert.Encoder``), ``kv_states`` [B, S, E] (keys
+the last layer at the rows a loss reads (``trunk.Encoder``), ``kv_states`` [B, S, E] (keys
 and values come from there, queries from the input).
 """
 

@@ -1,6 +1,6 @@
 """ELECTRA (Clark et al. 2020): the discriminator and the generator networks.
 
-Both are BERT's post-LN Transformer (``bert.encode``) with ELECTRA's embedding: token,
+Both are BERT's post-LN Transformer (``trunk.encode``) with ELECTRA's embedding: token,
 position and segment embeddings of width ``embedding_size`` E, LayerNorm, dropout, then a
 dense E -> hidden projection when E != hidden (``embeddings/projection``; Hugging Face's
 ``electra.embeddings_project``, outside its embeddings module). Neither has a pooler or a
@@ -29,9 +29,9 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
+from encoder_jax.models import trunk
 
 # The embedding parameters the two networks share (everything in 'embeddings' except the
 # per-network E -> hidden projection).
@@ -64,7 +64,7 @@ class Discriminator(nn.Module):
                *, deterministic: bool = True, collect_hidden: bool = False,
                document_ids_BxL=None) -> dict[str, Any]:
     del masked_positions_BxP  # Every token is classified.
-    out = bert.encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+    out = trunk.encode(self.config, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
                       deterministic=deterministic, pool=False, collect_hidden=collect_hidden,
                       document_ids_BxL=document_ids_BxL)
     del out['word_embed']
@@ -91,22 +91,22 @@ class Generator(nn.Module):
     if masked_positions_BxP is None:
       masked_positions_BxP = jnp.broadcast_to(jnp.arange(length), input_ids_BxL.shape)
     else:  # The last layer at the masked (and gathered) rows only, as BERT's PreTraining.
-      rows_BxQ = bert.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
+      rows_BxQ = trunk.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
                                       False, collect_hidden)
-    out = bert.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
+    out = trunk.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,
                       deterministic=deterministic, pool=False, collect_hidden=collect_hidden,
                       rows_BxQ=rows_BxQ, document_ids_BxL=document_ids_BxL)
     word_embed = out.pop('word_embed')
-    h_BxPxH, gathered = bert.read_rows(out, masked_positions_BxP, gather_positions_BxG)
+    h_BxPxH, gathered = trunk.read_rows(out, masked_positions_BxP, gather_positions_BxG)
     if gathered is not None:
       out['gathered_output'] = gathered
-    out['mlm_logits'] = bert.MlmHead(c.replace(activation='gelu'), name='mlm_head')(
+    out['mlm_logits'] = trunk.MlmHead(c.replace(activation='gelu'), name='mlm_head')(
         h_BxPxH, word_embed)
     return out
 
 
-def ElectraModel(config: config_lib.EncoderConfig) -> bert.EncoderOnly:  # pylint: disable=invalid-name
-  return bert.EncoderOnly(config, pooler=False)
+def ElectraModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name
+  return trunk.EncoderOnly(config, pooler=False)
 
 
 def _check(c: config_lib.EncoderConfig) -> None:
@@ -119,8 +119,8 @@ def _check(c: config_lib.EncoderConfig) -> None:
 
 
 GENERATOR_KIND = config_lib.ModelKind(
-    name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=bert.encode,
-    pooler=False, pair_head=False, check=_check, last_layer_rows=bert.rows_without_cls,
+    name='electra_generator', pretraining=Generator, encoder=ElectraModel, encode=trunk.encode,
+    pooler=False, pair_head=False, check=_check, last_layer_rows=trunk.rows_without_cls,
     block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='ELECTRA generator: factorized embedding, MLM head (GELU, tied decoder)')
 
@@ -151,7 +151,7 @@ def generator_config(discriminator: config_lib.EncoderConfig, hidden_fraction: f
 
 
 KIND = config_lib.ModelKind(
-    name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=bert.encode,
+    name='electra', pretraining=Discriminator, encoder=ElectraModel, encode=trunk.encode,
     pooler=False, pair_head=False, mlm_head=False, check=_check,
     block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='ELECTRA discriminator: factorized embedding, replaced-token-detection head',

@@ -28,8 +28,8 @@ The recipe (30% masking, warmup-stable-decay, 1,024 tokens then 8,192) is
 
 from __future__ import annotations
 
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
+from encoder_jax.models import trunk
 
 # The trunk options that make the trunk ModernBERT's (``ModelKind.requires``: refused
 # otherwise; set on import from Hugging Face).
@@ -44,12 +44,12 @@ PUBLISHED = dict(REQUIRED, kind='modernbert', rope_theta=160_000.0, local_rope_t
                  attention_dropout_rate=0.0)
 
 
-def ModernBertForMaskedLM(config: config_lib.EncoderConfig) -> bert.PreTraining:  # pylint: disable=invalid-name
-  return bert.PreTraining(config, pooler=False, pair_head=False)
+def ModernBertForMaskedLM(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
+  return trunk.PreTraining(config, pooler=False, pair_head=False)
 
 
-def ModernBertModel(config: config_lib.EncoderConfig) -> bert.EncoderOnly:  # pylint: disable=invalid-name
-  return bert.EncoderOnly(config, pooler=False)
+def ModernBertModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name
+  return trunk.EncoderOnly(config, pooler=False)
 
 
 def _check(c: config_lib.EncoderConfig) -> None:
@@ -60,8 +60,8 @@ def _check(c: config_lib.EncoderConfig) -> None:
 
 KIND = config_lib.ModelKind(
     name='modernbert', pretraining=ModernBertForMaskedLM, encoder=ModernBertModel,
-    encode=bert.encode, pooler=False, pair_head=False, check=_check,
-    last_layer_rows=bert.rows_without_cls, block_options=config_lib.BLOCK_OPTION_NAMES,
+    encode=trunk.encode, pooler=False, pair_head=False, check=_check,
+    last_layer_rows=trunk.rows_without_cls, block_options=config_lib.BLOCK_OPTION_NAMES,
     packed_rows=True,
     requires=REQUIRED,
     description='ModernBERT: pre-LN, GeGLU, rotary, alternating local/global attention, MLM head')

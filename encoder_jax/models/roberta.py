@@ -11,16 +11,16 @@ only (``RobertaForMaskedLM``: no pooler, no pair head); fine-tuning heads bring 
 
 from __future__ import annotations
 
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
+from encoder_jax.models import trunk
 
 
-def RobertaForMaskedLM(config: config_lib.EncoderConfig) -> bert.PreTraining:  # pylint: disable=invalid-name
-  return bert.PreTraining(config, pooler=False, pair_head=False)
+def RobertaForMaskedLM(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
+  return trunk.PreTraining(config, pooler=False, pair_head=False)
 
 
-def RobertaModel(config: config_lib.EncoderConfig) -> bert.EncoderOnly:  # pylint: disable=invalid-name
-  return bert.EncoderOnly(config, pooler=False)
+def RobertaModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name
+  return trunk.EncoderOnly(config, pooler=False)
 
 
 def _check(c: config_lib.EncoderConfig) -> None:
@@ -35,7 +35,7 @@ def _check(c: config_lib.EncoderConfig) -> None:
 
 
 KIND = config_lib.ModelKind(
-    name='roberta', pretraining=RobertaForMaskedLM, encoder=RobertaModel, encode=bert.encode,
-    pooler=False, pair_head=False, check=_check, last_layer_rows=bert.rows_without_cls,
+    name='roberta', pretraining=RobertaForMaskedLM, encoder=RobertaModel, encode=trunk.encode,
+    pooler=False, pair_head=False, check=_check, last_layer_rows=trunk.rows_without_cls,
     block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
     description='RoBERTa: BERT network, positions after the padding id, one segment, MLM head')

@@ -11,9 +11,9 @@ import pytest
 
 from encoder_jax.interop import hf
 from encoder_jax.models import attention
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import registry
+from encoder_jax.models import trunk
 
 TINY = dict(vocab_size=97, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40,
             max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
@@ -69,11 +69,11 @@ def _reference_layer(x, p, c, mask):
 
 @pytest.mark.parametrize('options', COMBOS, ids=lambda o: ','.join(f'{k}={v}' for k, v in o.items()))
 def test_layer_equals_the_written_out_formula(options):
-  c = bert.BertConfig(**TINY, **options)
+  c = trunk.BertConfig(**TINY, **options)
   rng = np.random.RandomState(0)
   x = rng.randn(2, 7, c.hidden_size).astype(np.float32)
   mask = np.array([[1] * 7, [1] * 5 + [0] * 2], np.int32)
-  layer = bert.Layer(c, deterministic=True)
+  layer = trunk.Layer(c, deterministic=True)
   mask_4d = jnp.asarray(mask, bool)[:, None, None, :]
   params = nn.unbox(layer.init(jax.random.key(1), x, mask_4d, {})['params'])
   # Random, nonzero biases and scales (zeros and ones would hide a misplaced one).
@@ -95,9 +95,9 @@ def test_layer_equals_the_written_out_formula(options):
 
 
 def _pretraining(options):
-  c = bert.BertConfig(**TINY, **options)
-  model = bert.BertForPreTraining(c)
-  params = nn.unbox(model.init(jax.random.key(0), **bert.init_inputs())['params'])
+  c = trunk.BertConfig(**TINY, **options)
+  model = trunk.BertForPreTraining(c)
+  params = nn.unbox(model.init(jax.random.key(0), **trunk.init_inputs())['params'])
   params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(3), p.shape),
                         params)
   rng = np.random.RandomState(5)

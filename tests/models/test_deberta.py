@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import deberta
 from encoder_jax.models import disentangled_attention as da
 from encoder_jax.models import registry
+from encoder_jax.models import trunk
 
 
 def tiny(kind='deberta', **kw):
@@ -233,11 +233,11 @@ def test_emd_layers_are_the_last_layer_applied_twice():
   q = np.take_along_axis(h, np.asarray(POSITIONS)[..., None], 1) + table[np.asarray(POSITIONS)]
   rel = params['encoder']['rel_embeddings']
   index, lo, hi = da.relative_layout(c, ids.shape[1])
-  rel = bert.layers.LayerNorm(c.layer_norm_eps).apply(
+  rel = trunk.layers.LayerNorm(c.layer_norm_eps).apply(
       {'params': params['encoder']['rel_layer_norm']}, jnp.asarray(rel[lo:hi]))
   context = dict(rel_embeddings=rel, rel_index=jnp.asarray(index)[np.asarray(POSITIONS)],
                  kv_states=jnp.asarray(h))
-  layer_apply = jax.jit(bert.Layer(c, True).apply)
+  layer_apply = jax.jit(trunk.Layer(c, True).apply)
   for _ in range(2):
     q, _ = layer_apply({'params': last}, q, jnp.asarray(mask, bool)[:, None, None, :], context)
   np.testing.assert_allclose(out['emd_output'], q, atol=1e-5, rtol=1e-5)

@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from encoder_jax import sharding
-from encoder_jax.models import bert
 from encoder_jax.models import registry
+from encoder_jax.models import trunk
 
 # ------------------------------------------------------------ full-size parameter counts
 
@@ -217,11 +217,11 @@ def test_roberta_has_no_segment_signal_and_numbers_positions_after_the_pad_id():
   run = lambda s: _apply(net, params, ids, s, mask)['mlm_logits']
   np.testing.assert_array_equal(run(seg), run(np.zeros_like(seg)))  # Pair ids are ignored.
   np.testing.assert_array_equal(
-      bert.position_ids(net.config, mask),
+      trunk.position_ids(net.config, mask),
       [[2, 3, 4, 5, 6, 7, 8, 9], [2, 3, 4, 5, 6, 1, 1, 1]])  # Padding: the pad id's row.
   # The table holds max_position_embeddings - 2 = 32 tokens, not one more.
   with pytest.raises(ValueError, match='33 exceeds the 32 positions.*position_offset=2'):
-    bert.position_ids(net.config, np.ones((1, 33), np.int32))
+    trunk.position_ids(net.config, np.ones((1, 33), np.int32))
 
 
 def test_albert_shares_one_layer_across_all_layers():
@@ -241,7 +241,7 @@ def test_albert_shares_one_layer_across_all_layers():
   assert len(hidden) == TINY['num_layers'] + 1
   x = hidden[0]  # The embedding output, already projected E -> hidden.
   assert x.shape[-1] == TINY['hidden_size']
-  layer = bert.Encoder(one.config)
+  layer = trunk.Encoder(one.config)
   for i in range(TINY['num_layers']):
     x, _ = layer.apply({'params': params['encoder']}, x, mask, True)
     np.testing.assert_allclose(x, hidden[i + 1], atol=1e-5, err_msg=f'layer {i}')

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from encoder_jax import config_base
-from encoder_jax import objectives
 from encoder_jax import length_phases
-from encoder_jax.models import bert
+from encoder_jax import objectives
 from encoder_jax.models import registry as models
+from encoder_jax.models import trunk
 from encoder_jax.objectives import masking
 
 TINY = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
@@ -61,7 +61,7 @@ def test_setup_initialises_and_runs_the_network_once(kind):
   calls = []
 
   def count(next_fun, args, kwargs, context):
-    if context.method_name == '__call__' and isinstance(context.module, bert.PreTraining):
+    if context.method_name == '__call__' and isinstance(context.module, trunk.PreTraining):
       calls.append(type(context.module).__name__)
     return next_fun(*args, **kwargs)
 
