@@ -38,13 +38,13 @@ import collections
 import dataclasses
 import glob as glob_lib
 import gzip
-import importlib
 import json
 import lzma
 import os
 import zlib
 from typing import Iterator
 
+from encoder_jax import extras
 from encoder_jax.data import embedded
 
 _KINDS = ('embedded', 'text', 'jsonl', 'tfds')
@@ -333,11 +333,11 @@ class _Decompressed:
 def _import_optional(module: str, spec: str, package: str):
   """``module`` (TensorFlow or tensorflow-datasets), imported only when a source needs it:
   the package imports and trains on local files and the embedded corpus without either."""
-  try:
-    return importlib.import_module(module)
-  except ImportError as e:
-    raise ImportError(f'config.data.sources: {spec!r} needs {package}, which is not installed '
-                      f'here ({e}): pip install {package}') from e
+  if spec.startswith('tfds'):
+    return extras.require(module, extra='tfds', what=f'config.data.sources: {spec!r} is a tfds: '
+                          f'source, which needs {package}')
+  return extras.require(module, extra='gcs', what=f'config.data.sources: {spec!r} is read '
+                        f'through {package} (gs://)')
 
 
 def _open_raw(path: str):

