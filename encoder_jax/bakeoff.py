@@ -52,6 +52,7 @@ import ml_collections
 
 from encoder_jax import config_base
 from encoder_jax import evaluate
+from encoder_jax import extras
 from encoder_jax import metrics_log as metrics
 from encoder_jax import objectives
 from encoder_jax import length_phases
@@ -409,7 +410,9 @@ def _write(out: str, results: dict) -> None:
 
 def plot(results: dict, path: str) -> None:
   """Probe accuracy (mean, min..max over seeds) against pretraining FLOPs, one line a row."""
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  Figure = extras.require(  # pylint: disable=invalid-name
+      'matplotlib.figure', extra='bakeoff', what='The bake-off figure is drawn with matplotlib'
+  ).Figure
   fig = Figure(figsize=(7, 4.5))
   ax = fig.subplots()
   best = best_baseline(results)

@@ -18,6 +18,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from encoder_jax import extras
+
 _TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the Python traceback of a user error '
                                '(bad config, corpus, checkpoint, refused resume).')
 
@@ -27,7 +29,7 @@ USER_ERROR_EXIT = 2
 def user_errors() -> tuple[type[BaseException], ...]:
   from encoder_jax import checkpointing  # pylint: disable=g-import-not-at-top
   return (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-          PermissionError, FloatingPointError, checkpointing.CheckpointError)
+          PermissionError, FloatingPointError, checkpointing.CheckpointError, extras.MissingExtra)
 
 
 def run(main: Callable[[list[str]], None]) -> None:

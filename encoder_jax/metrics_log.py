@@ -18,6 +18,7 @@ from typing import Mapping
 import jax
 from absl import logging
 
+from encoder_jax import extras
 from encoder_jax import workdir as workdir_lib
 
 # Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind.
@@ -102,7 +103,8 @@ class _TfSummaryWriter:
   """The tensorboardX calls we use, on ``tf.summary`` (which writes to remote file systems)."""
 
   def __init__(self, logdir: str):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf = extras.require('tensorflow', extra='gcs', what=f'TensorBoard events in {logdir} are '
+                        'written through TensorFlow (tf.summary)')
     self._tf = tf
     self._writer = tf.summary.create_file_writer(logdir)
 

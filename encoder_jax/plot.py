@@ -17,6 +17,7 @@ from absl import app
 from absl import flags
 from etils import epath
 
+from encoder_jax import extras
 from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import workdir as workdir_lib
 
@@ -39,10 +40,8 @@ def _series(rows: list[dict], split: str, suffix: str) -> dict[str, tuple[list, 
 
 def plot(workdir: str, out: str | None = None) -> str:
   """Writes the curves of ``workdir`` to ``out`` (default ``<workdir>/loss.png``); its path."""
-  try:
-    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise RuntimeError('encoder_jax.plot needs matplotlib: pip install matplotlib') from e
+  Figure = extras.require(  # pylint: disable=invalid-name
+      'matplotlib.figure', extra='plot', what='encoder_jax.plot draws with matplotlib').Figure
   rows = metrics_lib.read_metrics(workdir)
   if not rows:
     raise ValueError(f'{workdir_lib.path(workdir, metrics_lib.METRICS_FILE)} holds no metrics '
@@ -83,7 +82,7 @@ def main(argv):
     raise app.UsageError('--workdir is required')
   try:
     written = plot(flags.FLAGS.workdir, flags.FLAGS.out)
-  except (FileNotFoundError, ValueError, RuntimeError) as e:  # User errors: one line, no trace.
+  except (FileNotFoundError, ValueError, extras.MissingExtra) as e:  # One line, no trace.
     print(f'encoder_jax.plot: {e}', file=sys.stderr)
     sys.exit(1)
   print(f'Wrote {written}')

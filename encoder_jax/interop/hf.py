@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from encoder_jax import extras
 from encoder_jax import loading
 from encoder_jax.interop import registry
 from encoder_jax.interop import hf_table
@@ -138,11 +139,8 @@ def read_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
       out.update(_read_safetensors(os.path.join(hf_dir, shard)))
     return out
   if os.path.exists(os.path.join(hf_dir, PYTORCH_BIN)):
-    try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError(f'{hf_dir}/{PYTORCH_BIN} needs torch to read; install torch or '
-                        f'convert the checkpoint to {SAFETENSORS}') from e
+    torch = extras.require('torch', extra='peers', what=f'{hf_dir}/{PYTORCH_BIN} needs torch to '
+                           f'read (or convert the checkpoint to {SAFETENSORS})')
     state = torch.load(os.path.join(hf_dir, PYTORCH_BIN), map_location='cpu', weights_only=True)
     return {k: _to_numpy_f32(v) for k, v in state.items()}
   raise FileNotFoundError(f'{hf_dir}: no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}; '
