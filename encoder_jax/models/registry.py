@@ -17,19 +17,19 @@ import ml_collections
 
 from encoder_jax import fields as fields_lib
 from encoder_jax.models import albert
+from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import deberta
 from encoder_jax.models import electra
 from encoder_jax.models import modernbert
 from encoder_jax.models import roberta
-from encoder_jax.models import trunk
 from encoder_jax.models import xlnet
 
 EncoderConfig = config_lib.EncoderConfig
 ModelKind = config_lib.ModelKind
 
 KINDS: dict[str, ModelKind] = {
-    'bert': trunk.KIND,
+    'bert': bert.KIND,
     'roberta': roberta.KIND,
     'albert': albert.KIND,
     'deberta': deberta.KIND,

@@ -1,15 +1,19 @@
-"""BERT (Devlin et al. 2018) as pure-functional Flax Linen modules, and the Transformer
-encoder the other kinds (RoBERTa, ALBERT) are options of.
+"""The Transformer encoder six kinds share (BERT, RoBERTa, ALBERT, ELECTRA, ModernBERT, and
+DeBERTa's layer stack), as pure-functional Flax Linen modules: embeddings, the attention
+and feed-forward blocks, the layer stack, ``encode`` (the trunk inside any compact module),
+the MLM head and the pretraining / encoder-only networks a kind configures.
 
-Faithful to the original: token + learned absolute position + segment embeddings,
-LayerNorm(eps 1e-12), post-LN blocks, exact-erf GELU, dropout, tanh pooler on [CLS],
-MLM head (dense + GELU + LayerNorm, decoder tied to the token embedding, output bias)
-and the two-way pair head (NSP/SOP) on the pooled output. Parameter counts equal
-Hugging Face's ``BertForPreTraining`` (BERT-base: 110,106,428).
+BERT's network (Devlin et al. 2018) with every option off: token + learned absolute
+position + segment embeddings, LayerNorm(eps 1e-12), post-LN blocks, exact-erf GELU,
+dropout, tanh pooler on [CLS], MLM head (dense + GELU + LayerNorm, decoder tied to the
+token embedding, output bias) and the two-way pair head (NSP/SOP) on the pooled output.
+The ``bert`` kind itself is ``models/bert.py``.
 
 Options other kinds set (``models.config.EncoderConfig``): a factorized embedding of width
 ``embedding_size`` projected to the hidden size (ALBERT, ELECTRA), cross-layer parameter
-sharing (ALBERT), position ids that start after the padding id (RoBERTa), the activation.
+sharing (ALBERT), position ids that start after the padding id (RoBERTa), the activation,
+and the shared block options (pre-LN, gated feed-forward, rotary positions, local
+attention...).
 
 The layers are stacked with ``nn.scan`` (one compiled layer body, a leading 'layers'
 axis on every layer parameter), which keeps compile time flat in depth; with all layers
@@ -29,7 +33,6 @@ from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
 from encoder_jax.models import packing
 
-BertConfig = config_lib.EncoderConfig  # The BERT kind's config (all kinds share the schema).
 DTYPES = config_lib.DTYPES
 
 
@@ -484,31 +487,3 @@ class PreTraining(nn.Module):
       out['gathered_output'] = gathered
     out['mlm_logits'] = MlmHead(c, name='mlm_head')(h_BxPxE, word_embed)
     return out
-
-
-def BertForPreTraining(config: config_lib.EncoderConfig) -> PreTraining:  # pylint: disable=invalid-name
-  """Hugging Face's name for BERT's pretraining network."""
-  return PreTraining(config, pooler=True, pair_head=True)
-
-
-def BertModel(config: config_lib.EncoderConfig) -> EncoderOnly:  # pylint: disable=invalid-name
-  return EncoderOnly(config, pooler=True)
-
-
-def _check(c: config_lib.EncoderConfig) -> None:
-  if c.share_layers != 'none' or c.embedding_size not in (0, c.hidden_size):
-    raise ValueError('config.model.kind=bert has no factorized embedding or layer sharing '
-                     f'(embedding_size={c.embedding_size}, share_layers={c.share_layers!r}); '
-                     "use model.kind='albert'")
-
-
-KIND = config_lib.ModelKind(
-    name='bert', pretraining=BertForPreTraining, encoder=BertModel, encode=encode, pooler=True,
-    pair_head=True, check=_check, last_layer_rows=rows_with_cls,
-    block_options=config_lib.BLOCK_OPTION_NAMES, packed_rows=True,
-    description='BERT: post-LN Transformer, absolute positions, segments, MLM + NSP/SOP heads',
-    import_objectives=('mlm', 'nsp'), import_pair_kind='nsp')
-
-
-def init_inputs(batch_size: int = 2, seq_len: int = 8, max_predictions: int = 2):
-  return KIND.init_inputs(batch_size, seq_len, max_predictions)

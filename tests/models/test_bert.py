@@ -8,15 +8,15 @@ import pytest
 
 from encoder_jax import sharding
 from encoder_jax.models import attention
-from encoder_jax.models import trunk
+from encoder_jax.models import bert
 
 TINY = dict(vocab_size=97, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40,
             max_position_embeddings=32)
 
 
 def _count(cfg):
-  shapes = jax.eval_shape(lambda: trunk.BertForPreTraining(cfg).init(
-      jax.random.key(0), **trunk.init_inputs()))
+  shapes = jax.eval_shape(lambda: bert.BertForPreTraining(cfg).init(
+      jax.random.key(0), **bert.init_inputs()))
   return sum(x.size for x in jax.tree.leaves(shapes['params']))
 
 
@@ -25,15 +25,15 @@ def _count(cfg):
     (dict(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096), 336_226_108),
 ])
 def test_parameter_counts_equal_the_papers_models(kwargs, expected):
-  assert _count(trunk.BertConfig(**kwargs)) == expected
+  assert _count(bert.BertConfig(**kwargs)) == expected
 
 
 def _init(cfg, seed=0):
-  return trunk.BertForPreTraining(cfg).init(jax.random.key(seed), **trunk.init_inputs())['params']
+  return bert.BertForPreTraining(cfg).init(jax.random.key(seed), **bert.init_inputs())['params']
 
 
 def test_every_parameter_has_logical_axes_with_rules():
-  boxed = _init(trunk.BertConfig(**TINY))
+  boxed = _init(bert.BertConfig(**TINY))
   leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
   rules = dict(sharding.LOGICAL_RULES)
   assert leaves
@@ -54,8 +54,8 @@ def _inputs(rng, b, l, lengths, vocab):
 
 
 def test_padding_never_changes_real_positions():
-  cfg = trunk.BertConfig(**TINY)
-  model = trunk.BertForPreTraining(cfg)
+  cfg = bert.BertConfig(**TINY)
+  model = bert.BertForPreTraining(cfg)
   params = nn.unbox(_init(cfg))
   rng = np.random.RandomState(0)
   ids, seg, mask = _inputs(rng, 3, 10, [10, 7, 4], cfg.vocab_size)
@@ -89,12 +89,12 @@ def test_fused_and_explicit_attention_agree():
 
 def test_unknown_attention_kind_lists_the_valid_ones():
   with pytest.raises(ValueError, match="attention_kind='flash9'.*dot_product"):
-    trunk.BertConfig(**TINY, attention_kind='flash9')
+    bert.BertConfig(**TINY, attention_kind='flash9')
 
 
 def test_dropout_is_active_only_in_training():
-  cfg = trunk.BertConfig(**TINY)
-  model = trunk.BertForPreTraining(cfg)
+  cfg = bert.BertConfig(**TINY)
+  model = bert.BertForPreTraining(cfg)
   params = nn.unbox(_init(cfg))
   ids, seg, mask = _inputs(np.random.RandomState(0), 2, 8, [8, 5], cfg.vocab_size)
   run = lambda det, key: model.apply({'params': params}, ids, seg, mask, deterministic=det,
@@ -104,51 +104,51 @@ def test_dropout_is_active_only_in_training():
 
 
 def test_remat_and_jit_do_not_change_gradients():
-  cfg = trunk.BertConfig(**TINY)
+  cfg = bert.BertConfig(**TINY)
   params = nn.unbox(_init(cfg))
   ids, seg, mask = _inputs(np.random.RandomState(2), 2, 8, [8, 6], cfg.vocab_size)
 
   def loss(p, c):
-    return trunk.BertForPreTraining(c).apply({'params': p}, ids, seg, mask)['mlm_logits'].sum()
+    return bert.BertForPreTraining(c).apply({'params': p}, ids, seg, mask)['mlm_logits'].sum()
 
   plain = jax.grad(loss)(params, cfg)
-  remat = jax.jit(jax.grad(loss), static_argnums=1)(params, trunk.BertConfig(**TINY, remat=True))
+  remat = jax.jit(jax.grad(loss), static_argnums=1)(params, bert.BertConfig(**TINY, remat=True))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), plain, remat)
   # With masked positions (the last layer at those rows and [CLS]) under remat, too.
   pos = np.array([[1, 3], [0, 5]], np.int32)
 
   def at_positions(p, c):
-    out = trunk.BertForPreTraining(c).apply({'params': p}, ids, seg, mask, pos)
+    out = bert.BertForPreTraining(c).apply({'params': p}, ids, seg, mask, pos)
     assert 'sequence_output' not in out  # The rows path.
     return out['mlm_logits'].sum()
 
   def full_at_positions(p):
-    logits = trunk.BertForPreTraining(cfg).apply({'params': p}, ids, seg, mask)['mlm_logits']
+    logits = bert.BertForPreTraining(cfg).apply({'params': p}, ids, seg, mask)['mlm_logits']
     return np.take_along_axis(logits, pos[..., None], 1).sum()
 
   rows = jax.jit(jax.grad(at_positions), static_argnums=1)(params,
-                                                           trunk.BertConfig(**TINY, remat=True))
+                                                           bert.BertConfig(**TINY, remat=True))
   full = jax.jit(jax.grad(full_at_positions))(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), full, rows)
 
 
 def test_bfloat16_activations_keep_float32_params():
-  cfg = trunk.BertConfig(**TINY, dtype='bfloat16')
-  model = trunk.BertForPreTraining(cfg)
+  cfg = bert.BertConfig(**TINY, dtype='bfloat16')
+  model = bert.BertForPreTraining(cfg)
   params = nn.unbox(_init(cfg))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
   ids, seg, mask = _inputs(np.random.RandomState(3), 2, 8, [8, 6], cfg.vocab_size)
   out = model.apply({'params': params}, ids, seg, mask)
   assert out['sequence_output'].dtype == jnp.bfloat16
   assert out['mlm_logits'].dtype == jnp.float32
-  ref = trunk.BertForPreTraining(trunk.BertConfig(**TINY)).apply({'params': params}, ids, seg, mask)
+  ref = bert.BertForPreTraining(bert.BertConfig(**TINY)).apply({'params': params}, ids, seg, mask)
   np.testing.assert_allclose(out['mlm_logits'], ref['mlm_logits'], atol=0.1)
 
 
 def test_all_hidden_states_are_returned_on_request():
-  cfg = trunk.BertConfig(**TINY)
+  cfg = bert.BertConfig(**TINY)
   params = nn.unbox(_init(cfg))
   ids, seg, mask = _inputs(np.random.RandomState(4), 2, 8, [8, 6], cfg.vocab_size)
-  out = trunk.BertForPreTraining(cfg).apply({'params': params}, ids, seg, mask, collect_hidden=True)
+  out = bert.BertForPreTraining(cfg).apply({'params': params}, ids, seg, mask, collect_hidden=True)
   assert len(out['all_hidden_states']) == cfg.num_layers + 1
   np.testing.assert_array_equal(out['all_hidden_states'][-1], out['sequence_output'])

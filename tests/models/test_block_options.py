@@ -11,6 +11,7 @@ import pytest
 
 from encoder_jax.interop import hf
 from encoder_jax.models import attention
+from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import registry
 from encoder_jax.models import trunk
@@ -69,7 +70,7 @@ def _reference_layer(x, p, c, mask):
 
 @pytest.mark.parametrize('options', COMBOS, ids=lambda o: ','.join(f'{k}={v}' for k, v in o.items()))
 def test_layer_equals_the_written_out_formula(options):
-  c = trunk.BertConfig(**TINY, **options)
+  c = bert.BertConfig(**TINY, **options)
   rng = np.random.RandomState(0)
   x = rng.randn(2, 7, c.hidden_size).astype(np.float32)
   mask = np.array([[1] * 7, [1] * 5 + [0] * 2], np.int32)
@@ -95,9 +96,9 @@ def test_layer_equals_the_written_out_formula(options):
 
 
 def _pretraining(options):
-  c = trunk.BertConfig(**TINY, **options)
-  model = trunk.BertForPreTraining(c)
-  params = nn.unbox(model.init(jax.random.key(0), **trunk.init_inputs())['params'])
+  c = bert.BertConfig(**TINY, **options)
+  model = bert.BertForPreTraining(c)
+  params = nn.unbox(model.init(jax.random.key(0), **bert.init_inputs())['params'])
   params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(3), p.shape),
                         params)
   rng = np.random.RandomState(5)
