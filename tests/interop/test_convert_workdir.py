@@ -17,7 +17,7 @@ from encoder_jax import convert
 from encoder_jax import loading
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import tokenizer as tokenizer_io
-from encoder_jax.models import trunk
+from encoder_jax.models import bert
 
 import hf_fixtures
 
@@ -57,7 +57,7 @@ def test_restored_checkpoint_computes_what_transformers_computes(imported):
   ids = np.array([r + [tok.pad_id] * (length - len(r)) for r in rows], np.int32)
   mask = (np.arange(length)[None] < np.array([len(r) for r in rows])[:, None]).astype(np.int32)
   assert tok.unk_id not in ids
-  out = trunk.BertForPreTraining(loaded.model_config).apply(
+  out = bert.BertForPreTraining(loaded.model_config).apply(
       {'params': loaded.params}, ids, np.zeros_like(ids), mask)
   with torch.no_grad():
     theirs = model(input_ids=torch.tensor(ids).long(), attention_mask=torch.tensor(mask).long())

@@ -21,7 +21,7 @@ from encoder_jax import loading
 from encoder_jax import train
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import hf_import
-from encoder_jax.models import trunk
+from encoder_jax.models import bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -122,7 +122,7 @@ def test_hf_export_tokenizes_and_computes_as_we_do(run, tmp_path):
   batch = hf_tok(SENTENCES[:2], padding=True, return_tensors='np')
   with torch.no_grad():
     theirs = model.eval()(**{k: torch.tensor(v).long() for k, v in batch.items()})
-  mine = trunk.BertForPreTraining(ours.model_config).apply(
+  mine = bert.BertForPreTraining(ours.model_config).apply(
       {'params': ours.params}, batch['input_ids'], batch['token_type_ids'],
       batch['attention_mask'])
   real = batch['attention_mask'].astype(bool)
