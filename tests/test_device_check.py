@@ -131,4 +131,4 @@ def test_training_path_imports_without_tensorflow_and_tfds_sources_say_what_is_m
   assert proc.stdout.strip().endswith('OK'), proc.stdout
   error = next(line for line in proc.stdout.splitlines() if line.startswith('ERROR'))
   assert "'tfds:wikipedia/20230601.en:train'" in error, error
-  assert 'needs tensorflow-datasets' in error and 'pip install tensorflow-datasets' in error
+  assert 'needs tensorflow-datasets' in error and "pip install 'encoder_jax[tfds]'" in error

@@ -336,8 +336,8 @@ def _import_optional(module: str, spec: str, package: str):
   if spec.startswith('tfds'):
     return extras.require(module, extra='tfds', what=f'config.data.sources: {spec!r} is a tfds: '
                           f'source, which needs {package}')
-  return extras.require(module, extra='gcs', what=f'config.data.sources: {spec!r} is read '
-                        f'through {package} (gs://)')
+  return extras.require(module, extra='gcs', what=f'config.data.sources: {spec!r} is a gs:// '
+                        f'path, read through {package}')
 
 
 def _open_raw(path: str):
