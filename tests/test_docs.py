@@ -6,8 +6,9 @@ Every relative link in README.md and docs/**/*.md resolves to a file or director
 module defines: its ``flags.DEFINE_*`` / ``config_flags.DEFINE_config_file`` calls, those
 of the ``encoder_jax`` helpers it calls (``cli.define_source_flags()``), those of the
 modules it imports, and absl's own; a ``--config.a.b=...`` override names a field of the
-config file the command passes (or of the default schema). Flags are read from the modules'
-source with ``ast``: nothing is run, so the check takes seconds.
+config file the command passes (or of the default schema). ``python benchmarks/X.py`` and
+``python launch/X.py`` commands name scripts that exist and their argparse options. Flags
+are read from the source with ``ast``: nothing is run, so the check takes seconds.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$', re.M)
 _COMMAND = re.compile(r'python3? -m (encoder_jax(?:\.\w+)*)')
 _FLAG = re.compile(r'(?:^|[\s\[])--([A-Za-z][\w.]*)')
 _CONFIG_VALUE = re.compile(r'(?:^|\s)--config=(\S+)')
+_SCRIPT = re.compile(r'python3? ((?:benchmarks|launch)/\w+\.py)')
 
 
 # ---- Markdown ----
@@ -51,13 +53,13 @@ def _code_blocks(text: str) -> list[str]:
   """Fenced blocks and blocks indented by 4 spaces, each as one string."""
   blocks = [m.group(0) for m in _FENCE.finditer(text)]
   current: list[str] = []
-  for line in _FENCE.sub('', text).splitlines() + ['']:
+  for line in _FENCE.sub('', text).splitlines():
     if line.startswith('    ') or (current and not line.strip()):
       current.append(line)
     elif current:
       blocks.append('\n'.join(current))
       current = []
-  return blocks
+  return blocks + ['\n'.join(current)] if current else blocks
 
 
 def _prose(text: str) -> str:
@@ -97,16 +99,17 @@ def link_problems(path: pathlib.Path, text: str) -> list[str]:
   return problems
 
 
-def commands(text: str) -> list[str]:
-  """Every `python -m encoder_jax...` command quoted in code, continuation lines joined."""
+def commands(text: str, pattern: re.Pattern[str] = _COMMAND) -> list[str]:
+  """Every command ``pattern`` starts that is quoted in code, continuation lines joined; a
+  command ends at the end of its line, at ``&&``, `` | ``, `` -- `` or the next ``python``."""
   out = []
   spans = [re.sub(r'\\\n\s*#?', ' ', block) for block in _code_blocks(text)]
   spans += _INLINE.findall(_FENCE.sub('', text))
   for span in spans:
     for line in span.splitlines():
-      for part in re.split(r'&&| \| ', line):
-        starts = [m.start() for m in _COMMAND.finditer(part)]
-        out += [part[a:b].strip() for a, b in zip(starts, starts[1:] + [len(part)])]
+      for part in re.split(r'&&| \| | -- ', line):
+        starts = [m.start() for m in re.finditer(r'python3? ', part)] + [len(part)]
+        out += [part[a:b].strip() for a, b in zip(starts, starts[1:]) if pattern.match(part, a)]
   return out
 
 
@@ -238,6 +241,27 @@ def command_problems(command: str) -> list[str]:
   return problems
 
 
+@functools.lru_cache(maxsize=None)
+def script_options(script: str) -> frozenset[str]:
+  """The ``--options`` a script's ``add_argument`` calls define (aliases included)."""
+  options = set()
+  for call in ast.walk(ast.parse((REPO / script).read_text())):
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+        and call.func.attr == 'add_argument'):
+      options |= {a.value[2:] for a in call.args
+                  if isinstance(a, ast.Constant) and str(a.value).startswith('--')}
+  return frozenset(options | {'help'})
+
+
+def script_problems(command: str) -> list[str]:
+  """What is wrong with one quoted ``python benchmarks/X.py`` command."""
+  script = _SCRIPT.match(command).group(1)
+  if not (REPO / script).is_file():
+    return [f'{command!r}: no script {script}']
+  return [f'{command!r}: --{name} is not an option of {script}'
+          for name in _FLAG.findall(command) if name not in script_options(script)]
+
+
 # ---- Tests ----
 
 @pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
@@ -248,6 +272,12 @@ def test_relative_links_resolve(path):
 @pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_quoted_commands_name_real_modules_and_flags(path):
   problems = [p for c in commands(path.read_text()) for p in command_problems(c)]
+  assert problems == []
+
+
+@pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_quoted_scripts_exist_with_their_options(path):
+  problems = [p for c in commands(path.read_text(), _SCRIPT) for p in script_problems(c)]
   assert problems == []
 
 
@@ -286,7 +316,9 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
           '        --config.train.batch_size=8 --no_such_flag=1 --config.model.no_such_field=2\n'
           '    python -m encoder_jax.no_such_module --x=1\n\n'
           'Inline: `python -m encoder_jax.fill_mask --workdir=DIR --text=a --top_k=3 '
-          '--traceback --verbosity=1`, `python -m encoder_jax.embed --input=a --pooling_x=1`.\n')
+          '--traceback --verbosity=1`, `python -m encoder_jax.embed --input=a --pooling_x=1`.\n\n'
+          '    python benchmarks/bench_train.py --kind=all --memory_only --no_such_option\n'
+          '    python benchmarks/no_such_script.py\n')
   doc.write_text(text)
   links = link_problems(doc, text)
   assert len(links) == 2 and 'missing.md' in links[0] and '#nowhere' in links[1], links
@@ -295,3 +327,6 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
   assert '--no_such_flag' in problems[0] and 'no_such_field' in problems[1]
   assert 'no module encoder_jax.no_such_module' in problems[2]
   assert '--pooling_x' in problems[3]
+  scripts = [p for c in commands(text, _SCRIPT) for p in script_problems(c)]
+  assert len(scripts) == 2, scripts
+  assert '--no_such_option' in scripts[0] and 'no script benchmarks/no_such' in scripts[1]
