@@ -1,7 +1,8 @@
 """The README and docs/ say only what is true of the tree.
 
-Every relative link in README.md and docs/**/*.md resolves to a file or directory (and a
-``#anchor`` into a Markdown file to one of its headings), and every
+Every relative link in README.md, docs/**/*.md, data/README.md and launch/README.md
+resolves to a file or directory (and a ``#anchor`` into a Markdown file to one of its
+headings), and every
 ``python -m encoder_jax...`` command they quote names a module that exists and flags that
 module defines: its ``flags.DEFINE_*`` / ``config_flags.DEFINE_config_file`` calls, those
 of the ``encoder_jax`` helpers it calls (``cli.define_source_flags()``), those of the
@@ -25,7 +26,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
 TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -n 2 tests"
-DOCS = [REPO / 'README.md'] + sorted((REPO / 'docs').rglob('*.md'))
+DOCS = ([REPO / 'README.md', REPO / 'data' / 'README.md', REPO / 'launch' / 'README.md']
+        + sorted((REPO / 'docs').rglob('*.md')))
 
 # Flags absl itself defines for every program (absl.app and absl.logging).
 ABSL_FLAGS = frozenset({
@@ -227,8 +229,9 @@ def command_problems(command: str) -> list[str]:
   known = module_flags(module)
   problems = []
   config_value = None
-  if (m := _CONFIG_VALUE.search(command)) and m.group(1).split(':')[0].endswith('.py'):
-    config_value = m.group(1).strip('\'"')
+  m = _CONFIG_VALUE.search(command)
+  if m and m.group(1).split(':')[0].endswith('.py') and not re.search(r'[<>$*]', m.group(1)):
+    config_value = m.group(1).strip('\'"')  # A real path, not a placeholder (configs/<name>.py).
     if not (REPO / config_value.split(':')[0]).is_file():
       return [f'{command!r}: config file {config_value.split(":")[0]} does not exist']
   for name in _FLAG.findall(command):
