@@ -54,8 +54,8 @@ a note, if that XLA refuses the flag), so that two runs can agree bit for bit.
 torch on the CPU; the BERT parts one program; the training run 12 steps of a 2 x 32 model,
 killed after step 7 with checkpoint 6): ``tests/test_device_check.py`` runs it. The report
 gives the training command (``python -m encoder_jax.main --config=configs/bert_small.py``
-and its overrides) to rerun a training run by hand. How to run the check on the accelerator
-machine (the wheels to carry, the call): README.md, "Accelerator check".
+and its overrides) to rerun a training run by hand. How to run the check on an accelerator
+machine (the install, the wheels for one without network, the call): docs/benchmarks.md.
 """
 
 from __future__ import annotations
