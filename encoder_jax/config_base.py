@@ -1,14 +1,17 @@
-"""The one schema every config starts from.
+"""The one schema every config starts from, declared field by field.
 
 Each section maps onto one constructor (``model`` -> ``models.config.EncoderConfig`` of the
 kind ``model.kind`` names in ``models.registry``, ``objective`` -> the objective registry,
 ``data``/``tokenizer`` -> ``encoder_jax.data``, ``optim`` -> ``optimizer.make``, ``mesh``
 -> ``sharding.make_mesh``, ``checkpoint`` -> ``checkpointing.Checkpointer``), so no field is
-copied by hand into another object. The ``model`` and ``objective`` sections are not
-written here: they are the fields the registry entries declare (``encoder_jax.fields``;
-``fields_table()`` prints them), so a new kind or objective adds its fields in its own
-module. Configs in ``configs/`` call :func:`base_config` and override what they change; the
-command line may only override keys that exist here (configs are locked).
+copied by hand into another object. Every value is a declared :class:`fields.Field` (name,
+default, allowed range, meaning): ``model`` and ``objective`` are the fields their registry
+entries declare next to their code, ``data`` and ``tokenizer`` are ``data.config``'s, and
+the engine's sections are declared here. :func:`schema` gathers them, :func:`base_config`
+is that schema at its defaults, ``validation`` checks every range from it and
+:func:`fields_table` prints it. Configs in ``configs/`` call :func:`base_config` and override
+what they change; the command line may only override keys that exist here (configs are
+locked).
 """
 
 from __future__ import annotations
@@ -19,93 +22,101 @@ import ml_collections
 
 from encoder_jax import fields as fields_lib
 from encoder_jax import objectives
+from encoder_jax import optimizer
 from encoder_jax.data import config as data_config
 from encoder_jax.models import registry as models
 
+F = fields_lib.Field
+
+TOP: dict[str, fields_lib.Field] = fields_lib.section(
+    F('seed', 0, fields_lib.integer(),
+      'Seeds parameter init, data order and the per-step masks.'),
+)
+
+TRAIN: dict[str, fields_lib.Field] = fields_lib.section(
+    F('num_steps', 1_000_000, fields_lib.integer(1), 'Optimizer steps over all phases.'),
+    F('batch_size', 256, fields_lib.integer(1),
+      'Global sequences per optimizer step (all hosts, all micro-batches).'),
+    F('grad_accum_steps', 1, fields_lib.integer(1),
+      'Micro-batches per optimizer step (batch_size must be a multiple).'),
+    F('seq_lens', (128, 512), fields_lib.sequence_of(fields_lib.integer(8)),
+      'Tokens per sequence in each sequence-length phase.'),
+    F('max_predictions', (20, 80), fields_lib.sequence_of(fields_lib.integer(1)),
+      "MLM positions per sequence in each phase (each <= its phase's seq_len)."),
+    F('phase_fractions', (0.9, 0.1), fields_lib.sequence_of(fields_lib.number(0, 1)),
+      'Share of num_steps spent in each phase (summing to 1).'),
+    F('log_every_steps', 100, fields_lib.integer(1), 'Steps between logged training metrics.'),
+    F('eval_every_steps', 10_000, fields_lib.integer(0),
+      'Steps between held-out evaluations; 0 disables periodic evaluation.'),
+    F('eval_batches', 20, fields_lib.integer(0), 'Held-out batches per evaluation.'),
+    F('dropout_rng_impl', 'rbg', fields_lib.one_of('rbg', 'threefry'),
+      "PRNG of the dropout keys: 'rbg' (XLA's RngBitGenerator; JAX does not promise the same "
+      "values on every mesh) or 'threefry' (the same on any mesh). The masks are hashed from "
+      'two words of each key (models/layers.random_words), so both are cheap.'),
+    F('nonfinite_policy', 'stop', fields_lib.one_of('stop', 'skip'),
+      "On a NaN/inf loss: 'stop' (name the last good checkpoint) or 'skip' the update."),
+    F('peak_tflops_per_device', 0.0, fields_lib.number(0),
+      'TFLOP/s of one device, for MFU; 0 = look the device up in metrics_log.PEAK_TFLOPS.'),
+)
+
+OPTIM: dict[str, fields_lib.Field] = fields_lib.section(
+    F('name', 'adamw', fields_lib.one_of('adamw', 'lamb'), "'adamw' or 'lamb'."),
+    F('learning_rate', 1e-4, fields_lib.number(0, lo_open=True),
+      'Peak, reached after warmup_steps.'),
+    F('warmup_steps', 10_000, fields_lib.integer(0),
+      "Steps of linear warmup from 0 (<= train.num_steps); then the schedule's decay."),
+    F('schedule', 'linear', fields_lib.one_of(*optimizer.SCHEDULES),
+      "After warmup: 'linear' decay to 0 at train.num_steps (BERT; warmup = half the steps "
+      "gives the one-cycle triangle), 'cosine' to 0, or 'wsd' (warmup-stable-decay: the "
+      'peak held, then linear to 0 over the last decay_fraction of the steps).'),
+    F('decay_fraction', 0.2, fields_lib.number(0, 1, lo_open=True),
+      "'wsd' only: share of train.num_steps spent decaying."),
+    F('b1', 0.9, fields_lib.number(0, 1, hi_open=True), 'First-moment decay.'),
+    F('b2', 0.999, fields_lib.number(0, 1, hi_open=True), 'Second-moment decay.'),
+    F('eps', 1e-6, fields_lib.number(0, lo_open=True), 'Added to the update denominator.'),
+    F('weight_decay', 0.01, fields_lib.number(0),
+      'Decoupled; not applied to LayerNorm parameters and biases.'),
+    F('grad_clip_norm', 1.0, fields_lib.number(0), 'Global-norm clipping; 0 disables.'),
+)
+
+# -1 = all remaining devices (at most one axis: validation's cross rules).
+_AXIS = fields_lib.integer(1, also=(-1,))
+MESH: dict[str, fields_lib.Field] = fields_lib.section(
+    F('data', -1, _AXIS, 'Devices of pure data parallelism (replicated params); -1 = the rest.'),
+    F('fsdp', 1, _AXIS,
+      'Devices of data parallelism with params/optimizer state sharded (ZeRO-3 style).'),
+    F('tensor', 1, _AXIS, 'Devices of Megatron-style tensor parallelism (heads, d_ff, vocab).'),
+)
+
+CHECKPOINT: dict[str, fields_lib.Field] = fields_lib.section(
+    F('every_steps', 10_000, fields_lib.integer(1),
+      'Save period in steps (plus a final save and one on SIGTERM).'),
+    F('keep', 3, fields_lib.integer(1), 'Most recent checkpoints kept.'),
+    F('async_save', True, fields_lib.boolean(),
+      'Write in the background while training continues.'),
+)
+
+
+def schema() -> dict[str, dict[str, fields_lib.Field]]:
+  """Every section of a pretraining config ('' = the top level) and its declared fields."""
+  return {'': TOP, 'model': models.model_fields(), 'objective': objectives.objective_fields(),
+          'data': data_config.DATA, 'tokenizer': data_config.TOKENIZER, 'train': TRAIN,
+          'optim': OPTIM, 'mesh': MESH, 'checkpoint': CHECKPOINT}
+
 
 def base_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0  # Seeds parameter init, data order and the per-step masks.
-
-  # ---- model and objective: the fields the registries declare (name, default, range and
-  # meaning next to the code that reads them; `fields_table()` lists them). ----
-  c.model = section(models.model_fields())  # -> models.config.EncoderConfig.
-  c.objective = section(objectives.objective_fields())  # -> objectives.build.
-
-  # ---- data and tokenizer: owned by encoder_jax.data. ----
-  c.data = data_config.data_config()
-  c.tokenizer = data_config.tokenizer_config()
-
-  # ---- train: steps, global batch, sequence-length phases. ----
-  c.train = ml_collections.ConfigDict(dict(
-      num_steps=1_000_000,  # Optimizer steps over all phases.
-      batch_size=256,  # Global sequences per optimizer step (all hosts, all micro-batches).
-      grad_accum_steps=1,  # Micro-batches per optimizer step (batch_size must divide).
-      seq_lens=(128, 512),  # Tokens per sequence in each phase.
-      max_predictions=(20, 80),  # MLM positions per sequence in each phase.
-      phase_fractions=(0.9, 0.1),  # Share of num_steps spent in each phase (sums to 1).
-      log_every_steps=100,
-      eval_every_steps=10_000,  # 0 disables periodic held-out evaluation.
-      eval_batches=20,  # Held-out batches per evaluation.
-      # PRNG of the dropout keys: 'rbg' (XLA's RngBitGenerator; JAX does not promise the
-      # same values on every mesh) or 'threefry' (the same on any mesh). The masks are
-      # hashed from two words of each key (models/layers.random_words), so both are cheap.
-      dropout_rng_impl='rbg',
-      nonfinite_policy='stop',  # On NaN/inf loss: 'stop' (name the last good checkpoint) or 'skip'.
-      peak_tflops_per_device=0.0,  # For MFU; 0 = look the device up in metrics.PEAK_TFLOPS.
-  ))
-
-  # ---- optim: optimizer.make. ----
-  c.optim = ml_collections.ConfigDict(dict(
-      name='adamw',  # 'adamw' or 'lamb'.
-      learning_rate=1e-4,  # Peak, reached after warmup_steps.
-      warmup_steps=10_000,  # Linear warmup from 0; then the schedule's decay.
-      # After warmup: 'linear' decay to 0 at train.num_steps (BERT; warmup = half the
-      # steps gives the one-cycle triangle), 'cosine' to 0, or 'wsd' (warmup-stable-decay:
-      # the peak held, then linear to 0 over the last decay_fraction of the steps).
-      schedule='linear',
-      decay_fraction=0.2,  # 'wsd' only: share of train.num_steps spent decaying.
-      b1=0.9,
-      b2=0.999,
-      eps=1e-6,
-      weight_decay=0.01,  # Decoupled; not applied to LayerNorm parameters and biases.
-      grad_clip_norm=1.0,  # Global-norm clipping; 0 disables.
-  ))
-
-  # ---- mesh: sharding.make_mesh. -1 = all remaining devices. ----
-  c.mesh = ml_collections.ConfigDict(dict(
-      data=-1,  # Pure data parallelism (replicated params).
-      fsdp=1,  # Data parallelism with params/optimizer state sharded (ZeRO-3 style).
-      tensor=1,  # Megatron-style tensor parallelism over heads / d_ff / vocab.
-  ))
-
-  # ---- checkpoint: checkpointing.Checkpointer. ----
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=10_000,  # Save period (plus a final save and one on SIGTERM).
-      keep=3,  # Most recent checkpoints kept.
-      async_save=True,  # Write in the background while training continues.
-  ))
-  return c
+  """The schema at its defaults (BERT-base pretraining)."""
+  return fields_lib.defaults(schema())
 
 
 def section(declared: dict[str, fields_lib.Field]) -> ml_collections.ConfigDict:
-  """A config section of declared fields at their defaults (None: a typed placeholder, so
-  the command line can still set it)."""
-  values = {}
-  for name, f in declared.items():
-    values[name] = (ml_collections.config_dict.placeholder(str) if f.default is None
-                    else f.default)
-  return ml_collections.ConfigDict(values)
+  """A config section of declared fields at their defaults."""
+  return fields_lib.defaults({'s': declared}).s
 
 
 def fields_table() -> str:
-  """Every registry-declared field as Markdown: key, default, allowed values, meaning."""
-  rows = ['| key | default | allowed | meaning |', '|---|---|---|---|']
-  for sec, declared in (('model', models.model_fields()),
-                        ('objective', objectives.objective_fields())):
-    for name, f in declared.items():
-      rows.append(f'| `{sec}.{name}` | `{f.default!r}` | {f.expected()} | {f.doc} |')
-  return '\n'.join(rows)
+  """Every field of the schema as Markdown: key, default, allowed values, meaning."""
+  return fields_lib.table(schema())
 
 
 def parse_arg(arg: str | None, **defaults):

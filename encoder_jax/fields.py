@@ -1,24 +1,28 @@
 """Config fields declared once, where they are read: name, default, allowed range, meaning.
 
-A registry entry (a model kind in ``models.registry``, an objective in ``objectives``)
-declares the fields it reads as :class:`Field` values next to its code. Everything else
-derives from those declarations: the config schema (``config_base`` builds
-``config.model`` and ``config.objective`` from them), the range checks
-(``validation`` turns each field into a rule), :class:`models.config.EncoderConfig` (its
-attributes and the checks run when it is built) and the objectives' recipes. Sections that
-no registry owns (``train``, ``optim``, ``data``...) keep their rules in ``validation``.
+Every config value is a :class:`Field`. A registry entry (a model kind in
+``models.registry``, an objective in ``objectives``) declares the fields it reads next to
+its code; the sections no registry owns are declared beside the code that reads them
+(``config_base``: ``train``, ``optim``, ``mesh``, ``checkpoint``, the top level;
+``data.config``: ``data`` and ``tokenizer``). A *schema* maps each section name ('' for the
+top level) to its fields (:func:`section`), and everything else derives from it: the config
+at its defaults (:func:`defaults`), every range check (:func:`problems`, run by
+``validation``), the table of every field (:func:`table`), :class:`models.config.EncoderConfig`
+(its attributes and the checks run when it is built) and the objectives' recipes. Another
+config (fine-tuning's) declares its sections the same way and is checked by the same code.
 
-The check builders (:func:`integer`, :func:`number`, :func:`one_of`...) return a
-``(check, expected)`` pair: ``check(value) -> bool`` and the text that completes
+The check builders (:func:`integer`, :func:`number`, :func:`one_of`, :func:`names`...)
+return a ``(check, expected)`` pair: ``check(value) -> bool`` and the text that completes
 "expected ..." in the error, so every message names the key and the allowed range.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import ml_collections
 
 Check = tuple[Callable[[Any], bool], 'str | Callable[[], str]']
 
@@ -42,7 +46,71 @@ class Field:
     """The error message for ``value``, or None when it is in range."""
     if self.ok(value):
       return None
-    return f'config.{section}.{self.name}={value!r}: expected {self.expected()}'
+    return f'config.{key(section, self.name)}={value!r}: expected {self.expected()}'
+
+
+# A config's declaration: section name ('' = the top level) -> its fields by name.
+Schema = Mapping[str, Mapping[str, Field]]
+
+
+def key(section: str, name: str) -> str:
+  """The dotted key of a field, without 'config.' (a top-level field has no section)."""
+  return f'{section}.{name}' if section else name
+
+
+def section(*declared: Field) -> dict[str, Field]:
+  """A config section: its fields by name, in declaration order (one name, one field)."""
+  return merge([declared], 'section')
+
+
+def defaults(schema: Schema) -> ml_collections.ConfigDict:
+  """The config a schema declares, at its defaults: the top-level fields, then one
+  ConfigDict per section (a None default is a typed placeholder the command line can set)."""
+  def value(f: Field):
+    return ml_collections.config_dict.placeholder(str) if f.default is None else f.default
+  c = ml_collections.ConfigDict()
+  for name, declared in schema.items():
+    if name:
+      c[name] = ml_collections.ConfigDict({n: value(f) for n, f in declared.items()})
+    else:
+      for n, f in declared.items():
+        c[n] = value(f)
+  return c
+
+
+_MISSING = object()
+
+
+def lookup(config, dotted: str, default=None):
+  """``config.<dotted>``, or ``default`` when a part is absent."""
+  node = config
+  for part in dotted.split('.'):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      return default
+    node = node[part]
+  return node
+
+
+def problems(config, schema: Schema) -> list[str]:
+  """One message per value of ``config`` out of its declared range, naming the key and the
+  range. A field the config does not have is skipped (a config from before it existed)."""
+  out = []
+  for name, declared in schema.items():
+    for f in declared.values():
+      value = lookup(config, key(name, f.name), _MISSING)
+      if value is not _MISSING:
+        found = f.problem(name, tuple(value) if isinstance(value, list) else value)
+        out.extend([found] if found else [])
+  return out
+
+
+def table(schema: Schema) -> str:
+  """Every field of a schema as Markdown: key, default, allowed values, meaning."""
+  rows = ['| key | default | allowed | meaning |', '|---|---|---|---|']
+  for name, declared in schema.items():
+    for f in declared.values():
+      rows.append(f'| `{key(name, f.name)}` | `{f.default!r}` | {f.expected()} | {f.doc} |')
+  return '\n'.join(rows)
 
 
 def merge(groups: Iterable[Sequence[Field]], section: str) -> dict[str, Field]:
@@ -97,20 +165,12 @@ def one_of(*values) -> Check:
   return (lambda v: v in values), 'one of ' + ', '.join(repr(v) for v in values)
 
 
-def registry(module: str, attribute: str, what: str) -> Check:
-  """A name in a registry, read when checked (registries fill in as modules import)."""
-  def names():
-    try:
-      return sorted(getattr(importlib.import_module(module), attribute))
-    except (ImportError, AttributeError):
-      return None  # No such registry in this version: the builder checks the name.
+def names(source: Callable[[], Iterable[str]], what: str) -> Check:
+  """A name among ``source()`` (a registry's keys, read when checked: it may fill in as
+  modules import), e.g. ``names(lambda: KINDS, 'a model kind')``."""
   def check(v):
-    known = names()
-    return isinstance(v, str) and bool(v) and (known is None or v in known)
-  def expected():
-    known = names()
-    return f'{what}, one of {known}' if known else f'{what} (a non-empty string)'
-  return check, expected
+    return isinstance(v, str) and bool(v) and v in source()
+  return check, lambda: f'{what}, one of {sorted(source())}'
 
 
 def boolean() -> Check:

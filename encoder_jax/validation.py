@@ -3,29 +3,27 @@
 Without this, bad values surfaced late and far from their cause: a negative learning rate
 trained (loss up), a dropout rate of 1.5 trained into NaN, ``log_every_steps=0`` was a
 ZeroDivisionError after compiling, ``batch_size=0`` an IndexError in the iterator. The
-checks are one rule per key (:func:`rules`) plus the few that involve several keys
-(``CROSS_RULES``); a rule whose key the config does not have is skipped, so one table
-serves configs from before and after a field was added. The ``model`` and ``objective``
-rules are not written here: they are the ranges the registry entries declare with their
-fields (``encoder_jax.fields``), and the cross-checks of those sections are the kind's
-``check`` and the objective entries' declarations (``objectives.problems``). The other
-sections' rules are ``OWN_RULES``: adding a field to ``config_base`` or ``data.config``
-means adding its line there; ``test_validation`` fails until it has one.
+checks are the ranges every field declares (``config_base.schema()``: each section's
+:class:`fields.Field` values, so a field is added once, with its range) plus the few rules
+that involve several keys (``CROSS_RULES``, named functions here; the model's own are its
+kind's ``check``, the objectives' their entries' declarations). A field the config does not
+have is skipped, so one schema serves configs from before and after a field was added.
 
 ``validate(config)`` raises ``ConfigError`` listing every problem at once;
-``workdir.check_workdir_writable`` is the workdir's counterpart.
+``workdir.check_workdir_writable`` is the workdir's counterpart. Another config (fine-tuning's)
+is checked the same way: :func:`check_sections` / :func:`validate_sections` with its own
+schema (``fields.section``) and cross rules.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
+from encoder_jax import config_base
 from encoder_jax import fields as fields_lib
 from encoder_jax import objectives
-from encoder_jax import optimizer
 from encoder_jax.models import registry as models
 
 
@@ -33,110 +31,36 @@ class ConfigError(ValueError):
   """A config value out of range: a user error, reported without a traceback."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  key: str  # Dotted, without 'config.'.
-  check: Callable[[Any], bool]
-  expected: str | Callable[[], str]  # Completes 'expected ...'; callable: built when needed.
-
-  def describe(self) -> str:
-    return self.expected() if callable(self.expected) else self.expected
+# A rule over several keys: a message, a list of them, or None when satisfied.
+CrossRule = Callable[[Any], 'str | None | list[str]']
 
 
-# The check builders live with the field declarations (one vocabulary for both).
-integer, number, one_of, registry = (fields_lib.integer, fields_lib.number, fields_lib.one_of,
-                                     fields_lib.registry)
-boolean, string, sequence_of = fields_lib.boolean, fields_lib.string, fields_lib.sequence_of
+def check_sections(config, schema: fields_lib.Schema,
+                   cross_rules: Sequence[CrossRule] = ()) -> list[str]:
+  """Every problem of ``config`` against a schema (section -> declared fields), one message
+  each naming the key and what was expected; the cross rules run when every value is in its
+  own range (they assume it)."""
+  out = fields_lib.problems(config, schema)
+  if not out:
+    for rule in cross_rules:
+      found = rule(config)
+      out.extend([found] if isinstance(found, str) else found or [])
+  return out
 
 
-def _rule(key, spec) -> Rule:
-  check, expected = spec
-  return Rule(key, check, expected)
+def validate_sections(config, schema: fields_lib.Schema,
+                      cross_rules: Sequence[CrossRule] = ()) -> None:
+  """Raises ConfigError listing every problem :func:`check_sections` finds."""
+  found = check_sections(config, schema, cross_rules)
+  if found:
+    raise ConfigError(f'The config has {len(found)} invalid value{"s" * (len(found) > 1)}:\n  '
+                      + '\n  '.join(found))
 
 
-# ---- the table: one line per field that no registry declares ----
-
-OWN_RULES: tuple[Rule, ...] = tuple(_rule(k, s) for k, s in [
-    ('seed', integer()),
-    # data
-    ('data.sources', string(non_empty=True)),
-    ('data.mixing_alpha', number(0, lo_open=True)),
-    ('data.tfds_data_dir', string()),
-    ('data.max_line_bytes', integer(1)),
-    ('data.max_sentence_chars', integer(1)),
-    ('data.held_out_fraction', number(0, 1, hi_open=True)),
-    ('data.held_out_max_documents', integer(0)),
-    ('data.shard_max_tokens', integer(1)),
-    ('data.num_workers', integer(0)),
-    ('data.prepared_dir', string()),
-    ('data.pair_kind', registry('encoder_jax.data.builders', 'REGISTRY', 'an example builder')),
-    ('data.short_seq_prob', number(0, 1)),
-    ('data.shuffle_pool_examples', integer(1)),
-    ('data.streams', integer(0)),
-    # tokenizer
-    ('tokenizer.kind', registry('encoder_jax.data.tokenizer', 'KINDS', 'a tokenizer kind')),
-    ('tokenizer.path', string()),
-    ('tokenizer.model_type', one_of('unigram', 'bpe')),
-    ('tokenizer.lowercase', boolean()),
-    ('tokenizer.train_sentences', integer(1)),
-    ('tokenizer.character_coverage', number(0, 1, lo_open=True)),
-    # train
-    ('train.num_steps', integer(1)),
-    ('train.batch_size', integer(1)),
-    ('train.grad_accum_steps', integer(1)),
-    ('train.seq_lens', sequence_of(integer(8))),
-    ('train.max_predictions', sequence_of(integer(1))),
-    ('train.phase_fractions', sequence_of(number(0, 1))),
-    ('train.log_every_steps', integer(1)),
-    ('train.eval_every_steps', integer(0)),
-    ('train.eval_batches', integer(0)),
-    ('train.dropout_rng_impl', one_of('rbg', 'threefry')),
-    ('train.nonfinite_policy', one_of('stop', 'skip')),
-    ('train.peak_tflops_per_device', number(0)),
-    # optim
-    ('optim.name', one_of('adamw', 'lamb')),
-    ('optim.learning_rate', number(0, lo_open=True)),
-    ('optim.warmup_steps', integer(0)),
-    ('optim.schedule', one_of(*optimizer.SCHEDULES)),
-    ('optim.decay_fraction', number(0, 1, lo_open=True)),
-    ('optim.b1', number(0, 1, hi_open=True)),
-    ('optim.b2', number(0, 1, hi_open=True)),
-    ('optim.eps', number(0, lo_open=True)),
-    ('optim.weight_decay', number(0)),
-    ('optim.grad_clip_norm', number(0)),
-    # mesh: -1 = the remaining devices (at most one axis, see CROSS_RULES)
-    ('mesh.data', integer(1, also=(-1,))),
-    ('mesh.fsdp', integer(1, also=(-1,))),
-    ('mesh.tensor', integer(1, also=(-1,))),
-    # checkpoint
-    ('checkpoint.every_steps', integer(1)),
-    ('checkpoint.keep', integer(1)),
-    ('checkpoint.async_save', boolean()),
-])
-
-
-def declared_rules() -> tuple[Rule, ...]:
-  """The rules of the fields the model and objective registries declare."""
-  return tuple(Rule(f'{section}.{f.name}', f.spec[0], f.spec[1])
-               for section, declared in (('model', models.model_fields()),
-                                         ('objective', objectives.objective_fields()))
-               for f in declared.values())
-
-
-def rules() -> tuple[Rule, ...]:
-  return declared_rules() + OWN_RULES
+_get = fields_lib.lookup
 
 
 # ---- rules over several keys: each returns a message, or None when satisfied ----
-
-
-def _get(config, key: str, default=None):
-  node = config
-  for part in key.split('.'):
-    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
-      return default
-    node = node[part]
-  return node
 
 
 def _phases(c) -> str | None:
@@ -175,11 +99,8 @@ def _batch(c) -> str | None:
 def _positions(c) -> str | None:
   limit, offset = _get(c, 'model.max_position_embeddings'), _get(c, 'model.position_offset', 0)
   seq = _get(c, 'train.seq_lens')
-  if limit is None:
+  if limit is None or offset >= limit:  # The latter is the model's own check (_model).
     return None
-  if offset >= limit:
-    return (f'config.model.position_offset={offset}: expected < model.max_position_embeddings='
-            f'{limit}')
   if seq and max(seq) > limit - offset:
     return (f'config.train.seq_lens={tuple(seq)}: expected each <= model.max_position_embeddings'
             f' - position_offset = {limit - offset}')
@@ -252,36 +173,17 @@ def _packing(c) -> str | None:
   return None
 
 
-CROSS_RULES: tuple[Callable[[Any], str | None | list[str]], ...] = (
+CROSS_RULES: tuple[CrossRule, ...] = (
     _phases, _warmup, _batch, _positions, _eval, _mesh, _sources, _model, _objectives,
     _packing)
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:
-  """Every problem found, one message each (naming the key and what was expected)."""
-  out, bad_keys = [], set()
-  for rule in rules():
-    value = _get(config, rule.key, _MISSING)
-    if value is _MISSING:
-      continue
-    if isinstance(value, list):
-      value = tuple(value)
-    if not rule.check(value):
-      out.append(f'config.{rule.key}={value!r}: expected {rule.describe()}')
-      bad_keys.add(rule.key)
-  if not bad_keys:  # Cross rules assume each value is in its own range.
-    for r in CROSS_RULES:
-      found = r(config)
-      out.extend([found] if isinstance(found, str) else found or [])
-  return out
-
-
-_MISSING = object()
+  """Every problem of a pretraining config, one message each (naming the key and what was
+  expected)."""
+  return check_sections(config, config_base.schema(), CROSS_RULES)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError listing every out-of-range value; call before any work."""
-  found = problems(config)
-  if found:
-    raise ConfigError(f'The config has {len(found)} invalid value{"s" * (len(found) > 1)}:\n  '
-                      + '\n  '.join(found))
+  validate_sections(config, config_base.schema(), CROSS_RULES)

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from encoder_jax import config_base
+from encoder_jax import fields
 from encoder_jax import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,10 +27,42 @@ def _leaves(tree, prefix=''):
       yield f'{prefix}{k}'
 
 
-def test_every_schema_field_has_a_rule():
-  """A field added to config_base without a rule (OWN_RULES, or a registry's Field) fails here."""
-  ruled = {r.key for r in validation.rules()}
-  assert sorted(set(_leaves(config_base.base_config())) - ruled) == []
+def test_every_field_is_declared_with_its_range_and_meaning():
+  """The config is its declarations: every key a Field (default, range, meaning), every
+  default in its own range, and the table lists every key."""
+  schema = config_base.schema()
+  declared = {fields.key(section, name) for section, fs in schema.items() for name in fs}
+  assert sorted(_leaves(config_base.base_config())) == sorted(declared)
+  table = config_base.fields_table()
+  for section, fs in schema.items():
+    for name, f in fs.items():
+      key = fields.key(section, name)
+      assert f.doc.strip(), f'config.{key} has no meaning declared'
+      assert f.default is None or f.ok(f.default), f'config.{key}: default out of range'
+      assert f'| `{key}` |' in table
+
+
+def test_a_sections_api_for_other_configs():
+  """Another config (fine-tuning's) declares its sections and is checked by the same code."""
+  schema = {'': fields.section(fields.Field('seed', 0, fields.integer(), 'Seed.')),
+            'optim': fields.section(
+                fields.Field('epochs', 3, fields.integer(1), 'Passes over the data.'),
+                fields.Field('policy', 'stop', fields.one_of('stop', 'skip'), 'On NaN.'))}
+  c = fields.defaults(schema)
+  assert c.to_dict() == {'seed': 0, 'optim': {'epochs': 3, 'policy': 'stop'}}
+  assert validation.check_sections(c, schema) == []
+  c.optim.epochs, c.optim.policy = 0, 'ignore'
+  assert validation.check_sections(c, schema) == [
+      'config.optim.epochs=0: expected an integer >= 1',
+      "config.optim.policy='ignore': expected one of 'stop', 'skip'"]
+  assert validation.check_sections({'seed': True}, schema) == [
+      'config.seed=True: expected an integer']
+  c.optim.epochs, c.optim.policy = 3, 'skip'
+  with pytest.raises(validation.ConfigError, match=r'1 invalid value:\n  odd epochs'):
+    validation.validate_sections(c, schema, [lambda c: 'odd epochs' if c.optim.epochs % 2 else
+                                             None, lambda c: None])
+  with pytest.raises(TypeError, match='declared twice'):
+    fields.section(fields.Field('a', 0, fields.integer()), fields.Field('a', 1, fields.integer()))
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs', 'bert_*.py'))),

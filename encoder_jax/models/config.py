@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -90,27 +89,30 @@ BLOCK_OPTIONS: tuple[fields_lib.Field, ...] = (
       'Wqkv; one matmul instead of three); False = separate query, key, value.'),
 )
 BLOCK_OPTION_NAMES = tuple(f.name for f in BLOCK_OPTIONS)
-# The fields every kind reads (the BERT trunk and its options); BERT-base defaults. A kind
-# with fields of its own declares them in its module (``declare``), e.g. XLNet's memory.
+# The fields every kind reads (the trunk and its options); BERT-base defaults. The 'kind'
+# field is the registry's (``models.registry.KIND``), and a kind with fields of its own
+# declares them on its entry (``ModelKind.fields``), e.g. XLNet's memory.
 FIELDS: tuple[fields_lib.Field, ...] = (
-    F('kind', 'bert', fields_lib.registry('encoder_jax.models.registry', 'KINDS', 'a model kind'),
-      "Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ..."),
     F('vocab_size', 30522, fields_lib.integer(1),
       'Also the size of the tokenizer trained by prepare; checked at start-up.'),
     F('hidden_size', 768, fields_lib.integer(1), 'd_model.'),
-    F('num_layers', 12, fields_lib.integer(1)),
-    F('num_heads', 12, fields_lib.integer(1)),
+    F('num_layers', 12, fields_lib.integer(1), 'Transformer layers.'),
+    F('num_heads', 12, fields_lib.integer(1),
+      'Attention heads per layer (hidden_size must be a multiple).'),
     F('intermediate_size', 3072, fields_lib.integer(1), 'd_ff of the feed-forward block.'),
     F('max_position_embeddings', 512, fields_lib.integer(1), 'Learned absolute positions.'),
     F('type_vocab_size', 2, fields_lib.integer(0),
       'Segment (A/B) embeddings; 0 = none (the released DeBERTa models).'),
-    F('hidden_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True)),
-    F('attention_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True)),
-    F('layer_norm_eps', 1e-12, fields_lib.number(0, lo_open=True)),
+    F('hidden_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True),
+      'Dropout on the embeddings and on each block\'s output, while training.'),
+    F('attention_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True),
+      'Dropout on the attention probabilities, while training.'),
+    F('layer_norm_eps', 1e-12, fields_lib.number(0, lo_open=True),
+      'Epsilon of every LayerNorm (BERT 1e-12, RoBERTa 1e-5).'),
     F('initializer_range', 0.02, fields_lib.number(0, lo_open=True),
       'Std of the truncated-normal init.'),
     F('attention_kind', 'dot_product',
-      fields_lib.registry('encoder_jax.models.attention_kinds', 'REGISTRY', 'an attention kind'),
+      fields_lib.names(lambda: attention_kinds.REGISTRY, 'an attention kind'),
       'Name in models.attention_kinds.REGISTRY.'),
     F('dtype', 'float32', fields_lib.one_of(*DTYPES),
       "Activation dtype: 'float32' or 'bfloat16' (params stay float32)."),
@@ -134,27 +136,29 @@ FIELDS: tuple[fields_lib.Field, ...] = (
       'Training with attention_dropout_rate > 0 always runs the explicit XLA softmax.'),
 ) + BLOCK_OPTIONS
 
-# Every declared field by name: FIELDS plus what each imported kind module declares.
-_DECLARED: dict[str, fields_lib.Field] = fields_lib.merge([FIELDS], 'model')
-_OWNERS: dict[str, str] = {}  # Field name -> the kind module that declared it.
+# Every config.model field by name (the registry's 'kind', FIELDS, each kind's own): the
+# model registry, which imports every kind, sets it at its import (``use_fields``), so this
+# module never imports the registry and a kind's fields are declared only on its entry.
+_FIELDS: dict[str, fields_lib.Field] = {}
 
 
-def declare(owner: str, *kind_fields: fields_lib.Field) -> tuple[fields_lib.Field, ...]:
-  """Adds a kind's own fields to ``config.model`` (called by the kind's module at import)."""
-  _DECLARED.update(fields_lib.merge([tuple(_DECLARED.values()), kind_fields], 'model'))
-  for f in kind_fields:
-    _OWNERS.setdefault(f.name, owner)
-  return kind_fields
+def use_fields(declared: Mapping[str, fields_lib.Field]) -> None:
+  """Sets the fields every EncoderConfig has (``models.registry.model_fields()``)."""
+  _FIELDS.clear()
+  _FIELDS.update(declared)
 
 
-def declared_fields() -> dict[str, fields_lib.Field]:
-  return dict(_DECLARED)
+def _fields() -> dict[str, fields_lib.Field]:
+  if not _FIELDS:
+    raise RuntimeError('EncoderConfig reads its fields from the model registry: import '
+                       'encoder_jax.models.registry before building one')
+  return _FIELDS
 
 
 class EncoderConfig:
   """Shapes and options of a Transformer encoder: the values of ``config.model``.
 
-  Its attributes are the declared fields (:data:`FIELDS` and each kind's own), each
+  Its attributes are the declared fields (``models.registry.model_fields()``), each
   defaulted and range-checked when the config is built, so a bad value is named here
   whichever way the config was made. Immutable and hashable (a static argument of jit and
   a Flax module attribute).
@@ -162,19 +166,15 @@ class EncoderConfig:
   __slots__ = ('_values',)
 
   def __init__(self, **values):
-    # Every kind declares its fields when its module is imported: import them all first
-    # (a config built before models.registry was would miss e.g. XLNet's mem_len, and the
-    # 'kind' check below imports the registry, which must not grow _DECLARED mid-loop).
-    importlib.import_module('encoder_jax.models.registry')
-    unknown = sorted(set(values) - set(_DECLARED))
+    declared = _fields()
+    unknown = sorted(set(values) - set(declared))
     if unknown:
-      raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(_DECLARED)}')
-    full = {name: f.default for name, f in _DECLARED.items()}
+      raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(declared)}')
+    full = {name: f.default for name, f in declared.items()}
     full.update(values)
-    for name, f in _DECLARED.items():
-      problem = f.problem('model', full[name])
-      if problem:
-        raise ValueError(problem)
+    found = fields_lib.problems({'model': full}, {'model': declared})
+    if found:
+      raise ValueError(found[0])
     object.__setattr__(self, '_values', full)
     self._cross_check()
 
@@ -183,8 +183,8 @@ class EncoderConfig:
       raise ValueError(f'config.model.hidden_size={self.hidden_size}: expected a multiple of '
                        f'model.num_heads={self.num_heads}')
     if not self.position_offset < self.max_position_embeddings:
-      raise ValueError(f'config.model.position_offset={self.position_offset}; expected in '
-                       f'[0, max_position_embeddings={self.max_position_embeddings})')
+      raise ValueError(f'config.model.position_offset={self.position_offset}: expected < '
+                       f'model.max_position_embeddings={self.max_position_embeddings}')
     attention_kinds.get(self.attention_kind)  # Fails early, listing the valid kinds.
     if not self.first_attention_norm and not self.pre_norm:
       raise ValueError('config.model.first_attention_norm=False needs pre_norm=True (a post-LN '
@@ -194,8 +194,8 @@ class EncoderConfig:
     try:
       return object.__getattribute__(self, '_values')[name]
     except KeyError:
-      raise AttributeError(f'config.model has no field {name!r} (declared: {sorted(_DECLARED)}; '
-                           "a kind's own fields exist once its module is imported)") from None
+      raise AttributeError(f'config.model has no field {name!r} (declared: '
+                           f'{sorted(_FIELDS)})') from None
 
   def __setattr__(self, name, value):
     raise AttributeError(f'EncoderConfig is immutable; use .replace({name}=...)')
@@ -282,7 +282,10 @@ class EncoderConfig:
 
 
 def _rebuild(values: dict[str, Any]) -> EncoderConfig:
-  return EncoderConfig(**values)
+  """Unpickling: the values were checked when the config was built."""
+  out = object.__new__(EncoderConfig)
+  object.__setattr__(out, '_values', values)
+  return out
 
 
 def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
@@ -349,7 +352,7 @@ class ModelKind:
   # default: config.objective.names and config.data.pair_kind.
   import_objectives: tuple[str, ...] = ('mlm',)
   import_pair_kind: str = 'full_sentences'
-  # The kind's own config.model fields (beside FIELDS), declared by its module.
+  # The kind's own config.model fields (beside FIELDS): declared here only.
   fields: tuple[fields_lib.Field, ...] = ()
   # A kind trained beside a second network (ELECTRA's discriminator): the second network's
   # config from this one's and (hidden fraction, layers fraction), and the parameter

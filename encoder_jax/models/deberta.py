@@ -295,8 +295,7 @@ def row_flops(c: config_lib.EncoderConfig, seq_len: int) -> float:
 
 F = fields_lib.Field
 # DeBERTa's own config.model fields (read here and by the 'disentangled' attention kind).
-FIELDS = config_lib.declare(
-    'deberta',
+FIELDS: tuple[fields_lib.Field, ...] = (
     F('position_biased_input', True, fields_lib.boolean(),
       'Absolute positions added to the input embeddings (DeBERTa: False, with the EMD).'),
     F('max_relative_positions', -1, fields_lib.integer(-1),

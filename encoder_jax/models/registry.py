@@ -3,7 +3,11 @@
 Everything outside ``models/`` builds networks through :func:`network` (or :func:`get`),
 never by importing a concrete model module, so a new kind is a file plus a line here
 (plus its Hugging Face table in ``interop.registry``). A kind's own config fields are
-declared in its module (``ModelKind.fields``); ``config.model`` is :func:`model_fields`.
+declared on its entry (``ModelKind.fields``); ``config.model`` is :func:`model_fields`: the
+``kind`` field (:data:`KIND`, declared here, where the kinds are known), the fields every
+kind reads (``config.FIELDS``) and each kind's own. This module hands them to
+``EncoderConfig`` when it is imported (``config.use_fields``): ``models/config.py`` never
+imports the registry.
 """
 
 from __future__ import annotations
@@ -41,9 +45,18 @@ KINDS: dict[str, ModelKind] = {
 }
 
 
-def model_fields() -> dict:
-  """Every ``config.model`` field: the shared ones, then each registered kind's own."""
-  return fields_lib.merge([config_lib.FIELDS, *(k.fields for k in KINDS.values())], 'model')
+KIND = fields_lib.Field(
+    'kind', 'bert', fields_lib.names(lambda: KINDS, 'a model kind'),
+    "Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ...")
+
+_MODEL_FIELDS = fields_lib.merge(
+    [(KIND,), config_lib.FIELDS, *(k.fields for k in KINDS.values())], 'model')
+config_lib.use_fields(_MODEL_FIELDS)
+
+
+def model_fields() -> dict[str, fields_lib.Field]:
+  """Every ``config.model`` field: ``kind``, the shared ones, then each kind's own."""
+  return dict(_MODEL_FIELDS)
 
 
 def get(kind: str) -> ModelKind:

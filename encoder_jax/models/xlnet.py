@@ -552,8 +552,7 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
 
 
 # XLNet's own config.model fields.
-FIELDS = config_lib.declare(
-    'xlnet',
+FIELDS: tuple[fields_lib.Field, ...] = (
     fields_lib.Field('mem_len', 0, fields_lib.integer(0),
                      'Transformer-XL memory: cached states per layer, carried across steps in the '
                      'training state (0 = none).'),

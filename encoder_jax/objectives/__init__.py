@@ -62,8 +62,7 @@ HEADS = {'mlm_head': 'MLM head', 'pair_head': 'pair head',
          'packed_rows': 'attention that keeps the documents of a packed row apart'}
 NAMES = fields_lib.Field(
     'names', ('mlm', 'nsp'),
-    fields_lib.sequence_of(fields_lib.registry('encoder_jax.objectives', 'REGISTRY',
-                                               'an objective name')),
+    fields_lib.sequence_of(fields_lib.names(lambda: REGISTRY, 'an objective name')),
     'Losses to add up, each an entry of objectives.REGISTRY (see its declarations).')
 
 REGISTRY: dict[str, Entry] = {
