@@ -35,7 +35,6 @@ from encoder_jax import sharding
 from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax import workdir as workdir_lib
-from encoder_jax.models import registry as models
 from encoder_jax.objectives import masking
 
 PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
@@ -139,24 +138,12 @@ def evaluate(eval_step, params, eval_batches, mesh, objective,
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> tuple[length_phases.Phase, ...]:
-  """Checks the config fields that only make sense together; returns the phases."""
+  """The check that needs the mesh (each micro-batch splits over its data axes); returns the
+  phases. Every other check is ``validation.validate``'s, run before any work."""
   t = config.train
   phases = length_phases.phases(t)
-  if t.nonfinite_policy not in ('stop', 'skip'):
-    raise ValueError(f'config.train.nonfinite_policy={t.nonfinite_policy!r}; expected "stop" '
-                     'or "skip"')
-  if t.grad_accum_steps < 1 or t.batch_size % t.grad_accum_steps:
-    raise ValueError(f'config.train.batch_size={t.batch_size} must be divisible by '
-                     f'grad_accum_steps={t.grad_accum_steps} (>= 1)')
   sharding.check_batch(t.batch_size // t.grad_accum_steps, mesh,
                        'config.train.batch_size / grad_accum_steps')
-  longest = max(p.seq_len for p in phases)
-  model = models.make_config(config.model)
-  if longest > model.max_length:
-    raise ValueError(f'config.train.seq_lens has {longest} > the {model.max_length} positions of '
-                     f'model.max_position_embeddings={model.max_position_embeddings}'
-                     + (f' - position_offset={model.position_offset}'
-                        if model.position_offset else ''))
   return phases
 
 
