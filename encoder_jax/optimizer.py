@@ -1,4 +1,9 @@
-"""optax optimizer and learning-rate schedule from ``config.optim`` (BERT recipe defaults)."""
+"""optax optimizer and learning-rate schedule from ``config.optim`` (BERT recipe defaults).
+
+The one optimizer builder of pretraining and fine-tuning: fine-tuning's ``optim`` section
+has the same fields (its defaults are BERT fine-tuning's), its warmup as a fraction of
+the steps (``warmup_fraction``) instead of a count.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> 
   * ``'wsd'`` (warmup-stable-decay; MiniCPM, ModernBERT): the peak held, then a linear
     decay to 0 over the last ``decay_fraction`` of the steps.
   """
-  warmup = int(optim.warmup_steps)
+  warmup = warmup_steps(optim, num_steps)
   if not 0 <= warmup <= num_steps:
     raise ValueError(f'config.optim.warmup_steps={warmup} must be in [0, train.num_steps='
                      f'{num_steps}]')
@@ -42,6 +47,18 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> 
   return optax.join_schedules(pieces, boundaries)
 
 
+def warmup_steps(optim: ml_collections.ConfigDict, num_steps: int) -> int:
+  """``optim.warmup_steps``, or ``optim.warmup_fraction`` of ``num_steps`` where the config
+  has that instead (fine-tuning's, whose step count follows from the data)."""
+  if 'warmup_fraction' not in optim:
+    return int(optim.warmup_steps)
+  fraction = float(optim.warmup_fraction)
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f'config.optim.warmup_fraction={optim.warmup_fraction}; expected a '
+                     'fraction of the steps in [0, 1]')
+  return int(round(fraction * num_steps))
+
+
 def decay_mask(params):
   """Weight decay on weight matrices only: not on LayerNorm parameters and biases."""
   def keep(path, _):
@@ -53,14 +70,15 @@ def decay_mask(params):
 def make(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   o = config.optim
   lr = learning_rate_schedule(o, int(config.train.num_steps))
-  if o.name == 'adamw':
+  name = o.get('name', 'adamw')
+  if name == 'adamw':
     opt = optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                       mask=decay_mask)
-  elif o.name == 'lamb':
+  elif name == 'lamb':
     opt = optax.lamb(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                      mask=decay_mask)
   else:
-    raise ValueError(f'config.optim.name={o.name!r}; expected "adamw" or "lamb"')
+    raise ValueError(f'config.optim.name={name!r}; expected "adamw" or "lamb"')
   if o.grad_clip_norm < 0:
     raise ValueError(f'config.optim.grad_clip_norm={o.grad_clip_norm}; expected >= 0')
   if o.grad_clip_norm:

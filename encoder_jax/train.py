@@ -234,7 +234,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   state = _state(run, restored)
   writer = metrics_lib.MetricWriter(workdir, enabled=run.lead,
                                     resume_step=0 if restored is None else restored[3])
-  flusher = _MetricsFlusher(run, writer)
+  flusher = MetricsFlusher(config.train, run.objective, run.console, writer, run.ckpt, workdir)
   try:
     step = _loop(run, state, preempted, writer, flusher)
   finally:
@@ -321,13 +321,21 @@ def _state(run: _Run, restored) -> TrainState:
                     opt_state=opt_state, extra=extra)
 
 
-class _MetricsFlusher:
+class MetricsFlusher:
   """Pending step metrics -> host: checked for non-finite values (the policy), averaged,
-  timed (tokens/s, MFU), written and printed at each log step."""
+  timed (tokens/s, MFU), written and printed at each flush. The one non-finite check of
+  every run: the loop flushes before every save, so no checkpoint holds a non-finite step.
 
-  def __init__(self, run: _Run, writer):
-    self.run, self.writer = run, writer
-    self.peak = metrics_lib.peak_tflops_per_device(run.config.train.peak_tflops_per_device)
+  ``train``: the run's ``batch_size``, ``num_steps``, ``nonfinite_policy`` and
+  ``peak_tflops_per_device``; ``ckpt``: None for a run kept in memory; ``policy_key``: the
+  config key of the policy, named in the error."""
+
+  def __init__(self, train: ml_collections.ConfigDict, objective, console, writer,
+               ckpt: checkpointing.Checkpointer | None, workdir: str | None,
+               policy_key: str = 'config.train.nonfinite_policy'):
+    self.t, self.objective, self.console, self.writer = train, objective, console, writer
+    self.ckpt, self.workdir, self.policy_key = ckpt, workdir, policy_key
+    self.peak = metrics_lib.peak_tflops_per_device(train.get('peak_tflops_per_device', 0.0))
     self.pending: list[dict] = []
     self.last: dict[str, float] = {}
     self.timer_start, self.timer_steps = None, 0
@@ -346,25 +354,30 @@ class _MetricsFlusher:
     """After a compile, an evaluation or a save: time from the next step on."""
     self.timer_start = None
 
+  def _check(self, bad: list[int]) -> None:
+    """The non-finite policy: 'stop' raises, naming the last good checkpoint."""
+    if not bad or self.t.nonfinite_policy != 'stop':
+      return
+    good = self.ckpt.latest_step() if self.ckpt is not None else None
+    raise FloatingPointError(
+        f'Non-finite loss or gradient at step {bad[0]} (its logged metrics; step '
+        f'{bad[0] - 1} was finite); stopping. ' + (
+            f'Last good checkpoint: step {good} in '
+            f'{checkpointing.checkpoint_dir(self.workdir)}; rerun to resume from it (e.g. '
+            f'with a lower config.optim.learning_rate), or set {self.policy_key}=\'skip\'.'
+            if good is not None else
+            'No checkpoint was saved yet. Lower config.optim.learning_rate or set '
+            f"{self.policy_key}='skip'."))
+
   def flush(self, step: int, phase, state) -> None:
     if not self.pending:
       return
-    run, t = self.run, self.run.config.train
+    t = self.t
     host = jax.device_get(self.pending)
     # host[i] holds the metrics of the update that produced step (step - len(host) + i + 1),
     # the step number it is logged under.
     bad = [step - len(host) + i + 1 for i, m in enumerate(host) if m['nonfinite']]
-    if bad and t.nonfinite_policy == 'stop':
-      good = run.ckpt.latest_step()
-      raise FloatingPointError(
-          f'Non-finite loss or gradient at step {bad[0]} (its logged metrics; step '
-          f'{bad[0] - 1} was finite); stopping. ' + (
-              f'Last good checkpoint: step {good} in '
-              f'{checkpointing.checkpoint_dir(run.workdir)}; rerun to resume from it (e.g. '
-              'with a lower config.optim.learning_rate), or set '
-              "config.train.nonfinite_policy='skip'." if good is not None else
-              'No checkpoint was saved yet. Lower config.optim.learning_rate or set '
-              "config.train.nonfinite_policy='skip'."))
+    self._check(bad)
     self.skipped += len(bad)
     self.run_steps += len(host)
     last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
@@ -372,86 +385,167 @@ class _MetricsFlusher:
     if self.timer_start is not None and self.timer_steps:  # Steps since the timer started.
       jax.block_until_ready(state.step)
       dt = (time.perf_counter() - self.timer_start) / self.timer_steps
-      flops = run.objective.flops_per_sequence(phase) * t.batch_size
+      flops = self.objective.flops_per_sequence(phase) * t.batch_size
       last.update(step_time_s=dt, tokens_per_s=t.batch_size * phase.seq_len / dt,
                   model_tflops_per_s_per_device=flops / dt / 1e12 / jax.device_count())
       if self.peak:
         last['mfu'] = last['model_tflops_per_s_per_device'] / self.peak
     self.writer.write(step, last)
     eta = (t.num_steps - step) * last['step_time_s'] if 'step_time_s' in last else None
-    run.console.metrics(step, t.num_steps, last, 'train', eta)
+    self.console.metrics(step, t.num_steps, last, 'train', eta)
     self.last, self.pending = last, []
     self.timer_start, self.timer_steps = time.perf_counter(), 0
 
 
-def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: _MetricsFlusher) -> int:
-  """Steps until ``train.num_steps`` or preemption: train, log, evaluate, save. The step
-  reached."""
-  config, t, out = run.config, run.config.train, run.console
-  step_fns: dict[int, Any] = {}
-  eval_fns: dict[int, Any] = {}
-  eval_sets: dict[int, list] = {}
+@dataclasses.dataclass
+class Loop:
+  """What every training run's loop works with; :func:`drive` runs it. What differs
+  between runs (pretraining's length phases and held-out MLM, fine-tuning's epochs and task
+  scores) is the ``hooks`` object's:
 
-  def eval_set(phase):
-    """The held-out batches at a phase's length: built once, the same at every eval."""
-    if phase.index not in eval_sets:
-      eval_sets[phase.index] = list(data_lib.make_eval_iterator(
-          config, run.prepared, phase.seq_len, rows=run.rows))
-    return eval_sets[phase.index]
+  * ``phase_at(step)`` -> the ``length_phases.Phase`` of the step;
+  * ``make_step(phase)`` -> the jitted ``(state, batch) -> (state, metrics)`` of a phase;
+  * ``check_batch(step, batch, phase)``: raises on a batch that does not fit the phase;
+  * ``log_now(step, data_state)``, ``save_now(step, data_state)`` -> bool: whether to
+    flush the metrics, or save a checkpoint, after this step (the last step always does);
+  * ``evaluate(step, state, phase, data_state)`` -> bool: evaluates if it is time (True
+    when it did).
+  """
+  hooks: Any
+  iterator: Any  # next() -> host batch; get_state / set_state: the checkpointed position.
+  num_steps: int
+  batch_size: int  # Global rows of a batch.
+  mesh: jax.sharding.Mesh
+  flusher: MetricsFlusher
+  console: console_lib.Console
+  ckpt: checkpointing.Checkpointer | None  # None: a run kept in memory (nothing saved).
+  workdir: str | None
+  position: Any = None  # The data state after the last step taken (drive sets it).
 
+
+def _after_step(loop: Loop, step: int, phase, state, data_state, stop: bool) -> None:
+  """Log, evaluate and save as the hooks say; the metrics are flushed (and checked for
+  non-finite values) before every save, the one on preemption included."""
+  hooks, flusher = loop.hooks, loop.flusher
+  end = step == loop.num_steps
+  if hooks.log_now(step, data_state) or end:
+    flusher.flush(step, phase, state)
+  if hooks.evaluate(step, state, phase, data_state):
+    flusher.restart_timer()
+  if hooks.save_now(step, data_state) or end or stop:
+    flusher.flush(step, phase, state)  # Never save over a non-finite step.
+    if loop.ckpt is not None:
+      loop.ckpt.save(step, state, data_state)
+      loop.console.say(f'saving step {step} in {checkpointing.checkpoint_dir(loop.workdir)}')
+    flusher.restart_timer()
+
+
+def drive(loop: Loop, state, preempted: 'Preempted') -> tuple[Any, int, bool]:
+  """Steps from ``state.step`` until ``loop.num_steps`` or preemption: train, log,
+  evaluate, save. Returns (state, the step reached, whether preempted)."""
+  out, flusher = loop.console, loop.flusher
   step = int(jax.device_get(state.step))
-  if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
-    eval_set(length_phases.phase_at(run.phases, step))
+  loop.position = loop.iterator.get_state()
   if preempted.at(step):
     out.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the same '
             'command to resume.')
-    return step
-  feed = feeding.Prefetcher(run.iterator)
-  batch_shard = sharding.batch_sharding(run.mesh)
+    return state, step, True
+  step_fns: dict[int, Any] = {}
+  feed = feeding.Prefetcher(loop.iterator)
+  batch_shard = sharding.batch_sharding(loop.mesh)
   try:
-    while step < t.num_steps:
-      phase = length_phases.phase_at(run.phases, step)
+    while step < loop.num_steps:
+      phase = loop.hooks.phase_at(step)
       if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
-        flusher.flush(step, length_phases.phase_at(run.phases, max(step - 1, 0)), state)
-        step_fns[phase.index] = make_train_step(config, run.objective, run.tx, run.schedule_fn,
-                                                run.mesh, run.shards, phase)
+        flusher.flush(step, loop.hooks.phase_at(max(step - 1, 0)), state)
+        step_fns[phase.index] = loop.hooks.make_step(phase)
         flusher.restart_timer()
       batch, data_state = next(feed)
-      if batch['input_ids'].shape[1] != phase.seq_len:
-        raise RuntimeError(f'Step {step}: the data iterator gave length '
-                           f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
-                           f'{phase.seq_len}')
+      loop.hooks.check_batch(step, batch, phase)
       state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard,
-                                                                t.batch_size))
-      step += 1
+                                                                loop.batch_size))
+      step, loop.position = step + 1, data_state
       flusher.add(m, state)
-      if step % t.log_every_steps == 0 or step == t.num_steps:
-        flusher.flush(step, phase, state)
-      if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.num_steps):
-        if phase.index not in eval_fns:
-          eval_fns[phase.index] = make_eval_step(config, run.objective, run.mesh,
-                                                 run.shards.params, phase)
-        held_out = evaluate(eval_fns[phase.index], state.params, eval_set(phase), run.mesh,
-                            run.objective, t.batch_size)
-        writer.write(step, held_out, prefix='eval')
-        out.metrics(step, t.num_steps, held_out, 'eval')
-        flusher.restart_timer()
       stop = preempted.at(step)
-      if step % run.ckpt.every_steps == 0 or step == t.num_steps or stop:
-        flusher.flush(step, phase, state)  # Never save over a non-finite step.
-        run.ckpt.save(step, state, data_state)
-        out.say(f'saving step {step} in {checkpointing.checkpoint_dir(run.workdir)}')
-        flusher.restart_timer()
+      _after_step(loop, step, phase, state, data_state, stop)
       if stop:
         out.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
                 'command to resume.')
-        break
+        return state, step, True
   finally:
     feed.close()
+  return state, step, False
+
+
+class _PretrainingHooks:
+  """Pretraining's loop: length phases, held-out MLM every ``train.eval_every_steps``,
+  metrics every ``train.log_every_steps``, checkpoints every ``checkpoint.every_steps``."""
+
+  def __init__(self, run: _Run, writer):
+    self.run, self.writer, self.t = run, writer, run.config.train
+    self.eval_fns: dict[int, Any] = {}
+    self.eval_sets: dict[int, list] = {}
+
+  def phase_at(self, step: int):
+    return length_phases.phase_at(self.run.phases, step)
+
+  def make_step(self, phase):
+    run = self.run
+    return make_train_step(run.config, run.objective, run.tx, run.schedule_fn, run.mesh,
+                           run.shards, phase)
+
+  def check_batch(self, step: int, batch, phase) -> None:
+    if batch['input_ids'].shape[1] != phase.seq_len:
+      raise RuntimeError(f'Step {step}: the data iterator gave length '
+                         f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
+                         f'{phase.seq_len}')
+
+  def eval_set(self, phase):
+    """The held-out batches at a phase's length: built once, the same at every eval."""
+    if phase.index not in self.eval_sets:
+      self.eval_sets[phase.index] = list(data_lib.make_eval_iterator(
+          self.run.config, self.run.prepared, phase.seq_len, rows=self.run.rows))
+    return self.eval_sets[phase.index]
+
+  def log_now(self, step: int, data_state) -> bool:
+    del data_state
+    return step % self.t.log_every_steps == 0
+
+  def save_now(self, step: int, data_state) -> bool:
+    del data_state
+    return step % self.run.ckpt.every_steps == 0
+
+  def evaluate(self, step: int, state, phase, data_state) -> bool:
+    del data_state
+    t, run = self.t, self.run
+    if not t.eval_every_steps or (step % t.eval_every_steps and step != t.num_steps):
+      return False
+    if phase.index not in self.eval_fns:
+      self.eval_fns[phase.index] = make_eval_step(run.config, run.objective, run.mesh,
+                                                  run.shards.params, phase)
+    held_out = evaluate(self.eval_fns[phase.index], state.params, self.eval_set(phase),
+                        run.mesh, run.objective, t.batch_size)
+    self.writer.write(step, held_out, prefix='eval')
+    run.console.metrics(step, t.num_steps, held_out, 'eval')
+    return True
+
+
+def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: MetricsFlusher) -> int:
+  """Steps until ``train.num_steps`` or preemption: train, log, evaluate, save. The step
+  reached."""
+  t = run.config.train
+  hooks = _PretrainingHooks(run, writer)
+  step = int(jax.device_get(state.step))
+  if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
+    hooks.eval_set(length_phases.phase_at(run.phases, step))
+  loop = Loop(hooks=hooks, iterator=run.iterator, num_steps=int(t.num_steps),
+              batch_size=int(t.batch_size), mesh=run.mesh, flusher=flusher,
+              console=run.console, ckpt=run.ckpt, workdir=run.workdir)
+  _, step, _ = drive(loop, state, preempted)
   return step
 
 
-def _summary(run: _Run, step: int, flusher: _MetricsFlusher) -> None:
+def _summary(run: _Run, step: int, flusher: MetricsFlusher) -> None:
   """The closing lines: where things are and what to run next; dropped updates warned."""
   out = run.console
   if step >= run.config.train.num_steps:

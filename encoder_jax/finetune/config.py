@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import ml_collections
 
+from encoder_jax.finetune import tasks
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  # Or 'sequence_regression' (a score per text or pair, STS-B), 'token_classification'
-  # (tagging, e.g. NER).
-  c.task = 'sequence_classification'
+  # An entry of finetune.tasks.REGISTRY: 'sequence_classification', 'sequence_regression'
+  # (a score per text or pair, STS-B), 'token_classification' (tagging, e.g. NER),
+  # 'question_answering' (SQuAD), 'sbert_classification', 'sbert_contrastive'.
+  c.task = tasks.TASK.default
+  # The fields the tasks declare (finetune.tasks.FIELDS), e.g. question answering's window
+  # stride; each task reads its own.
+  c.task_settings = ml_collections.ConfigDict({k: f.default for k, f in tasks.FIELDS.items()})
   c.seed = 0  # Head init, dropout and shuffling.
 
   # ---- init: the pretrained encoder; exactly one of workdir / hf_dir. ----
@@ -52,6 +58,9 @@ def base_config() -> ml_collections.ConfigDict:
       warmup_fraction=0.1,  # Share of all steps spent warming up from 0.
       weight_decay=0.01,  # Not applied to biases and LayerNorm parameters.
       grad_clip_norm=1.0,  # 0 disables.
+      b1=0.9,  # AdamW's moment decay rates and epsilon (BERT fine-tuning's).
+      b2=0.999,
+      eps=1e-6,
       epochs=3,
       batch_size=32,  # Examples per step (rows with data.packing).
       eval_batch_size=64,

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
+from absl import logging
 
 from encoder_jax.data import tokenizer as tokenizer_lib
 
@@ -104,60 +105,41 @@ def label_mapper(names: Sequence[str]):
   return to_id
 
 
-def read(spec: str, task: str, data_config: ml_collections.ConfigDict,
-         label_names: Sequence[str] | None = None) -> tuple[Examples, list[str]]:
-  """(examples, label names) of one split. ``label_names`` (from train) fixes the mapping."""
-  d = data_config
-  label_key = d.tags_field if task == 'token_classification' else d.label_field
-  rows, declared = read_rows(spec, d, [label_key])
+def label_names(rows: list[dict], key: str, spec: str, given: Sequence[str],
+                declared: Sequence[str], split_strings: bool = False) -> list[str]:
+  """Label names, index = class id: ``given`` (train's, or config.data.labels), else those
+  tfds declares, else the sorted set of the values in the rows (ints: 0..max).
+  ``split_strings``: a string value holds several labels (a token task's tags)."""
+  names = list(given or declared)
+  if names:
+    return names
+  values = [field(r, key, spec) for r in rows]
+  flat = [v for x in values for v in (x.split() if isinstance(x, str) and split_strings else
+                                      (x if isinstance(x, list) else [x]))]
+  names = [str(v) for v in sorted(set(flat), key=lambda v: (str(type(v)), v))]
+  if all(str(n).lstrip('-').isdigit() for n in names):
+    names = [str(i) for i in range(max(int(n) for n in names) + 1)]
+  return names
+
+
+def read_labelled_rows(spec: str, data_config: ml_collections.ConfigDict, label_key: str
+                       ) -> tuple[list[dict], list[str]]:
+  """The rows of one split (none is an error), and the label names tfds declares."""
+  rows, declared = read_rows(spec, data_config, [label_key])
   if not rows:
     raise ValueError(f'config.data: {spec!r} has no examples')
-  if task == 'sequence_regression':  # A real-valued score per text (STS-B): no label names.
-    out = Examples()
-    for r in rows:
-      out.texts.append(tuple(str(field(r, k, spec)) for k in d.text_fields))
-      value = field(r, label_key, spec)
-      try:
-        out.labels.append(float(value))
-      except (TypeError, ValueError) as e:
-        raise ValueError(f'{spec}: label {value!r} is not a number (task '
-                         'sequence_regression)') from e
-    return out, []
-  names = list(label_names or d.labels or declared.get(label_key, []))
-  if not names:  # Strings or ints in the file: the sorted set of the values seen.
-    values = [field(r, label_key, spec) for r in rows]
-    flat = [v for x in values for v in (x.split() if isinstance(x, str) and task ==
-                                         'token_classification' else
-                                         (x if isinstance(x, list) else [x]))]
-    names = [str(v) for v in sorted(set(flat), key=lambda v: (str(type(v)), v))]
-    if all(str(n).lstrip('-').isdigit() for n in names):
-      names = [str(i) for i in range(max(int(n) for n in names) + 1)]
-  to_id = label_mapper(names)
-  out = Examples()
-  for r in rows:
-    if task == 'sequence_classification':
-      out.texts.append(tuple(str(field(r, k, spec)) for k in d.text_fields))
-      out.labels.append(to_id(field(r, label_key, spec), spec))
-    else:
-      words, tags = field(r, d.tokens_field, spec), field(r, label_key, spec)
-      words = words.split() if isinstance(words, str) else list(words)
-      tags = tags.split() if isinstance(tags, str) else list(tags)
-      if len(words) != len(tags):
-        raise ValueError(f'{spec}: an example has {len(words)} words but {len(tags)} tags')
-      out.words.append([str(w) for w in words])
-      out.tags.append([to_id(t, spec) for t in tags])
-  return out, names
+  return rows, declared.get(label_key, [])
 
 
 @dataclasses.dataclass
 class Truncation:
-  """What :func:`encode_with_report` cut from one split to fit ``max_len``."""
-  task: str
+  """What a task's encoder cut from one split to fit ``max_len``."""
+  unit: str  # 'tokens' (text tasks: pieces cut) or 'words' (dropped with their labels).
   max_len: int
   examples: int = 0
   truncated_examples: int = 0
-  dropped_tokens: int = 0  # Sequence task: pieces cut from the texts.
-  words: int = 0  # Token task: words in the split, and those dropped with their labels.
+  dropped_tokens: int = 0  # Text tasks: pieces cut from the texts.
+  words: int = 0  # Word tasks: words in the split, and those dropped with their labels.
   dropped_words: int = 0
   longest: int = 0  # Tokens of the longest example before truncation, [CLS]/[SEP] included.
 
@@ -165,7 +147,7 @@ class Truncation:
     if not self.truncated_examples:
       return (f'{split}: {self.examples} examples, none longer than max_len={self.max_len} '
               'tokens')
-    if self.task == 'token_classification':
+    if self.unit == 'words':
       cut = (f'{self.dropped_words} of {self.words} words dropped with their labels (not '
              'trained on / not scored)')
     else:
@@ -176,66 +158,86 @@ class Truncation:
 
   def metrics(self) -> dict[str, int]:
     out = {'truncated_examples': self.truncated_examples}
-    if self.task == 'token_classification':
+    if self.unit == 'words':
       out['dropped_words'] = self.dropped_words
     else:
       out['dropped_tokens'] = self.dropped_tokens
     return out
 
 
-def encode(examples: Examples, tokenizer, task: str, max_len: int) -> dict[str, np.ndarray]:
-  """int32 ``input_ids, segment_ids, input_mask`` [N, max_len] and ``labels`` [N] or [N, L]."""
-  return encode_with_report(examples, tokenizer, task, max_len)[0]
-
-
-def encode_with_report(examples: Examples, tokenizer, task: str, max_len: int
-                       ) -> tuple[dict[str, np.ndarray], Truncation]:
-  """:func:`encode`'s arrays, and what was truncated to fit ``max_len``."""
-  n = len(examples)
-  report = Truncation(task=task, max_len=max_len, examples=n)
+def encode_texts(examples: Examples, tokenizer, max_len: int, label_dtype=np.int32
+                 ) -> tuple[dict[str, np.ndarray], Truncation]:
+  """Texts or pairs in the tokenizer's frame, the longer text truncated first: int32
+  ``input_ids, segment_ids, input_mask`` [N, max_len], ``labels`` [N]; what was cut."""
+  report = Truncation(unit='tokens', max_len=max_len, examples=len(examples))
   rows, segments = [], []
-  if task != 'token_classification':
-    labels = np.asarray(examples.labels,
-                        np.float32 if task == 'sequence_regression' else np.int32)
-    for texts in examples.texts:
-      parts = [tokenizer.encode(t) for t in texts]
-      a, b = parts[0], (parts[1] if len(parts) > 1 else None)
-      added = tokenizer.num_added(b is not None)
-      report.longest = max(report.longest, sum(map(len, parts)) + added)
-      cut = tokenizer_lib.truncate_longest_first(a, b, max_len - added)
-      report.truncated_examples += cut > 0
-      report.dropped_tokens += cut
-      row, segs = tokenizer.frame(a, b)
-      rows.append(row)
-      segments.append(segs)
-    ids, seg, mask = tokenizer.pad(rows, segments, max_len)
-  else:
-    row_labels_all = []
-    added = tokenizer.num_added()
-    for words, tags in zip(examples.words, examples.tags):
-      body, body_labels = [], []
-      pieces_per_word = [p or [tokenizer.unk_id]
-                         for p in (tokenizer.encode_batch(list(words)) if words else [])]
-      report.words += len(words)
-      report.longest = max(report.longest, sum(map(len, pieces_per_word)) + added)
-      for k, (pieces, tag) in enumerate(zip(pieces_per_word, tags)):
-        if len(body) + len(pieces) > max_len - added:  # Truncated: the rest are dropped.
-          report.truncated_examples += 1
-          report.dropped_words += len(words) - k
-          break
-        body += pieces
-        body_labels += [tag] + [IGNORE] * (len(pieces) - 1)
-      row, segs = tokenizer.frame(body)
-      # The labels follow the body through the frame; the specials get IGNORE.
-      marked, _ = tokenizer.frame([-1 - k for k in range(len(body))])
-      row_labels_all.append([body_labels[-1 - m] if m < 0 else IGNORE for m in marked])
-      rows.append(row)
-      segments.append(segs)
-    ids, seg, mask = tokenizer.pad(rows, segments, max_len)
-    labels, _, _ = tokenizer.pad(row_labels_all, None, max_len)
-    labels = np.where(mask > 0, labels, IGNORE).astype(np.int32)
-  arrays = {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'labels': labels}
+  for texts in examples.texts:
+    parts = [tokenizer.encode(t) for t in texts]
+    a, b = parts[0], (parts[1] if len(parts) > 1 else None)
+    added = tokenizer.num_added(b is not None)
+    report.longest = max(report.longest, sum(map(len, parts)) + added)
+    cut = tokenizer_lib.truncate_longest_first(a, b, max_len - added)
+    report.truncated_examples += cut > 0
+    report.dropped_tokens += cut
+    row, segs = tokenizer.frame(a, b)
+    rows.append(row)
+    segments.append(segs)
+  ids, seg, mask = tokenizer.pad(rows, segments, max_len)
+  arrays = {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask,
+            'labels': np.asarray(examples.labels, label_dtype)}
   return arrays, report
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A task's data, read and encoded: what the engine trains on and the scorer reads."""
+  train: dict[str, np.ndarray]
+  evals: dict[str, np.ndarray] | None = None
+  more_evals: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+  names: list[str] = dataclasses.field(default_factory=list)  # Label names (class ids).
+  num_outputs: int = 1  # The head's outputs.
+  report: dict[str, Any] = dataclasses.field(default_factory=dict)  # Added to the result.
+  context: dict[str, Any] = dataclasses.field(default_factory=dict)  # Split -> scorer input.
+
+
+def more_eval_specs(data_config: ml_collections.ConfigDict) -> dict[str, str]:
+  """``config.data.more_evals`` ('name=SPEC,name=SPEC'): splits scored after the last epoch."""
+  out = {}
+  for item in filter(None, (x.strip() for x in data_config.more_evals.split(','))):
+    name, sep, spec = item.partition('=')
+    if not sep or not name.isidentifier():
+      raise ValueError(f'config.data.more_evals has {item!r}; expected NAME=SPEC, e.g. '
+                       "'mismatched=tfds:glue/mnli:validation_mismatched'")
+    out[name] = spec
+  return out
+
+
+def prepare_labelled(config: ml_collections.ConfigDict, tokenizer, max_len: int, read_split,
+                     encode, log=print) -> Prepared:
+  """Train, eval and more_evals of a labelled task through its ``read_split(spec,
+  data_config, names) -> (Examples, names)`` and ``encode(examples, tokenizer, max_len) ->
+  (arrays, Truncation)``; truncation logged and counted in the result."""
+  d = config.data
+  train_ex, names = read_split(d.train, d)
+  train, train_cut = encode(train_ex, tokenizer, max_len)
+  out = Prepared(train=train, names=list(names), num_outputs=max(1, len(names)))
+  cuts = {'train': train_cut}
+  if d.eval:
+    eval_ex, _ = read_split(d.eval, d, names)
+    out.evals, cuts['eval'] = encode(eval_ex, tokenizer, max_len)
+  for name, spec in more_eval_specs(d).items():
+    out.more_evals[name] = encode(read_split(spec, d, names)[0], tokenizer, max_len)[0]
+  logging.info('Fine-tuning %s: %d train / %d eval examples, labels %s', config.task,
+               train_cut.examples, cuts['eval'].examples if 'eval' in cuts else 0, names)
+  for split, cut in cuts.items():
+    logging.info('%s', cut.summary(split))
+    if cut.truncated_examples:
+      log(f'Warning: {cut.summary(split)}')
+  for split in ('eval', 'train'):  # The order the result has always listed them in.
+    if split in cuts:
+      out.report.update({f'{split}_{k}': v for k, v in cuts[split].metrics().items()})
+  out.report['labels'] = list(names)
+  return out
 
 
 def pack(arrays: dict[str, np.ndarray], order: np.ndarray | None = None
@@ -294,3 +296,64 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, rng: np.random.Gener
       if 'labels' in batch and batch['labels'].ndim == 2:
         batch['labels'][-pad:] = IGNORE
     yield batch
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+  """The example order of an epoch: a function of (seed, epoch) alone, so a resumed run
+  takes the same batches."""
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class EpochBatches:
+  """The training batches of epochs 1..``epochs``, each epoch in its own order
+  (:func:`epoch_order`; ``packing``: the epoch's examples packed in that order), the last
+  batch of an epoch padded. The state is the position of the next batch,
+  ``{'epoch': e, 'batch': i}``, what the engine's checkpoints hold: a batch that ends an
+  epoch leaves ``{'epoch': e + 1, 'batch': 0}``."""
+
+  def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, seed: int, epochs: int,
+               packing: bool = False):
+    self.arrays, self.batch_size, self.seed = arrays, int(batch_size), int(seed)
+    self.epochs, self.packing = int(epochs), packing
+    self.epoch, self.batch = 1, 0
+    self._batches, self._count = None, 0
+
+  def _rows(self, epoch: int) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    order = epoch_order(len(self.arrays['input_ids']), self.seed, epoch)
+    if self.packing:
+      return pack(self.arrays, order), None
+    return self.arrays, order
+
+  def steps(self, epoch: int) -> int:
+    """The batches of one epoch."""
+    return -(-len(self._rows(epoch)[0]['input_ids']) // self.batch_size)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self.epoch > self.epochs:
+      raise StopIteration
+    if self._batches is None:
+      rows, order = self._rows(self.epoch)
+      self._count = -(-len(rows['input_ids']) // self.batch_size)
+      self._batches = batches(rows, self.batch_size, None, order, self.batch)
+    batch = next(self._batches)
+    self.batch += 1
+    if self.batch >= self._count:
+      self.epoch, self.batch, self._batches = self.epoch + 1, 0, None
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    return {'epoch': self.epoch, 'batch': self.batch}
+
+  def set_state(self, state: dict) -> None:
+    try:
+      epoch, batch = int(state['epoch']), int(state['batch'])
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"expected a fine-tuning position {{'epoch', 'batch'}}, got {state!r}"
+                       ) from e
+    if not 1 <= epoch <= self.epochs + 1 or batch < 0:
+      raise ValueError(f'position epoch {epoch}, batch {batch} is outside the '
+                       f'{self.epochs} epochs of config.optim.epochs')
+    self.epoch, self.batch, self._batches = epoch, batch, None

@@ -4,8 +4,9 @@ The encoder submodules keep the names they have in the kind's pretraining networ
 (``embeddings``, ``encoder``, ``pooler``), so a pretrained (or imported) params tree
 drops in; only ``classifier`` is new (and ``pooler`` for kinds pretrained without one,
 e.g. RoBERTa, whose classification head is likewise a fresh dense + tanh on ``<s>``).
-Sequence classification reads the tanh-pooled first state (as BERT fine-tuning does);
-token classification reads every final state.
+A sequence task reads the tanh-pooled first state (as BERT fine-tuning does) or the
+tokens' mean; a token task reads every final state. Which task uses which is declared in
+``finetune.tasks``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,7 @@ from encoder_jax.models import config as model_config_lib
 from encoder_jax.models import layers
 from encoder_jax.models import registry as models
 
-# Sequence regression (STS-B) is a one-output head on the pooled state, trained with MSE.
-# Question answering (SQuAD) is a per-token head of two outputs: start and end logits.
-TASKS = ('sequence_classification', 'sequence_regression', 'token_classification',
-         'question_answering')
 HEAD_PARTS = ('classifier',)  # Always fresh; every other part comes from the pretrained params.
-
-
-POOLINGS = ('cls', 'mean')
 
 
 class Classifier(nn.Module):
@@ -69,15 +63,3 @@ class Classifier(nn.Module):
     h = layers.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return layers.Dense((c.hidden_size,), (self.num_labels,), ('embed',), (None,),
                         c.initializer_range, c.jnp_dtype, name='classifier')(h).astype(jnp.float32)
-
-
-def make(task: str, config: model_config_lib.EncoderConfig, num_labels: int,
-         dropout_rate: float, pooling: str = 'cls') -> nn.Module:
-  if task not in TASKS:
-    raise ValueError(f'config.task={task!r}; expected one of {TASKS}')
-  if pooling not in POOLINGS:
-    raise ValueError(f'config.pooling={pooling!r}; expected one of {POOLINGS}')
-  if task == 'question_answering':
-    return Classifier(config, 2, dropout_rate, per_token=True)
-  return Classifier(config, num_labels, dropout_rate, per_token=task == 'token_classification',
-                    pooling=pooling)

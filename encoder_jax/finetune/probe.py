@@ -57,6 +57,7 @@ from encoder_jax import extras
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import train as finetune_train
+from encoder_jax.finetune.tasks import sequence_classification
 
 BBC_CLASSES = ('business', 'entertainment', 'politics', 'sports', 'tech')  # Directory names.
 
@@ -273,7 +274,7 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
   d.update(text_fields=('text',), label_field='label')
   splits, names = {}, None
   for split in ('train', 'validation', 'test'):
-    examples, names = data_lib.read(specs[split], 'sequence_classification', d, names)
+    examples, names = sequence_classification.read_split(specs[split], d, names)
     x = model.embed([t[0] for t in examples.texts], pooling='mean', normalize=False,
                     max_len=int(s.max_len))
     splits[split] = (x, np.asarray(examples.labels))

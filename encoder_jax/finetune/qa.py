@@ -34,8 +34,6 @@ is_impossible}}``). Training uses the first gold answer of each question, as run
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import ml_collections
 
@@ -75,42 +73,17 @@ def qa_config(init: dict, train_spec: str, eval_spec: str, epochs: int = 2,
 
 def finetune(config: ml_collections.ConfigDict, workdir: str | None = None,
              s: QASettings | None = None, log=print) -> dict:
-  """Fine-tunes the span head on ``config.data.train`` and scores ``config.data.eval``."""
+  """Fine-tunes the span head on ``config.data.train`` and scores ``config.data.eval``
+  (the registered task ``question_answering`` with the settings ``s``)."""
   s = s or QASettings()
-  finetune_train.check_config(config)
-  if workdir:
-    finetune_train.workdir_lib.check_workdir_writable(workdir)
-  pretrained = finetune_train.load_pretrained(config)
-  tok = pretrained.tokenizer
-  max_len = min(int(s.max_len), pretrained.max_length)
-  train_ex = read(config.data.train, config.data.tfds_data_dir)
-  train_w = windows(train_ex, tok, max_len, s.doc_stride, s.max_query_length, train=True)
-  if train_w.answers_lost:
-    log(f'Warning: {train_w.answers_lost} of {len(train_ex)} training questions have an '
-        'answer no window holds whole (trained as no-answer there); raise max_len or '
-        'doc_stride overlap')
-  log(f'QA: {len(train_ex)} training questions in {len(train_w.example)} windows of {max_len} '
-      f'pieces (stride {s.doc_stride}); {train_w.answers_outside} windows hold no answer')
-  evals = score = None
-  if config.data.eval:
-    eval_ex = read(config.data.eval, config.data.tfds_data_dir)
-    eval_w = windows(eval_ex, tok, max_len, s.doc_stride, s.max_query_length)
-    evals = eval_w.arrays
-
-    def score_eval(arrays, logits):
-      del arrays
-      predictions, _ = decode(eval_ex, eval_w, logits, s.n_best, s.max_answer_length,
-                              s.version_2, s.null_score_threshold)
-      if workdir:
-        with open(os.path.join(workdir, 'predictions.json'), 'w', encoding='utf-8') as f:
-          json.dump(predictions, f, ensure_ascii=False, indent=1)
-      return squad_metrics(eval_ex, predictions)
-    score = score_eval
-  result = finetune_train.run_task(config, workdir, pretrained, train_w.arrays, evals, score,
-                                   2, max_len)
-  result.update(train_questions=len(train_ex), train_windows=len(train_w.example),
-                train_answers_lost=train_w.answers_lost)
-  return result
+  config = config.copy_and_resolve_references()
+  config.task = 'question_answering'
+  config.data.max_len = int(s.max_len)
+  config.task_settings.update(
+      doc_stride=s.doc_stride, max_query_length=s.max_query_length, n_best=s.n_best,
+      max_answer_length=s.max_answer_length, version_2=s.version_2,
+      null_score_threshold=float(s.null_score_threshold))
+  return finetune_train.finetune(config, workdir, log)
 
 
 def main(argv):

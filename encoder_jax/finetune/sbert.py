@@ -45,8 +45,7 @@ from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import scores as metrics_lib
 from encoder_jax.finetune import train as finetune_train
-from encoder_jax.finetune.tasks.sentence_embedding import (  # pylint: disable=unused-import
-    OBJECTIVES, SIDES, Siamese, SiameseTask, _stack, encode, read)
+from encoder_jax.finetune.tasks.sentence_embedding import OBJECTIVES
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
@@ -70,7 +69,8 @@ def sbert_config(init: dict, train_spec: str, eval_spec: str = '', epochs: int =
                  batch_size: int = 16, learning_rate: float = 2e-5, seed: int = 0,
                  tfds_data_dir: str = '') -> ml_collections.ConfigDict:
   c = finetune_config.base_config()
-  c.task = 'sequence_classification'  # The head's task name is unused here; SBERT's own.
+  c.task = 'sbert_classification'
+  c.pooling = 'mean'
   c.seed = seed
   c.init.update(init)
   c.data.update(train=train_spec, eval=eval_spec, tfds_data_dir=tfds_data_dir)
@@ -81,6 +81,8 @@ def sbert_config(init: dict, train_spec: str, eval_spec: str = '', epochs: int =
 
 def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | None = None,
              log=print) -> dict:
+  """Trains the registered task ``sbert_<s.objective>`` into ``<out>/finetune``, then
+  exports the encoder for sentence-transformers and as an encoder_jax workdir."""
   s = s or SbertSettings()
   if s.objective not in OBJECTIVES:
     raise ValueError(f'objective={s.objective!r}; expected one of {OBJECTIVES}')
@@ -90,42 +92,19 @@ def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | Non
   if sides not in (2, 3) or (s.objective == 'classification' and sides != 2):
     raise ValueError(f'fields={s.fields}: expected two fields (pairs), or three (anchor, '
                      'positive, hard negative) for the contrastive objective')
-  finetune_train.check_config(config)
-  pretrained = finetune_train.load_pretrained(config)
-  tok = pretrained.tokenizer
-  max_len = min(int(s.max_len), pretrained.max_length)
-  label_field = s.label_field if s.objective == 'classification' else ''
-  texts, labels, skipped = read(config.data.train, s.fields, label_field, config.data)
-  train = encode(tok, texts, max_len, sides)
-  names = []
-  if label_field:
-    names = sorted({str(l) for l in labels}, key=lambda x: (len(x), x))
-    to_id = data_lib.label_mapper(names)
-    train['labels'] = np.asarray([to_id(l, config.data.train) for l in labels], np.int32)
-  log(f'Sentence-BERT ({s.objective}, {s.pooling} pooling): {len(texts)} training rows'
-      + (f', {skipped} without a gold label skipped' if skipped else '')
-      + (f', labels {names}' if names else ''))
-  evals = score = None
-  if config.data.eval:
-    eval_texts, gold, _ = read(config.data.eval, s.eval_fields, s.eval_label_field, config.data)
-    evals = encode(tok, eval_texts, max_len, 2)
-    gold = np.asarray(gold, np.float64)
-
-    def score_eval(arrays, cosine):
-      del arrays
-      return {'spearman': metrics_lib.spearman(cosine, gold),
-              'pearson': metrics_lib.pearson(cosine, gold), 'examples': len(gold)}
-    score = score_eval
-  model_config = pretrained.model_config
-  if config.dtype:
-    model_config = model_config.replace(dtype=config.dtype)
-  model = Siamese(model_config, s.pooling, tok.cls_index, len(names))
-  task = SiameseTask(model, models.network(model_config), max_len, s.objective, sides, s.scale)
+  config = config.copy_and_resolve_references()
+  config.task, config.pooling = f'sbert_{s.objective}', s.pooling
+  config.data.update(text_fields=tuple(s.fields), label_field=s.label_field or 'label',
+                     max_len=int(s.max_len))
+  config.task_settings.update(eval_text_fields=tuple(s.eval_fields),
+                              eval_label_field=s.eval_label_field, normalize=bool(s.normalize),
+                              scale=float(s.scale))
   workdir = os.path.join(out, 'finetune')
-  result = finetune_train.run_task(config, workdir, pretrained, train, evals, score,
-                                   max(1, len(names)), max_len, task=task)
+  pretrained = finetune_train.load_pretrained(config)
+  result = finetune_train.finetune(config, workdir, log, pretrained)
   if result.get('preempted'):
     return result
+  max_len = min(int(s.max_len), pretrained.max_length)
   params = finetune_train.read_final_params(workdir)
   export = os.path.join(out, 'sentence_transformers')
   export_sentence_transformers(pretrained, params, export, s.pooling, s.normalize, max_len)
@@ -134,8 +113,7 @@ def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | Non
     hf_import.import_hf_to_workdir(export, encoder_workdir)
   log(f'Sentence-BERT: exported {export} (SentenceTransformer) and {encoder_workdir} '
       '(encoder_jax.load / embed)')
-  result.update(train_rows=len(texts), train_skipped=skipped, export=export,
-                workdir=encoder_workdir)
+  result.update(export=export, workdir=encoder_workdir)
   return result
 
 

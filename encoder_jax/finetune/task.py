@@ -36,36 +36,34 @@ def loss_and_accuracy(logits, labels, weights):
   return (nll * weights).sum() / denom, (correct * weights).sum() / denom, count
 
 
-def span_loss(logits_BxLx2, batch):
-  """Question answering: the mean of the start and end cross-entropies (BERT's run_squad),
-  each a softmax over the row's tokens (padding excluded), over real rows."""
-  mask = batch['input_mask'] > 0
-  w = batch['weights']
-  logits = jnp.where(mask[..., None], logits_BxLx2.astype(jnp.float32), -1e9)
-  logp = jax.nn.log_softmax(logits, axis=1)  # Over positions.
-  losses, correct = [], []
-  for i, key in enumerate(('start_positions', 'end_positions')):
-    target = batch[key]
-    losses.append(-jnp.take_along_axis(logp[..., i], target[:, None], axis=1)[:, 0])
-    correct.append((jnp.argmax(logits[..., i], axis=1) == target).astype(jnp.float32))
-  denom = jnp.maximum(w.sum(), 1.0)
-  loss = ((losses[0] + losses[1]) / 2 * w).sum() / denom
-  accuracy = ((correct[0] * correct[1]) * w).sum() / denom
-  return loss, {'loss': loss, 'accuracy': accuracy, 'examples': w.sum()}
+def classification_loss(logits, batch):
+  """Cross-entropy and accuracy over real examples / labelled tokens (label -1 ignored)."""
+  loss, accuracy, count = loss_and_accuracy(logits, batch['labels'], batch['weights'])
+  return loss, {'loss': loss, 'accuracy': accuracy, 'examples': count}
+
+
+def argmax(logits):
+  return jnp.argmax(logits, -1)
+
+
+def identity(outputs):
+  return outputs
+
+
+ACCURACY = (('accuracy', 'acc', '{:.1%}'),)
 
 
 class Task(base.Pretraining):
-  """Sequence or token classification, or sequence regression, on any registered kind."""
+  """A head on any registered kind, as the engine trains it: the task's ``loss(outputs,
+  batch) -> (loss, metrics)`` and ``predict(outputs) -> predictions`` of the head's outputs
+  (``outputs``: what ``model.apply`` returns, e.g. logits)."""
   metric_weights = {'loss': 'examples', 'accuracy': 'examples'}
-  console_metrics = (('accuracy', 'acc', '{:.1%}'),)
 
-  def __init__(self, name: str, model: nn.Module, network: models.Network, max_len: int):
+  def __init__(self, model: nn.Module, network: models.Network, max_len: int, loss, predict,
+               console_metrics=ACCURACY):
     super().__init__('threefry')
-    self.name, self.model, self.network, self.max_len = name, model, network, max_len
-    self.regression = name == 'sequence_regression'
-    self.spans = name == 'question_answering'
-    if self.regression:
-      self.console_metrics = ()
+    self.model, self.network, self.max_len = model, network, max_len
+    self._loss, self._predict, self.console_metrics = loss, predict, console_metrics
 
   def _dummy(self):
     ids = jnp.zeros((1, self.max_len), jnp.int32)
@@ -75,6 +73,7 @@ class Task(base.Pretraining):
     return self.model.init(rng, *self._dummy())['params']
 
   def logits(self, params, batch, rng=None, train: bool = False):
+    """The head's outputs for a batch (dropout when ``train``)."""
     rngs = {'dropout': self.dropout_key(rng)} if train else {}
     packed = base.packed_inputs(self.network, batch)  # Packed rows: logits per example.
     return self.model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
@@ -82,21 +81,10 @@ class Task(base.Pretraining):
 
   def loss_fn(self, params, batch, rng, phase, train):
     del phase
-    logits = self.logits(params, batch, rng, train)
-    if self.spans:  # Start and end positions: a softmax over the row's real tokens each.
-      return span_loss(logits, batch)
-    if self.regression:  # Mean squared error of the one output, over real examples.
-      w = batch['weights']
-      loss = (jnp.square(logits[:, 0] - batch['labels']) * w).sum() / jnp.maximum(w.sum(), 1.0)
-      return loss, {'loss': loss, 'examples': w.sum()}
-    loss, accuracy, count = loss_and_accuracy(logits, batch['labels'], batch['weights'])
-    return loss, {'loss': loss, 'accuracy': accuracy, 'examples': count}
+    return self._loss(self.logits(params, batch, rng, train), batch)
 
   def predict(self, params, batch):
-    logits = self.logits(params, batch)
-    if self.spans:
-      return logits
-    return logits[:, 0] if self.regression else jnp.argmax(logits, -1)
+    return self._predict(self.logits(params, batch))
 
   def flops_per_sequence(self, phase: length_phases.Phase) -> float:
     return self.network.flops_per_token(phase.seq_len) * phase.seq_len
@@ -108,9 +96,3 @@ class Task(base.Pretraining):
 def phase(max_len: int) -> length_phases.Phase:
   """Fine-tuning has one phase at ``max_len`` (no masked positions)."""
   return length_phases.Phase(index=0, start_step=0, end_step=0, seq_len=max_len, max_predictions=0)
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-  """The example order of an epoch: a function of (seed, epoch) alone, so a resumed run
-  takes the same batches."""
-  return np.random.default_rng([seed, epoch]).permutation(n)

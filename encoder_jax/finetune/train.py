@@ -1,37 +1,37 @@
-"""Fine-tuning on the training engine: pretrained encoder + new head, evaluated per epoch.
+"""Fine-tuning on the training engine: pretrained encoder + the task's head, per epoch.
 
 ``finetune(config, workdir)`` loads the encoder (a pretraining workdir or an HF directory),
-reads and encodes the data, and trains the task (``finetune.task.Task``: head + loss +
-metrics) with the pretraining engine's pieces: the mesh and its sharded state
-(``train_state``), the train step (``train.make_train_step``: the model's dtype, e.g.
-``config.dtype='bfloat16'``, and the non-finite policy), the workdir lock, Orbax
-checkpoints with exact resume (``checkpointing.Checkpointer``: params, optimizer state and
-the data position, saved at every epoch's end and on SIGTERM), the console and
-``metrics.jsonl``. AdamW warms up then decays linearly. It returns the metrics of the last
-evaluation; the final params also go to ``<workdir>/params`` with ``labels.json`` and
-``finetune_config.json``, for evaluation scripts.
+lets the task of ``config.task`` (``finetune.tasks``: reader, head, loss, scorer) read and
+encode its data, and trains it with the pretraining engine (``train.drive``): the same
+train step (``train.make_train_step``: the model's dtype, e.g. ``config.dtype='bfloat16'``,
+and the non-finite policy), optimizer (``optimizer.make``: AdamW, linear warmup then
+decay), metrics flusher (the non-finite policy checked before every save, the one on
+SIGTERM included), preemption, Orbax checkpoints with exact resume (params, optimizer state
+and the position ``{epoch, batch}`` of :class:`finetune.data.EpochBatches`, saved at every
+epoch's end and on SIGTERM), console and ``metrics.jsonl``. What differs from pretraining
+is in :class:`_Hooks`: epochs instead of length phases, the task's scores at an epoch's end
+instead of held-out MLM. It returns the metrics of the last evaluation; the final params
+also go to ``<workdir>/params`` with ``labels.json`` and ``finetune_config.json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import os
-import time
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from absl import logging
 
 from encoder_jax import checkpointing
 from encoder_jax import console as console_lib
 from encoder_jax import feeding
 from encoder_jax import loading
-from encoder_jax import metrics_log as metrics_writer
+from encoder_jax import metrics_log
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import sharding
 from encoder_jax import train as engine
@@ -39,8 +39,8 @@ from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
-from encoder_jax.finetune import scores as metrics_lib
 from encoder_jax.finetune import task as task_lib
+from encoder_jax.finetune import tasks
 from encoder_jax.interop import hf_import
 from encoder_jax.models import registry as models
 
@@ -79,43 +79,27 @@ def init_params(model: nn.Module, pretrained, max_len: int, seed: int, init_fn=N
   return params, report
 
 
-def learning_rate_schedule(o: ml_collections.ConfigDict, total_steps: int):
-  warmup = int(round(float(o.warmup_fraction) * total_steps))
-  return optimizer_lib.learning_rate_schedule(
-      ml_collections.ConfigDict(dict(learning_rate=float(o.learning_rate), warmup_steps=warmup)),
-      total_steps)
-
-
-def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
-  """AdamW with the pretraining schedule and decay mask (``encoder_jax.optimizer``).
-
-  Linear warmup over ``warmup_fraction`` of the steps, then linear decay to 0; no weight
-  decay on LayerNorm parameters and biases.
-  """
-  if not 0.0 <= float(o.warmup_fraction) <= 1.0:
-    raise ValueError(f'config.optim.warmup_fraction={o.warmup_fraction}; expected a fraction '
-                     'of the steps in [0, 1]')
-  if o.grad_clip_norm < 0:
-    raise ValueError(f'config.optim.grad_clip_norm={o.grad_clip_norm}; expected >= 0')
-  tx = optax.adamw(learning_rate_schedule(o, total_steps), b1=0.9, b2=0.999, eps=1e-6,
-                   weight_decay=o.weight_decay, mask=optimizer_lib.decay_mask)
-  if o.grad_clip_norm:
-    tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
-  return tx
-
-
 def engine_config(config: ml_collections.ConfigDict, total_steps: int,
                   steps_per_epoch: int) -> ml_collections.ConfigDict:
   """The sections of a pretraining config the engine's pieces read, from a fine-tuning
-  config: one optimizer step per batch, a checkpoint at every epoch's end."""
+  config: one optimizer step per batch, the optimizer section as it is (``optimizer.make``
+  reads its fields), a checkpoint at every epoch's end."""
   o = config.optim
   return ml_collections.ConfigDict(dict(
       seed=int(config.seed),
       train=dict(batch_size=int(o.batch_size), grad_accum_steps=1, num_steps=total_steps,
-                 nonfinite_policy=config.nonfinite_policy, dropout_rng_impl='threefry'),
+                 nonfinite_policy=config.nonfinite_policy, dropout_rng_impl='threefry',
+                 peak_tflops_per_device=0.0),
+      optim=o.to_dict(),
       mesh=config.mesh.to_dict(),
       checkpoint=dict(every_steps=steps_per_epoch, keep=int(config.checkpoint_keep),
                       async_save=False)))
+
+
+def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
+  """``optimizer.make`` on a fine-tuning ``optim`` section over ``total_steps``."""
+  return optimizer_lib.make(ml_collections.ConfigDict(dict(
+      optim=o.to_dict(), train=dict(num_steps=int(total_steps)))))
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -131,122 +115,99 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      "'float32' or 'bfloat16'")
   if int(config.checkpoint_keep) < 1:
     raise ValueError(f'config.checkpoint_keep={config.checkpoint_keep}; expected >= 1')
-  if config.data.get('packing', False) and (config.task != 'sequence_classification'
-                                           or config.pooling != 'mean'):
-    raise ValueError('config.data.packing=True packs whole examples of sequence '
-                     "classification, pooled per example: expected task="
-                     f"'sequence_classification' and pooling='mean'; got task={config.task!r}, "
-                     f'pooling={config.pooling!r}')
+  entry = tasks.get(config.task)
+  if entry.poolings and config.pooling not in entry.poolings:
+    raise ValueError(f'config.pooling={config.pooling!r}; expected one of {entry.poolings} '
+                     f'(task {config.task})')
+  if config.data.get('packing', False) and (not entry.packing or config.pooling != 'mean'):
+    raise ValueError('config.data.packing=True packs whole examples, pooled per example: '
+                     f"expected pooling='mean' and a task of "
+                     f'{sorted(k for k, e in tasks.REGISTRY.items() if e.packing)}; got task='
+                     f'{config.task!r}, pooling={config.pooling!r}')
   dropout = float(config.encoder_dropout)
   if dropout != -1.0 and not 0.0 <= dropout < 1.0:
     raise ValueError(f'config.encoder_dropout={dropout}; expected -1 (the checkpoint\'s rates) '
                      'or in [0, 1)')
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
-  """Fine-tunes (or resumes fine-tuning) into ``workdir`` (None: in memory, no checkpoints).
+def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=print,
+             pretrained: loading.Loaded | None = None) -> dict:
+  """Fine-tunes (or resumes fine-tuning) ``config.task`` into ``workdir`` (None: in memory,
+  no checkpoints).
 
-  Returns the last epoch's metrics (``eval_*`` from the eval split), the truncation counts
-  and the label names."""
+  Returns the last epoch's metrics (``eval_*`` from the eval split, ``NAME_*`` from
+  ``data.more_evals``) and what the task's reader reports (truncation counts, label
+  names...). ``pretrained``: the encoder ``config.init`` names, when already loaded."""
+  entry = tasks.get(config.task)
   check_config(config)
-  d = config.data
   if workdir:
     workdir_lib.check_workdir_writable(workdir)
-  pretrained = load_pretrained(config)
-  tok = pretrained.tokenizer
-  max_len = min(int(d.max_len), pretrained.max_length)
-  train_ex, names = data_lib.read(d.train, config.task, d)
-  eval_ex, _ = data_lib.read(d.eval, config.task, d, names) if d.eval else (None, names)
-  train, train_cut = data_lib.encode_with_report(train_ex, tok, config.task, max_len)
-  evals, eval_cut = (data_lib.encode_with_report(eval_ex, tok, config.task, max_len)
-                     if eval_ex is not None else (None, None))
-  logging.info('Fine-tuning %s from %s: %d train / %d eval examples, labels %s', config.task,
-               pretrained.source, len(train_ex), len(eval_ex or []), names)
-  for split, cut in (('train', train_cut), ('eval', eval_cut)):
-    if cut is not None:
-      logging.info('%s', cut.summary(split))
-      if cut.truncated_examples:
-        print(f'Warning: {cut.summary(split)}', flush=True)
-
-  scorer = lambda arrays, pred: classification_scores(config.task, names, arrays, pred)
-  result = run_task(config, workdir, pretrained, train, evals, scorer, max(1, len(names)),
-                    max_len, _more_evals(config, tok, names, max_len), names)
-  if evals is not None:
-    result.update({f'eval_{k}': v for k, v in eval_cut.metrics().items()})
-  result.update({f'train_{k}': v for k, v in train_cut.metrics().items()})
-  result['labels'] = list(names)
+  pretrained = pretrained or load_pretrained(config)
+  max_len = min(int(config.data.max_len), pretrained.max_length)
+  prepared = entry.prepare(config, pretrained.tokenizer, max_len, workdir, log)
+  result = run_task(config, workdir, pretrained, prepared, max_len)
+  result.update(prepared.report)
   return result
 
 
-def classification_scores(task: str, names, arrays, pred) -> dict:
-  if task == 'sequence_classification':
-    return metrics_lib.sequence_metrics(pred, arrays['labels'], len(names))
-  if task == 'sequence_regression':
-    return metrics_lib.regression_metrics(pred, arrays['labels'])
-  return metrics_lib.token_metrics(pred, arrays['labels'], names)
-
-
-def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained, train: dict,
-             evals: dict | None, scorer, num_outputs: int, max_len: int,
-             more_evals: dict | None = None, names=(), task=None) -> dict:
-  """Trains ``config.task``'s head on ``train`` (encoded arrays) with the engine; scores
-  ``evals`` with ``scorer(arrays, predictions) -> metrics`` (predictions of the rows, in
-  order). Any task whose arrays and scorer fit this runs here (classification, QA...);
-  ``task`` replaces the head task ``config.task`` names (e.g. Sentence-BERT's siamese one)."""
-  o = config.optim
+def _model_config(config: ml_collections.ConfigDict, pretrained):
+  """The pretrained network's config with the fine-tuning's dtype and encoder dropout."""
   model_config = pretrained.model_config
   if config.dtype:
     model_config = model_config.replace(dtype=config.dtype)
   if float(config.encoder_dropout) >= 0:
     rate = float(config.encoder_dropout)
     model_config = model_config.replace(hidden_dropout_rate=rate, attention_dropout_rate=rate)
-  if task is None:
-    model = heads.make(config.task, model_config, num_outputs, config.dropout_rate,
-                       config.pooling)
-    task = task_lib.Task(config.task, model, models.network(model_config), max_len)
+  return model_config
+
+
+@dataclasses.dataclass
+class _Session:
+  """What one fine-tuning run works with, built once by :func:`run_task`."""
+  config: ml_collections.ConfigDict
+  ec: ml_collections.ConfigDict  # The engine's view of the config (engine_config).
+  workdir: str | None
+  pretrained: Any  # loading.Loaded
+  prepared: data_lib.Prepared
+  task: Any  # task.Task
+  batches: data_lib.EpochBatches
+  mesh: jax.sharding.Mesh
+  tx: Any
+  max_len: int
+  console: console_lib.Console
+  ckpt: checkpointing.Checkpointer | None
+  lead: bool
+
+
+def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
+             prepared: data_lib.Prepared, max_len: int) -> dict:
+  """Trains ``config.task``'s head on ``prepared.train`` with the engine and scores the
+  eval splits with the task's scorer."""
+  o, entry = config.optim, tasks.get(config.task)
+  model_config = _model_config(config, pretrained)
+  task = entry.setup(entry.head(model_config, config, prepared), models.network(model_config),
+                     max_len, config)
   packing = bool(config.data.get('packing', False))
   if packing and not models.get(model_config.kind).packed_rows:
     raise ValueError(f'config.data.packing=True: model kind {model_config.kind!r} does not '
                      'take packed rows (its attention reads no document ids); expected one of '
                      f'{sorted(k for k, v in models.KINDS.items() if v.packed_rows)}')
-  epoch_steps = [math.ceil(rows_in_epoch(train, config, e, packing) / o.batch_size)
-                 for e in range(1, int(o.epochs) + 1)]
-  steps_per_epoch, total = max(epoch_steps), sum(epoch_steps)
-  ec = engine_config(config, total, steps_per_epoch)
+  batches = data_lib.EpochBatches(prepared.train, o.batch_size, config.seed, o.epochs, packing)
+  epoch_steps = [batches.steps(e) for e in range(1, int(o.epochs) + 1)]
+  ec = engine_config(config, sum(epoch_steps), max(epoch_steps))
   mesh = sharding.make_mesh(ec.mesh)
   sharding.check_batch(int(o.batch_size), mesh, 'config.optim.batch_size')
   sharding.check_batch(int(o.eval_batch_size), mesh, 'config.optim.eval_batch_size')
-  tx = make_optimizer(o, total)
+  lead = jax.process_index() == 0
   lock = workdir_lib.run_lock(workdir) if workdir else _NoLock()
   with lock, engine.Preempted() as preempted:
-    run = _Run(config, workdir, pretrained, task, ec, mesh, tx, train, evals, names, total,
-               steps_per_epoch, max_len)
-    run.scorer = scorer
-    run.more_evals = more_evals or {}
-    return run.go(preempted)
-
-
-def rows_in_epoch(train: dict, config: ml_collections.ConfigDict, epoch: int,
-                  packing: bool) -> int:
-  """Batch rows of one epoch: the examples, or the packed rows of the epoch's order."""
-  n = len(train['input_ids'])
-  if not packing:
-    return n
-  return len(data_lib.pack(train, task_lib.epoch_order(n, int(config.seed), epoch))
-             ['input_ids'])
-
-
-def _more_evals(config, tok, names, max_len) -> dict[str, dict]:
-  """``config.data.more_evals`` ('name=SPEC,name=SPEC'): splits scored after the last epoch."""
-  out = {}
-  for item in filter(None, (x.strip() for x in config.data.more_evals.split(','))):
-    name, sep, spec = item.partition('=')
-    if not sep or not name.isidentifier():
-      raise ValueError(f'config.data.more_evals has {item!r}; expected NAME=SPEC, e.g. '
-                       "'mismatched=tfds:glue/mnli:validation_mismatched'")
-    examples, _ = data_lib.read(spec, config.task, config.data, names)
-    out[name] = data_lib.encode(examples, tok, config.task, max_len)
-  return out
+    session = _Session(
+        config=config, ec=ec, workdir=workdir, pretrained=pretrained, prepared=prepared,
+        task=task, batches=batches, mesh=mesh, tx=optimizer_lib.make(ec), max_len=max_len,
+        console=console_lib.Console(enabled=lead, shown=task.console_metrics),
+        ckpt=checkpointing.Checkpointer(workdir, ec.checkpoint) if workdir else None,
+        lead=lead)
+    return _train(session, preempted)
 
 
 class _NoLock:
@@ -257,161 +218,149 @@ class _NoLock:
     return False
 
 
-class _Run:
-  """One fine-tuning session on the engine: state, header, epochs, checkpoints."""
+def _state(s: _Session):
+  """(state, its shardings, what came from where or None when resumed); a restored
+  checkpoint's position is applied to the batches."""
+  _, shards = train_state.state_shardings(s.ec, s.mesh, s.task, s.tx)
+  restored = None
+  if s.ckpt is not None:
+    restored = s.ckpt.restore(train_state.abstract_state(s.ec, s.mesh, s.task, s.tx))
+  if restored is not None:
+    params, opt_state, data_state, step = restored
+    state = train_state.TrainState(step=jax.device_put(jnp.int32(step), shards.step),
+                                   params=params, opt_state=opt_state)
+    s.batches.set_state(data_state or {'epoch': 1, 'batch': 0})
+    return state, shards, None
+  source = {} if s.config.init.from_scratch else s.pretrained.encoder_params
+  params, parts = init_params(s.task.model, source, s.max_len, int(s.config.seed), s.task.init)
+  state = train_state.create_train_state(s.ec, s.mesh, params=params, setup=s.task, tx=s.tx)
+  return state, shards, parts
 
-  def __init__(self, config, workdir, pretrained, task, ec, mesh, tx, train, evals, names,
-               total, steps_per_epoch, max_len):
-    self.config, self.workdir, self.pretrained, self.task = config, workdir, pretrained, task
-    self.ec, self.mesh, self.tx = ec, mesh, tx
-    self.train, self.evals, self.names = train, evals, names
-    self.total, self.steps_per_epoch, self.max_len = total, steps_per_epoch, max_len
-    self.packing = bool(config.data.get('packing', False))  # Examples packed into rows.
-    self.lead = jax.process_index() == 0
-    self.console = console_lib.Console(enabled=self.lead, shown=task.console_metrics)
-    self.ckpt = (checkpointing.Checkpointer(workdir, ec.checkpoint) if workdir else None)
-    self.more_evals: dict[str, dict] = {}  # name -> encoded split, scored after the last epoch.
-    self.scorer = None  # (arrays, predictions) -> metrics.
 
-  def _state(self):
-    """(state, data position, what came from where or None when resumed)."""
-    _, shards = train_state.state_shardings(self.ec, self.mesh, self.task, self.tx)
-    restored = None
-    if self.ckpt is not None:
-      restored = self.ckpt.restore(train_state.abstract_state(self.ec, self.mesh, self.task,
-                                                              self.tx))
-    if restored is not None:
-      params, opt_state, data_state, step = restored
-      state = train_state.TrainState(step=jax.device_put(jnp.int32(step), shards.step),
-                                     params=params, opt_state=opt_state)
-      return state, shards, data_state or {'epoch': 1, 'batch': 0}, None
-    source = {} if self.config.init.from_scratch else self.pretrained.encoder_params
-    params, parts = init_params(self.task.model, source, self.max_len, int(self.config.seed),
-                                self.task.init)
-    state = train_state.create_train_state(self.ec, self.mesh, params=params, setup=self.task,
-                                           tx=self.tx)
-    return state, shards, {'epoch': 1, 'batch': 0}, parts
+def _header(s: _Session, parts, state) -> None:
+  c, o, out, names = s.config, s.config.optim, s.console, s.prepared.names
+  n = sum(x.size for x in jax.tree.leaves(state.params))
+  out.say(f'encoder_jax: fine-tuning {c.task} from {s.pretrained.source} '
+          f'({s.task.network.config.kind}, {n:,} parameters'
+          + (f', labels {list(names)}' if names else '') + ')'
+          + (f' in {s.workdir}' if s.workdir else ''))
+  out.say(f'  mesh {dict(s.mesh.shape)} over {jax.device_count()} x '
+          f'{jax.devices()[0].device_kind}; batch {o.batch_size}; {o.epochs} epochs x '
+          f'{s.ec.checkpoint.every_steps} steps at {s.max_len} tokens; dtype '
+          f'{s.task.network.config.dtype}')
+  if parts is None:
+    out.say(f'  resuming from checkpoint step {int(jax.device_get(state.step))}')
+  else:
+    out.say(f'  taken from the checkpoint: {", ".join(parts["taken"]) or "nothing"}'
+            + (' (config.init.from_scratch)' if c.init.from_scratch else '') + '; '
+            f'freshly initialised: {", ".join(parts["fresh"])}'
+            + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.')
 
-  def _header(self, parts, state) -> None:
-    c, o, out = self.config, self.config.optim, self.console
-    n = sum(x.size for x in jax.tree.leaves(state.params))
-    out.say(f'encoder_jax: fine-tuning {c.task} from {self.pretrained.source} '
-            f'({self.task.network.config.kind}, {n:,} parameters'
-            + (f', labels {list(self.names)}' if self.names else '') + ')'
-            + (f' in {self.workdir}' if self.workdir else ''))
-    out.say(f'  mesh {dict(self.mesh.shape)} over {jax.device_count()} x '
-            f'{jax.devices()[0].device_kind}; batch {o.batch_size}; {o.epochs} epochs x '
-            f'{self.steps_per_epoch} steps at {self.max_len} tokens; dtype '
-            f'{self.task.network.config.dtype}')
-    if parts is None:
-      out.say(f'  resuming from checkpoint step {int(jax.device_get(state.step))}')
-    else:
-      out.say(f'  taken from the checkpoint: {", ".join(parts["taken"]) or "nothing"}'
-              + (' (config.init.from_scratch)' if c.init.from_scratch else '') + '; '
-              f'freshly initialised: {", ".join(parts["fresh"])}'
-              + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.')
 
-  def evaluate(self, params, predict, arrays=None) -> dict:
-    arrays = self.evals if arrays is None else arrays
-    rows = data_lib.pack(arrays) if self.packing else arrays  # In order: example d of a row, slot d.
-    preds = []
-    shard = sharding.batch_sharding(self.mesh)
-    for batch in data_lib.batches(rows, int(self.config.optim.eval_batch_size), None):
-      keep = batch['weights'] > 0
-      pred = np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))[keep]
-      if self.packing:  # [rows, slots] -> the examples of each row, in order.
-        count = batch['document_ids'][keep].max(axis=1)
-        pred = np.concatenate([p[:k] for p, k in zip(pred, count)])
-      preds.append(pred)
-    return self.scorer(arrays, np.concatenate(preds))
+class _Hooks:
+  """Fine-tuning's side of the engine's loop (``train.Loop``): one length phase; at each
+  epoch's end the metrics are logged, the eval split scored (every epoch, or the last
+  one only) and a checkpoint saved."""
 
-  def go(self, preempted) -> dict:
-    c, o = self.config, self.config.optim
-    state, shards, position, parts = self._state()
-    self._header(parts, state)
-    if self.workdir and self.lead:
-      os.makedirs(self.workdir, exist_ok=True)
-    step = int(jax.device_get(state.step))
-    writer = metrics_writer.MetricWriter(self.workdir, enabled=bool(self.workdir) and self.lead,
-                                         resume_step=step) if self.workdir else None
-    phase = task_lib.phase(self.max_len)
-    schedule_fn = learning_rate_schedule(o, self.total)
-    train_step = engine.make_train_step(self.ec, self.task, self.tx, schedule_fn, self.mesh,
-                                        shards, phase)
-    predict = jax.jit(self.task.predict, in_shardings=(shards.params,
-                                                       sharding.batch_sharding(self.mesh)))
-    shard = sharding.batch_sharding(self.mesh)
-    n = len(self.train['input_ids'])
-    result: dict = {}
-    try:
-      for epoch in range(int(position['epoch']), int(o.epochs) + 1):
-        start, metrics = time.perf_counter(), []
-        first = int(position['batch']) if epoch == int(position['epoch']) else 0
-        order = task_lib.epoch_order(n, int(c.seed), epoch)
-        rows = self.train
-        if self.packing:  # The epoch's examples, packed in its order.
-          rows, order = data_lib.pack(self.train, order), None
-        stopped = False
-        for i, batch in enumerate(data_lib.batches(rows, int(o.batch_size), None, order,
-                                                   first), start=first):
-          state, m = train_step(state, feeding.to_global(batch, shard))
-          metrics.append(m)
-          step += 1
-          stopped = preempted.at(step)
-          if stopped:
-            self._save(step, state, {'epoch': epoch, 'batch': i + 1})
-            self.console.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the '
-                             'same command to resume.')
-            return {'epoch': epoch, 'step': step, 'preempted': True}
-        host = jax.device_get(metrics)
-        self._check_finite(host, step)
-        keys = [k for k in ('loss', 'accuracy') if host and k in host[0]]
-        means = {k: float(np.mean([x[k] for x in host])) for k in keys}
-        result = {'epoch': epoch, 'step': step, **{f'train_{k}': v for k, v in means.items()},
-                  'epoch_time_s': time.perf_counter() - start}
-        self.console.metrics(step, self.total, means, 'train')
-        if writer:
-          writer.write(step, {k: v for k, v in result.items() if k != 'step'}, 'train')
-        if self.evals is not None and (c.eval_every_epoch or epoch == int(o.epochs)):
-          held_out = self.evaluate(state.params, predict)
-          result.update({f'eval_{k}': v for k, v in held_out.items()})
-          self.console.metrics(step, self.total, held_out, 'eval')
-          if writer:
-            writer.write(step, held_out, 'eval')
-        self._save(step, state, {'epoch': epoch + 1, 'batch': 0})
-      for name, arrays in self.more_evals.items():  # E.g. MNLI's mismatched split.
-        held_out = self.evaluate(state.params, predict, arrays)
-        result.update({f'{name}_{k}': v for k, v in held_out.items()})
-        self.console.metrics(step, self.total, held_out, name)
-        if writer:
-          writer.write(step, held_out, name)
-      if self.workdir and self.lead:
-        _save(self.workdir, jax.device_get(state.params), c, self.names)
-    finally:
-      if self.ckpt is not None:
-        self.ckpt.close()
-      if writer:
-        writer.close()
-    if not result and self.evals is not None:  # Resumed after the last epoch: report it.
-      result = {f'eval_{k}': v for k, v in self.evaluate(state.params, predict).items()}
-      result['step'] = step
-    self.console.say(f'done: step {step} in {self.console.elapsed()}'
-                     + (f'; fine-tuned params in {os.path.join(self.workdir, "params")}'
-                        if self.workdir else ''))
-    return result
+  def __init__(self, s: _Session, shards, writer, flusher):
+    self.s, self.writer, self.flusher = s, writer, flusher
+    self.shards, self.phase = shards, task_lib.phase(s.max_len)
+    self.predict = jax.jit(s.task.predict, in_shardings=(shards.params,
+                                                         sharding.batch_sharding(s.mesh)))
+    self.result: dict = {}  # The metrics of the last epoch that ended in this session.
 
-  def _save(self, step, state, position) -> None:
-    if self.ckpt is not None:
-      self.ckpt.save(step, state, position)
+  def phase_at(self, step: int):
+    del step
+    return self.phase
 
-  def _check_finite(self, host, step) -> None:
-    bad = sum(int(m['nonfinite']) for m in host)
-    if bad and self.config.nonfinite_policy == 'stop':
-      raise FloatingPointError(
-          f'Non-finite loss or gradient in the epoch ending at step {step}; stopping. Lower '
-          "config.optim.learning_rate or set config.nonfinite_policy='skip'.")
-    if bad:
-      logging.warning('%d updates with a non-finite loss or gradient were dropped', bad)
+  def make_step(self, phase):
+    s = self.s
+    schedule_fn = optimizer_lib.learning_rate_schedule(s.ec.optim, int(s.ec.train.num_steps))
+    return engine.make_train_step(s.ec, s.task, s.tx, schedule_fn, s.mesh, self.shards, phase)
+
+  def check_batch(self, step, batch, phase) -> None:
+    del step, batch, phase
+
+  def log_now(self, step: int, data_state) -> bool:
+    del step
+    return int(data_state['batch']) == 0  # An epoch ended.
+
+  save_now = log_now
+
+  def evaluate(self, step: int, state, phase, data_state) -> bool:
+    """At an epoch's end: the epoch's result, with the eval split's scores when due."""
+    del phase
+    if int(data_state['batch']) != 0:
+      return False
+    c, epoch = self.s.config, int(data_state['epoch']) - 1
+    last = self.flusher.last
+    self.result = {'epoch': epoch, 'step': step,
+                   **{f'train_{k}': last[k] for k in ('loss', 'accuracy') if k in last}}
+    if self.s.prepared.evals is None or not (c.eval_every_epoch or epoch == int(c.optim.epochs)):
+      return False
+    self.result.update(self.report(step, state.params, 'eval', self.s.prepared.evals))
+    return True
+
+  def report(self, step: int, params, split: str, arrays) -> dict:
+    """A split's scores, written and printed; prefixed with the split's name."""
+    held_out = score(self.s, self.predict, params, split, arrays)
+    self.s.console.metrics(step, int(self.s.ec.train.num_steps), held_out, split)
+    self.writer.write(step, held_out, split)
+    return {f'{split}_{k}': v for k, v in held_out.items()}
+
+
+def score(s: _Session, predict, params, split: str, arrays) -> dict:
+  """The task's metrics of one split: predictions of its rows in order, then the scorer
+  (packed rows: each row's slots mapped back to its examples)."""
+  packing = s.batches.packing
+  rows = data_lib.pack(arrays) if packing else arrays  # In order: example d of a row, slot d.
+  preds = []
+  shard = sharding.batch_sharding(s.mesh)
+  for batch in data_lib.batches(rows, int(s.config.optim.eval_batch_size), None):
+    keep = batch['weights'] > 0
+    pred = np.asarray(jax.device_get(predict(params, feeding.to_global(batch, shard))))[keep]
+    if packing:  # [rows, slots] -> the examples of each row, in order.
+      count = batch['document_ids'][keep].max(axis=1)
+      pred = np.concatenate([p[:k] for p, k in zip(pred, count)])
+    preds.append(pred)
+  entry = tasks.get(s.config.task)
+  return entry.score(s.config, s.prepared, split, arrays, np.concatenate(preds))
+
+
+def _train(s: _Session, preempted) -> dict:
+  """Restores or initialises, runs the engine's loop, then the last scores and the saved
+  params; a preempted run returns its position with ``preempted=True``."""
+  state, shards, parts = _state(s)
+  _header(s, parts, state)
+  if s.workdir and s.lead:
+    os.makedirs(s.workdir, exist_ok=True)
+  writer = metrics_log.MetricWriter(s.workdir or '', enabled=bool(s.workdir) and s.lead,
+                                    resume_step=int(jax.device_get(state.step)))
+  flusher = engine.MetricsFlusher(s.ec.train, s.task, s.console, writer, s.ckpt, s.workdir,
+                                  policy_key='config.nonfinite_policy')
+  hooks = _Hooks(s, shards, writer, flusher)
+  loop = engine.Loop(hooks=hooks, iterator=s.batches, num_steps=int(s.ec.train.num_steps),
+                     batch_size=int(s.config.optim.batch_size), mesh=s.mesh, flusher=flusher,
+                     console=s.console, ckpt=s.ckpt, workdir=s.workdir)
+  try:
+    state, step, stopped = engine.drive(loop, state, preempted)
+    if stopped:
+      return {'epoch': int(loop.position['epoch']), 'step': step, 'preempted': True}
+    result = hooks.result
+    if not result and s.prepared.evals is not None:  # Resumed after the last epoch.
+      result = dict(hooks.report(step, state.params, 'eval', s.prepared.evals), step=step)
+    for name, arrays in s.prepared.more_evals.items():  # E.g. MNLI's mismatched split.
+      result.update(hooks.report(step, state.params, name, arrays))
+    if s.workdir and s.lead:
+      _save(s.workdir, jax.device_get(state.params), s.config, s.prepared.names)
+  finally:
+    if s.ckpt is not None:
+      s.ckpt.close()
+    writer.close()
+  s.console.say(f'done: step {step} in {s.console.elapsed()}'
+                + (f'; fine-tuned params in {os.path.join(s.workdir, "params")}'
+                   if s.workdir else ''))
+  return result
 
 
 def read_final_params(workdir: str) -> dict:

@@ -14,10 +14,14 @@ from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import scores as metrics
 from encoder_jax.finetune import train
+from encoder_jax.finetune.tasks import sequence_classification
+from encoder_jax.finetune.tasks import token_classification
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+TASK_FILES = {'sequence_classification': sequence_classification,
+              'token_classification': token_classification}
 GOOD = ['the film was good.', 'a great movie!', 'good film and a great city.',
         'it was great.', 'the movie is good, the mat is good.', 'great, great, great.']
 BAD = ['the film was bad.', 'a terrible movie!', 'bad film and a terrible city.',
@@ -55,7 +59,7 @@ def test_sentence_classification_from_tsv_learns(hf_dir, tmp_path):
   assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.9, result
   history = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
   train_rows = [h for h in history if h['split'] == 'train']
-  assert len(train_rows) == 8 and train_rows[-1]['train_loss'] < train_rows[0]['train_loss']
+  assert len(train_rows) == 8 and train_rows[-1]['loss'] < train_rows[0]['loss']  # As pretraining's.
   assert [h['step'] for h in history if h['split'] == 'eval'] == [5 * e for e in range(1, 9)]
   assert os.path.isdir(tmp_path / 'run' / 'params')
 
@@ -73,7 +77,7 @@ def test_packed_fine_tuning_learns_and_scores_every_example(hf_dir, tmp_path):
   assert result['eval_accuracy'] >= 0.9, result
   assert result['step'] < 20 * 36 // 8  # Fewer rows than the 36 examples, each epoch.
   for bad, match in ((dict(pooling='cls'), "pooling='mean'"),
-                     (dict(task='token_classification'), "task='sequence_classification'")):
+                     (dict(task='token_classification'), 'a task of')):
     c = _config(hf_dir, 'sequence_classification', f'tsv:{path}', '', packing=True)
     c.pooling = 'mean'
     c.update(bad)
@@ -119,10 +123,10 @@ def test_sentence_pairs_from_jsonl(hf_dir, tmp_path):
   config = _config(hf_dir, 'sequence_classification', f'jsonl:{path}', f'jsonl:{path}',
                    text_fields=('s1', 's2'))
   config.optim.epochs = 1
-  examples, names = data_lib.read(config.data.train, config.task, config.data)
+  examples, names = TASK_FILES[config.task].read_split(config.data.train, config.data)
   assert names == ['0', '1'] and examples.texts[0] == (rows[0]['s1'], rows[0]['s2'])
   loaded = train.load_pretrained(config)
-  arrays = data_lib.encode(examples, loaded.tokenizer, config.task, 32)
+  arrays, _ = TASK_FILES[config.task].encode(examples, loaded.tokenizer, 32)
   tok = loaded.tokenizer
   row, seg = arrays['input_ids'][0], arrays['segment_ids'][0]
   seps = np.flatnonzero(row == tok.sep_id)
@@ -148,11 +152,11 @@ def test_token_classification_labels_first_pieces_and_learns(hf_dir, tmp_path):
   path.write_text(''.join(json.dumps({'tokens': s.split(), 'tags': t.split()}) + '\n'
                           for s, t in NER * 4))
   config = _config(hf_dir, 'token_classification', f'jsonl:{path}', f'jsonl:{path}')
-  examples, names = data_lib.read(config.data.train, config.task, config.data)
+  examples, names = TASK_FILES[config.task].read_split(config.data.train, config.data)
   assert names == ['B-LOC', 'B-ORG', 'B-PER', 'O']
   tok = train.load_pretrained(config).tokenizer
   # 'travels' is not in the vocab: several pieces, only the first one labelled.
-  arrays = data_lib.encode(examples, tok, config.task, 32)
+  arrays, _ = TASK_FILES[config.task].encode(examples, tok, 32)
   pieces = [tok.encode(w) for w in NER[0][0].split()]
   assert len(pieces[1]) > 1
   labels = arrays['labels'][0]
@@ -171,7 +175,7 @@ def test_truncation_is_counted_not_silent(hf_dir):
   tok = train.load_pretrained(config).tokenizer
   examples = data_lib.Examples(words=[s.split() for s, _ in NER],
                                tags=[[0] * len(s.split()) for s, _ in NER])
-  arrays, cut = data_lib.encode_with_report(examples, tok, 'token_classification', 8)
+  arrays, cut = token_classification.encode(examples, tok, 8)
   pieces = [[len(tok.encode(w)) for w in s.split()] for s, _ in NER]
   kept = []
   for p in pieces:  # Words that fit in 8 tokens with [CLS]/[SEP].
@@ -190,12 +194,12 @@ def test_truncation_is_counted_not_silent(hf_dir):
 
   long = 'the film was good and the movie was great'
   pairs = data_lib.Examples(texts=[(long, 'bad'), ('good', 'bad')], labels=[0, 1])
-  _, cut = data_lib.encode_with_report(pairs, tok, 'sequence_classification', 8)
+  _, cut = sequence_classification.encode(pairs, tok, 8)
   a, b = len(tok.encode(long)), len(tok.encode('bad'))
   assert cut.truncated_examples == 1 and cut.dropped_tokens == a + b + 3 - 8
   assert 'tokens cut' in cut.summary('train')
   single = data_lib.Examples(texts=[(long,)], labels=[0])
-  _, cut = data_lib.encode_with_report(single, tok, 'sequence_classification', 8)
+  _, cut = sequence_classification.encode(single, tok, 8)
   assert cut.dropped_tokens == a + 2 - 8 and cut.longest == a + 2
 
 
@@ -244,7 +248,7 @@ def test_every_part_the_checkpoint_has_is_taken_and_the_rest_named():
                                     num_heads=2, intermediate_size=12,
                                     max_position_embeddings=20, position_offset=2,
                                     type_vocab_size=1, layer_norm_eps=1e-5)
-  model = heads.make('sequence_classification', config, 2, 0.0)
+  model = heads.Classifier(config, 2, 0.0)
   full, _ = train.init_params(model, {}, 8, 0)
   pretrained = {k: v for k, v in full.items() if k != 'pooler'}
   pretrained['mlm_head'] = {'bias': np.zeros(40, np.float32)}
@@ -301,11 +305,11 @@ def test_bad_config_is_a_clear_error(tmp_path):
   with pytest.raises(ValueError, match='exactly one of config.init.workdir'):
     train.load_pretrained(config)
   with pytest.raises(ValueError, match="expected 'tfds:NAME:SPLIT'"):
-    data_lib.read('csv:/x', 'sequence_classification', config.data)
+    sequence_classification.read_split('csv:/x', config.data)
   path = tmp_path / 'x.tsv'
   path.write_text('text\tlabel\nhello\t1\n')
   with pytest.raises(KeyError, match="no field 'sentence'"):
-    data_lib.read(f'tsv:{path}', 'sequence_classification', config.data)
+    sequence_classification.read_split(f'tsv:{path}', config.data)
 
 
 @pytest.mark.parametrize('name', ['finetune_sst2', 'finetune_mrpc', 'finetune_ner'])
@@ -341,8 +345,8 @@ def test_packed_examples_give_each_example_its_own_logits_and_loss():
   packed = data_lib.pack(arrays, order=np.array([3, 0, 1, 5, 2, 4]))
   assert packed['input_ids'].shape == (2, 24) and packed['labels'].shape == (2, 8)
   assert packed['input_mask'].sum() == sum(lengths)
-  model = heads.make('sequence_classification', net.config, 3, 0.0, pooling='mean')
-  task = task_lib.Task('sequence_classification', model, net, 24)
+  model = heads.Classifier(net.config, 3, 0.0, pooling='mean')
+  task = task_lib.Task(model, net, 24, task_lib.classification_loss, task_lib.argmax)
   params = task.init(jax.random.key(0))
   alone = np.asarray(task.logits(params, arrays))
   together = np.asarray(task.logits(params, packed))
@@ -355,6 +359,6 @@ def test_packed_examples_give_each_example_its_own_logits_and_loss():
   np.testing.assert_allclose(loss_packed, loss_alone, rtol=1e-5)
   assert m['examples'] == 6
   with pytest.raises(ValueError, match="pooling='mean'"):
-    heads.make('sequence_classification', net.config, 3, 0.0).apply(
+    heads.Classifier(net.config, 3, 0.0).apply(
         {'params': params}, packed['input_ids'], packed['segment_ids'], packed['input_mask'],
         document_ids_BxL=packed['document_ids'])

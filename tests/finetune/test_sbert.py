@@ -16,6 +16,7 @@ import pytest
 import encoder_jax
 from encoder_jax import inference
 from encoder_jax.finetune import sbert
+from encoder_jax.finetune.tasks import sentence_embedding
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_tokenizer_dirs  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -98,14 +99,15 @@ def test_contrastive_triples_loss_is_in_batch_cross_entropy(bert_dir, tmp_path):
   loaded = encoder_jax.load(bert_dir)
   tok = loaded.tokenizer
   texts = [(r['anchor'], r['positive'], r['negative']) for r in rows[:3]]
-  batch = {k: jnp.asarray(v) for k, v in sbert.encode(tok, texts, 32, 3).items()}
+  batch = {k: jnp.asarray(v) for k, v in sentence_embedding.encode(tok, texts, 32, 3).items()}
   batch['weights'] = jnp.ones(3, jnp.float32)
-  model = sbert.Siamese(loaded.model_config, 'mean', tok.cls_index)
-  task = sbert.SiameseTask(model, None, 32, 'contrastive', 3)
+  model = sentence_embedding.Siamese(loaded.model_config, 'mean', tok.cls_index)
+  task = sentence_embedding.SiameseTask(model, None, 32,
+                                        sentence_embedding.contrastive_loss(20.0, 3), 3)
   params = task.init(jax.random.PRNGKey(0))
   loss, _ = task.loss_fn(params, batch, None, None, False)
   emb = np.asarray(inference.l2_normalize(model.apply({'params': params},
-                                                      *sbert._stack(batch, sbert.SIDES))))  # pylint: disable=protected-access
+                                                      *sentence_embedding._stack(batch, sentence_embedding.SIDES))))  # pylint: disable=protected-access
   scores = 20.0 * emb[:3] @ emb[3:].T
   logp = scores - np.log(np.exp(scores).sum(-1, keepdims=True))
   assert float(loss) == pytest.approx(-np.mean(np.diag(logp)), rel=1e-4)

@@ -264,7 +264,7 @@ def test_features_and_fine_tuning_use_the_encoder_output():
                                     np.asarray(POSITIONS)[..., None], axis=1)
   assert np.abs(np.asarray(pre['emd_output']) - at_positions).max() > 1e-3
   from encoder_jax.finetune import heads  # pylint: disable=g-import-not-at-top
-  head = heads.make('sequence_classification', c, num_labels=3, dropout_rate=0.1)
+  head = heads.Classifier(c, num_labels=3, dropout_rate=0.1)
   head_params = jax.eval_shape(head.init, jax.random.key(1), ids, seg, mask)['params']
   assert set(head_params) == {'embeddings', 'encoder', 'pooler', 'classifier'}
   for part in ('embeddings', 'encoder', 'pooler'):  # The pretrained params drop in.

@@ -14,7 +14,14 @@ import re
 import string
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from encoder_jax import fields as fields_lib
+from encoder_jax.finetune import data as data_lib
+from encoder_jax.finetune import heads
+from encoder_jax.finetune import task as task_lib
 
 
 @dataclasses.dataclass
@@ -246,3 +253,86 @@ def squad_metrics(examples: Sequence[Example], predictions: dict[str, str]) -> d
       out[f'{name}_f1'] = 100 * float(np.mean([g[1] for g in group]))
       out[f'{name}_total'] = len(group)
   return out
+
+
+# ---------------------------------------------------------------------------- the task
+
+FIELDS = (
+    fields_lib.Field('doc_stride', 128, fields_lib.integer(1),
+                     'Question answering: pieces between the starts of a context\'s windows.'),
+    fields_lib.Field('max_query_length', 64, fields_lib.integer(1),
+                     'Question answering: pieces of the question kept (its start).'),
+    fields_lib.Field('n_best', 20, fields_lib.integer(1),
+                     'Question answering: start and end logits tried per window.'),
+    fields_lib.Field('max_answer_length', 30, fields_lib.integer(1),
+                     'Question answering: the longest answer span, in pieces.'),
+    fields_lib.Field('version_2', False, fields_lib.boolean(),
+                     'Question answering: SQuAD v2, answer "" when the null score wins.'),
+    fields_lib.Field('null_score_threshold', 0.0, fields_lib.number(-1e6, 1e6),
+                     'Question answering v2: answer "" when null minus best span exceeds it.'),
+)
+
+
+def prepare(config, tokenizer, max_len: int, workdir=None, log=print) -> data_lib.Prepared:
+  """SQuAD questions in windows: the training windows labelled with their answer span, the
+  eval windows with what maps them back to the contexts (for decoding)."""
+  s, d = config.task_settings, config.data
+  train_ex = read(d.train, d.tfds_data_dir)
+  train_w = windows(train_ex, tokenizer, max_len, s.doc_stride, s.max_query_length, train=True)
+  if train_w.answers_lost:
+    log(f'Warning: {train_w.answers_lost} of {len(train_ex)} training questions have an '
+        'answer no window holds whole (trained as no-answer there); raise max_len or '
+        'doc_stride overlap')
+  log(f'QA: {len(train_ex)} training questions in {len(train_w.example)} windows of {max_len} '
+      f'pieces (stride {s.doc_stride}); {train_w.answers_outside} windows hold no answer')
+  out = data_lib.Prepared(train=train_w.arrays, num_outputs=2, context={'workdir': workdir})
+  if d.eval:
+    eval_ex = read(d.eval, d.tfds_data_dir)
+    eval_w = windows(eval_ex, tokenizer, max_len, s.doc_stride, s.max_query_length)
+    out.evals, out.context['eval'] = eval_w.arrays, (eval_ex, eval_w)
+  out.report.update(train_questions=len(train_ex), train_windows=len(train_w.example),
+                    train_answers_lost=train_w.answers_lost)
+  return out
+
+
+def head(model_config, config, prepared: data_lib.Prepared):
+  """Start and end logits on every final state."""
+  del prepared
+  return heads.Classifier(model_config, 2, config.dropout_rate, per_token=True)
+
+
+def span_loss(logits_BxLx2, batch):
+  """Question answering: the mean of the start and end cross-entropies (BERT's run_squad),
+  each a softmax over the row's tokens (padding excluded), over real rows."""
+  mask = batch['input_mask'] > 0
+  w = batch['weights']
+  logits = jnp.where(mask[..., None], logits_BxLx2.astype(jnp.float32), -1e9)
+  logp = jax.nn.log_softmax(logits, axis=1)  # Over positions.
+  losses, correct = [], []
+  for i, key in enumerate(('start_positions', 'end_positions')):
+    target = batch[key]
+    losses.append(-jnp.take_along_axis(logp[..., i], target[:, None], axis=1)[:, 0])
+    correct.append((jnp.argmax(logits[..., i], axis=1) == target).astype(jnp.float32))
+  denom = jnp.maximum(w.sum(), 1.0)
+  loss = ((losses[0] + losses[1]) / 2 * w).sum() / denom
+  accuracy = ((correct[0] * correct[1]) * w).sum() / denom
+  return loss, {'loss': loss, 'accuracy': accuracy, 'examples': w.sum()}
+
+
+def setup(model, network, max_len: int, config) -> task_lib.Task:
+  del config
+  return task_lib.Task(model, network, max_len, span_loss, task_lib.identity)
+
+
+def score(config, prepared: data_lib.Prepared, split: str, arrays, logits) -> dict:
+  """Decoded answers (written to ``<workdir>/predictions.json``) and their EM and F1."""
+  del arrays
+  s = config.task_settings
+  examples, w = prepared.context[split]
+  predictions, _ = decode(examples, w, logits, s.n_best, s.max_answer_length, s.version_2,
+                          s.null_score_threshold)
+  workdir = prepared.context.get('workdir')
+  if workdir:
+    with open(os.path.join(workdir, 'predictions.json'), 'w', encoding='utf-8') as f:
+      json.dump(predictions, f, ensure_ascii=False, indent=1)
+  return squad_metrics(examples, predictions)
