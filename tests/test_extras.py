@@ -65,6 +65,13 @@ bakeoff.plot({'rows': {}}, os.path.join(TMP, 'bakeoff.png'))'''),
     'TensorBoard on gs://': ('gcs', '''
 from encoder_jax import metrics_log
 metrics_log._summary_writer('gs://bucket/run/tensorboard')'''),
+    'fine-tuning tfds: rows': ('tfds', '''
+import ml_collections
+from encoder_jax.finetune import data
+data.read_rows('tfds:glue/sst2:train', ml_collections.ConfigDict(dict(tfds_data_dir='')), ())'''),
+    'question answering tfds: source': ('tfds', '''
+from encoder_jax.finetune.tasks import question_answering
+question_answering.read('tfds:squad/v1.1:train')'''),
     'pytorch_model.bin': ('peers', '''
 from encoder_jax.interop import hf
 open(os.path.join(TMP, 'pytorch_model.bin'), 'wb').close()

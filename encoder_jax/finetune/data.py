@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from encoder_jax import extras
 from encoder_jax.data import tokenizer as tokenizer_lib
 
 IGNORE = -1
@@ -63,7 +64,8 @@ def read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Seq
         return list(csv.DictReader(f, delimiter='\t', quoting=csv.QUOTE_NONE)), {}
       return [json.loads(line) for line in f if line.strip()], {}
   if kind == 'tfds':
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    tfds = extras.require('tensorflow_datasets', extra='tfds', what=f'config.data: {spec!r} is '
+                          'a tfds: source, which needs tensorflow-datasets')
     name, _, split = rest.rpartition(':')
     if not name or not split:
       raise ValueError(f"config.data: {spec!r}; expected 'tfds:NAME:SPLIT', e.g. "

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from encoder_jax import extras
 from encoder_jax import fields as fields_lib
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
@@ -53,7 +54,8 @@ def read(spec: str, tfds_data_dir: str = '') -> list[Example]:
               (a['text'], int(a['answer_start'])) for a in qa['answers']]
           out.append(Example(str(qa['id']), qa['question'], para['context'], answers))
   elif kind == 'tfds':
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    tfds = extras.require('tensorflow_datasets', extra='tfds',
+                          what=f'{spec!r} is a tfds: source, which needs tensorflow-datasets')
     name, _, split = rest.rpartition(':')
     if not name or not split:
       raise ValueError(f"{spec!r}; expected 'tfds:NAME:SPLIT', e.g. 'tfds:squad/v1.1:train'")
