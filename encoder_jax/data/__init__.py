@@ -8,9 +8,12 @@
   eval_it = make_eval_iterator(config, prepared, seq_len, rows=(lo, hi))
 
 Modules: ``sources`` (text/JSONL/tfds/embedded), ``sentences`` (splitter), ``embedded``
-(stdlib docstring corpus), ``tokenizer`` / ``tokenizer_training``, ``preparation`` and
-``shards`` (prepared format), ``prepare_once`` (one preparer per directory, a file lock), ``mixing`` (alpha sampling, epoch order), ``builders`` (NSP,
-SOP, FULL-/DOC-SENTENCES) and ``iterators``. Nothing here imports JAX.
+(stdlib docstring corpus), ``tokenizer`` (one interface), ``tokenizer_kinds`` (the kinds'
+registry), ``tokenizer_files`` / ``tokenizer_training`` / ``tokenizer_export`` (each kind's
+files: read, trained, exported to Hugging Face), ``preparation`` and ``shards`` (prepared
+format), ``prepare_once`` (one preparer per directory, a file lock), ``mixing`` (alpha
+sampling, epoch order), ``builders`` (NSP, SOP, FULL-/DOC-SENTENCES) and ``iterators``.
+Nothing here imports JAX.
 """
 
 from encoder_jax.data.embedded import embedded_corpus

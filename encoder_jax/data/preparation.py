@@ -43,7 +43,7 @@ from encoder_jax.data import sentences as sentences_lib
 from encoder_jax.data import shards as shards_lib
 from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
-from encoder_jax.data import tokenizer_training
+from encoder_jax.data import tokenizer_kinds
 
 FORMAT_VERSION = 1
 MANIFEST = 'manifest.json'
@@ -304,40 +304,29 @@ def prepare(config, directory: str | None = None) -> dict:
     shutil.rmtree(partial, ignore_errors=True)  # Renamed away on success.
 
 
+def _tokenizer_file(config, srcs, partial: str) -> str:
+  """The kind's tokenizer file in ``partial``, copied from config.tokenizer.path or trained
+  on the corpus (``TokenizerKind.train``); its name."""
+  kind, path = str(config.tokenizer.kind), str(config.tokenizer.path)
+  spec = tokenizer_kinds.get(kind, ' (config.tokenizer.kind)')
+  target = os.path.join(partial, spec.file)
+  if path:
+    shutil.copyfile(path, target)
+  elif spec.train is None:
+    raise ValueError(f'config.tokenizer.kind={kind!r} needs config.tokenizer.path = '
+                     f'{spec.given_file}.')
+  else:
+    spec.train(config, srcs, target)
+  return spec.file
+
+
 def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
   """Tokenizer, shards and manifest into ``partial``, then renamed to ``directory``."""
   kind, path = str(config.tokenizer.kind), str(config.tokenizer.path)
   lowercase = bool(config.tokenizer.lowercase)
   vocab_size = int(config.model.vocab_size)
   tok_start = time.time()
-  if kind == 'sentencepiece':
-    tok_file = 'tokenizer.model'
-    if path:
-      shutil.copyfile(path, os.path.join(partial, tok_file))
-    else:
-      tokenizer_training.train_sentencepiece(config, srcs, os.path.join(partial, tok_file))
-  elif kind == 'wordpiece':
-    if not path:
-      raise ValueError("config.tokenizer.kind='wordpiece' needs config.tokenizer.path = a "
-                       'vocab.txt (WordPiece vocabularies are not trained here).')
-    tok_file = 'vocab.txt'
-    shutil.copyfile(path, os.path.join(partial, tok_file))
-  elif kind == 'bytelevel_bpe':
-    tok_file = 'tokenizer.json'
-    if path:
-      shutil.copyfile(path, os.path.join(partial, tok_file))
-    else:
-      tokenizer_training.train_bytelevel_bpe(config, srcs, os.path.join(partial, tok_file))
-  elif kind == tokenizer_lib.HF_KIND:
-    if not path:
-      raise ValueError("config.tokenizer.kind='hf' needs config.tokenizer.path = an "
-                       'hf_tokenizer.json (convert hf_to_workdir writes one; Hugging Face '
-                       'tokenizers are imported, not trained here).')
-    tok_file = 'hf_tokenizer.json'
-    shutil.copyfile(path, os.path.join(partial, tok_file))
-  else:
-    raise ValueError(f'config.tokenizer.kind must be one of {list(tokenizer_lib.KINDS)}; '
-                     f'got {kind!r}')
+  tok_file = _tokenizer_file(config, srcs, partial)
   tok_seconds = time.time() - tok_start
   tok = tokenizer_lib.Tokenizer.from_file(kind, os.path.join(partial, tok_file), lowercase)
   tok.check_vocab_size(vocab_size)

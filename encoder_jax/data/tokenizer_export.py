@@ -1,6 +1,7 @@
-"""The Hugging Face files of each tokenizer kind: what ``export_hf_tokenizer`` writes so that
-``AutoTokenizer.from_pretrained`` reads a tokenizer with our ids (see ``interop.tokenizer``
-for the directories it writes and reads).
+"""The Hugging Face files of each tokenizer kind: what ``export_<kind>(tok, out_dir,
+max_length)`` writes so that ``AutoTokenizer.from_pretrained(out_dir)`` reads a tokenizer
+with our ids; each returns what it wrote. ``tokenizer_kinds`` names each kind's exporter and
+``interop.tokenizer.export_hf_tokenizer`` dispatches through it.
 """
 
 from __future__ import annotations
@@ -97,56 +98,70 @@ def _write_bytelevel_bpe(tok, out_dir: str) -> None:
     f.writelines((m if isinstance(m, str) else ' '.join(m)) + '\n' for m in merges)
 
 
-def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
-  """Writes ``tok`` so that ``AutoTokenizer.from_pretrained(out_dir)`` works; what it wrote."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  os.makedirs(out_dir, exist_ok=True)
-  specials = {k: tok.id_to_piece(getattr(tok, k.replace('_token', '_id')))
-              for k in SPECIAL_TOKENS}
-  input_names = ['input_ids', 'token_type_ids', 'attention_mask']
-  if tok.kind == 'bytelevel_bpe':
-    _write_bytelevel_bpe(tok, out_dir)
-    specials.update(bos_token=specials['cls_token'], eos_token=specials['sep_token'])
-    with open(os.path.join(out_dir, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
-      json.dump(specials, f, indent=2)
-    cfg = {'tokenizer_class': 'RobertaTokenizer', 'add_prefix_space': False,
-           'trim_offsets': True, 'errors': 'replace'}
-    input_names = ['input_ids', 'attention_mask']  # RoBERTa: one segment, no type ids.
-    written = (f'{TOKENIZER_JSON} + {VOCAB_JSON} + {MERGES_TXT} + {TOKENIZER_CONFIG} + '
-               f'{SPECIAL_TOKENS_MAP} (byte-level BPE, RoBERTa)')
-  elif tok.kind == 'wordpiece':
-    shutil.copyfile(tok.path, os.path.join(out_dir, VOCAB_TXT))
-    cfg = {'tokenizer_class': 'BertTokenizer', 'do_lower_case': bool(tok.lowercase)}
-    written = f'{VOCAB_TXT} + {TOKENIZER_CONFIG} (WordPiece)'
-  elif tok.kind == tokenizer_lib.HF_KIND:  # The imported checkpoint's own files, back.
-    with open(tok.path, encoding='utf-8') as f:
-      bundle = json.load(f)
-    with open(os.path.join(out_dir, TOKENIZER_JSON), 'w', encoding='utf-8') as f:
-      json.dump(bundle['tokenizer'], f, ensure_ascii=False, indent=2)
-    if bundle.get('special_tokens_map'):
-      with open(os.path.join(out_dir, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
-        json.dump(bundle['special_tokens_map'], f, ensure_ascii=False, indent=2)
-    cfg = dict(bundle.get('tokenizer_config') or {})
-    cfg.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
-    cfg.setdefault('padding_side', tok.padding_side)
-    for role, key in (('pad', 'pad_token'), ('unk', 'unk_token'), ('cls', 'cls_token'),
-                      ('sep', 'sep_token'), ('mask', 'mask_token')):
-      cfg.setdefault(key, bundle['role_pieces'][role])
-    cfg['model_max_length'] = int(max_length)
-    written = (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (the imported '
-               f'{cfg["tokenizer_class"]}, {bundle["tokenizer"]["model"]["type"]})')
-    with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
-      json.dump(cfg, f, ensure_ascii=False, indent=2)
-    return written
-  elif tok.kind == 'sentencepiece':
-    shutil.copyfile(tok.path, os.path.join(out_dir, SENTENCEPIECE_MODEL))
-    sentencepiece_to_hf(tok).save(os.path.join(out_dir, TOKENIZER_JSON))
-    cfg = {'tokenizer_class': 'PreTrainedTokenizerFast'}
-    written = (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (fast tokenizer) + '
-               f'{SENTENCEPIECE_MODEL} (SentencePiece)')
-  else:
-    raise ValueError(f'tokenizer kind {tok.kind!r}; expected one of {list(tokenizer_lib.KINDS)}')
-  cfg.update(specials, model_max_length=int(max_length), model_input_names=input_names)
+def _special_tokens(tok) -> dict[str, str]:
+  """tokenizer_config.json's special tokens (``unk_token``...): ``tok``'s pieces."""
+  return {k: tok.id_to_piece(getattr(tok, k.replace('_token', '_id'))) for k in SPECIAL_TOKENS}
+
+
+def _write_config(out_dir: str, cfg: dict, specials: dict, max_length: int,
+                  input_names=('input_ids', 'token_type_ids', 'attention_mask')) -> None:
+  """tokenizer_config.json: ``cfg``, the special tokens, the length and the input names."""
+  cfg.update(specials, model_max_length=int(max_length), model_input_names=list(input_names))
   with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
     json.dump(cfg, f, indent=2)
-  return written
+
+
+def export_sentencepiece(tok, out_dir: str, max_length: int) -> str:
+  """The raw ``tokenizer.model`` and a fast ``tokenizer.json`` (``sentencepiece_to_hf``)."""
+  shutil.copyfile(tok.path, os.path.join(out_dir, SENTENCEPIECE_MODEL))
+  sentencepiece_to_hf(tok).save(os.path.join(out_dir, TOKENIZER_JSON))
+  _write_config(out_dir, {'tokenizer_class': 'PreTrainedTokenizerFast'}, _special_tokens(tok),
+                max_length)
+  return (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (fast tokenizer) + '
+          f'{SENTENCEPIECE_MODEL} (SentencePiece)')
+
+
+def export_wordpiece(tok, out_dir: str, max_length: int) -> str:
+  """BERT's ``vocab.txt`` and ``BertTokenizer`` settings."""
+  shutil.copyfile(tok.path, os.path.join(out_dir, VOCAB_TXT))
+  cfg = {'tokenizer_class': 'BertTokenizer', 'do_lower_case': bool(tok.lowercase)}
+  _write_config(out_dir, cfg, _special_tokens(tok), max_length)
+  return f'{VOCAB_TXT} + {TOKENIZER_CONFIG} (WordPiece)'
+
+
+def export_bytelevel_bpe(tok, out_dir: str, max_length: int) -> str:
+  """RoBERTa's files: tokenizer.json, vocab.json + merges.txt, special_tokens_map.json."""
+  _write_bytelevel_bpe(tok, out_dir)
+  specials = _special_tokens(tok)
+  specials.update(bos_token=specials['cls_token'], eos_token=specials['sep_token'])
+  with open(os.path.join(out_dir, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
+    json.dump(specials, f, indent=2)
+  cfg = {'tokenizer_class': 'RobertaTokenizer', 'add_prefix_space': False,
+         'trim_offsets': True, 'errors': 'replace'}
+  # RoBERTa: one segment, no type ids.
+  _write_config(out_dir, cfg, specials, max_length, ('input_ids', 'attention_mask'))
+  return (f'{TOKENIZER_JSON} + {VOCAB_JSON} + {MERGES_TXT} + {TOKENIZER_CONFIG} + '
+          f'{SPECIAL_TOKENS_MAP} (byte-level BPE, RoBERTa)')
+
+
+def export_hf(tok, out_dir: str, max_length: int) -> str:
+  """The imported checkpoint's own files, back: its tokenizer.json, special_tokens_map.json
+  and tokenizer_config.json (roles and padding side filled in where it named none)."""
+  with open(tok.path, encoding='utf-8') as f:
+    bundle = json.load(f)
+  with open(os.path.join(out_dir, TOKENIZER_JSON), 'w', encoding='utf-8') as f:
+    json.dump(bundle['tokenizer'], f, ensure_ascii=False, indent=2)
+  if bundle.get('special_tokens_map'):
+    with open(os.path.join(out_dir, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
+      json.dump(bundle['special_tokens_map'], f, ensure_ascii=False, indent=2)
+  cfg = dict(bundle.get('tokenizer_config') or {})
+  cfg.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
+  cfg.setdefault('padding_side', tok.padding_side)
+  for role, key in (('pad', 'pad_token'), ('unk', 'unk_token'), ('cls', 'cls_token'),
+                    ('sep', 'sep_token'), ('mask', 'mask_token')):
+    cfg.setdefault(key, bundle['role_pieces'][role])
+  cfg['model_max_length'] = int(max_length)
+  with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
+    json.dump(cfg, f, ensure_ascii=False, indent=2)
+  return (f'{TOKENIZER_JSON} + {TOKENIZER_CONFIG} (the imported '
+          f'{cfg["tokenizer_class"]}, {bundle["tokenizer"]["model"]["type"]})')

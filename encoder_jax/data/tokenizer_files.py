@@ -1,6 +1,12 @@
 """The files of the tokenizer kinds: their fixed pieces and ids, reading and checking them,
 building RoBERTa's byte-level BPE, and where the specials go around texts (``Template``).
 
+Each kind's reader (``read_sentencepiece``, ``read_wordpiece``, ``read_bytelevel_bpe``,
+``read_hf``) checks its file and returns its :class:`Contents`: a backend that encodes and
+decodes (:class:`SentencePieceBackend` or :class:`TokenizersBackend`, one interface), the
+pieces, the ids never masked, the word starts, and for the hf kind the roles, template and
+padding side its file records. ``tokenizer_kinds`` names the reader of each kind.
+
 Below ``tokenizer`` (the one ``Tokenizer`` interface) and ``tokenizer_training``; imports no
 other module of encoder_jax.
 """
@@ -12,6 +18,8 @@ import hashlib
 import json
 import os
 
+import numpy as np
+
 SPECIAL_PIECES = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 SENTENCEPIECE_IDS = {'[PAD]': 0, '[UNK]': 1, '[CLS]': 2, '[SEP]': 3, '[MASK]': 4}
 ROBERTA_PIECES = ('<pad>', '<unk>', '<s>', '</s>', '<mask>')  # In role order, as above.
@@ -19,17 +27,15 @@ ROBERTA_PIECES = ('<pad>', '<unk>', '<s>', '</s>', '<mask>')  # In role order, a
 BYTELEVEL_BPE_IDS = {'<s>': 0, '<pad>': 1, '</s>': 2, '<unk>': 3}
 BYTELEVEL_BPE_MASK = '<mask>'
 ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
-# The pieces that can play each role (in ROLES order), per kind; the first present wins.
-# BERT-named vocabularies accept <pad>/<unk> for [PAD]/[UNK], as in ALBERT's released models.
-_BERT_ROLES = (('[PAD]', '<pad>'), ('[UNK]', '<unk>'), ('[CLS]',), ('[SEP]',), ('[MASK]',))
-ROLE_PIECES = {
-    'sentencepiece': _BERT_ROLES,
-    'wordpiece': _BERT_ROLES,
-    'bytelevel_bpe': tuple((p,) for p in ROBERTA_PIECES),
-}
+# The pieces that can play each role (in ROLES order) in a fixed-layout vocabulary; the
+# first present wins. BERT-named vocabularies accept <pad>/<unk> for [PAD]/[UNK], as in
+# ALBERT's released models; byte-level BPE ones have RoBERTa's names.
+BERT_ROLES = (('[PAD]', '<pad>'), ('[UNK]', '<unk>'), ('[CLS]',), ('[SEP]',), ('[MASK]',))
+ROBERTA_ROLES = tuple((p,) for p in ROBERTA_PIECES)
 HF_KIND = 'hf'  # A Hugging Face tokenizer.json with its roles and layout (see the docstring).
 HF_FORMAT = 'encoder_jax.hf_tokenizer/1'  # The ``format`` of an hf kind's file.
-BERT_ALIASES = {names[0]: names for names in _BERT_ROLES}
+HF_FILE = 'hf_tokenizer.json'  # The hf kind's file (a bundle; see interop.tokenizer.hf_bundle).
+BERT_ALIASES = {names[0]: names for names in BERT_ROLES}
 BYTE_SPACE = '\u0120'  # 'Ġ': the space byte in GPT-2's byte alphabet.
 
 
@@ -189,3 +195,250 @@ def read_tokenizer_json(path: str, what: str, expected: str):
       return json.load(f)
   except (OSError, UnicodeDecodeError, ValueError) as e:
     raise ValueError(f'{path!r} is not {expected}: {e}') from e
+
+
+def check_vocab_size(path: str, num_pieces: int, vocab_size: int, larger_table_ok: bool,
+                     setting: str = 'config.model.vocab_size') -> None:
+  """Raises unless a model with ``vocab_size`` embedding rows runs on the ``num_pieces`` ids
+  of the tokenizer file ``path`` (equal, or larger where ``larger_table_ok``)."""
+  if num_pieces == vocab_size or (larger_table_ok and num_pieces < vocab_size):
+    return
+  raise ValueError(
+      f'Tokenizer {path!r} has {num_pieces} pieces but {setting} = '
+      f'{vocab_size}; they must be equal (the embedding table is sized by the config'
+      + ('; an imported Hugging Face tokenizer may also have fewer' if larger_table_ok
+         else '') + ').')
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+class SentencePieceBackend:
+  """Encodes and decodes with a ``sentencepiece.SentencePieceProcessor``."""
+
+  def __init__(self, processor):
+    self.processor = processor
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return self.processor.Encode(list(texts))
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and each piece's character span (SentencePiece gives byte offsets)."""
+    try:  # Byte offsets per piece (sentencepiece >= 0.2.1; earlier: immutable_proto).
+      proto = self.processor.encode(text, return_type='proto')
+    except TypeError:
+      proto = self.processor.encode(text, out_type='immutable_proto')
+    raw = text.encode('utf-8')
+    char_at = np.zeros(len(raw) + 1, np.int64)  # Byte offset -> character offset.
+    pos = 0
+    for i, ch in enumerate(text):
+      n = len(ch.encode('utf-8'))
+      char_at[pos:pos + n] = i
+      pos += n
+    char_at[len(raw)] = len(text)
+    return ([p.id for p in proto.pieces],
+            [(int(char_at[p.begin]), int(char_at[p.end])) for p in proto.pieces])
+
+  def decode(self, ids: list[int]) -> str:
+    return self.processor.Decode(ids)
+
+
+class TokenizersBackend:
+  """Encodes and decodes with a Hugging Face ``tokenizers`` tokenizer (no specials added)."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    e = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
+    return list(e.ids), [tuple(o) for o in e.offsets]
+
+  def encode_matching_specials(self, text: str) -> list[int]:
+    """Ids of ``text`` with its special-token strings matched as Hugging Face does (the
+    other methods read them as plain text)."""
+    self.tokenizer.encode_special_tokens = False
+    try:
+      return self.tokenizer.encode(text, add_special_tokens=False).ids
+    finally:
+      self.tokenizer.encode_special_tokens = True
+
+  def decode(self, ids: list[int]) -> str:
+    return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+# ---------------------------------------------------------------------------- readers
+
+
+@dataclasses.dataclass(frozen=True)
+class Contents:
+  """What a tokenizer file holds, checked: see ``data.tokenizer.Tokenizer`` for the fields.
+
+  ``role_ids``, ``template`` and ``padding_side``: recorded by an hf kind's file; None for
+  a fixed-layout kind, whose roles and template its ``TokenizerKind`` declares.
+  """
+  backend: SentencePieceBackend | TokenizersBackend
+  pieces: list[str]
+  special_ids: np.ndarray
+  is_word_start: np.ndarray
+  lowercase: bool
+  role_ids: dict[str, int] | None = None
+  template: Template | None = None
+  padding_side: str = 'right'
+
+
+def _pieces_by_id(vocab: dict[str, int], n: int) -> list[str]:
+  pieces = [''] * n
+  for piece, i in vocab.items():
+    pieces[i] = piece
+  return pieces
+
+
+def _word_starts(pieces: list[str], special, how: str, mark: str) -> np.ndarray:
+  """True where a piece starts a word (``word_start_scheme``); specials are False."""
+  if how == 'prefix':
+    word_start = np.array([p.startswith(mark) for p in pieces], np.bool_)
+  elif how == 'not_prefix':
+    word_start = np.array([not p.startswith(mark) for p in pieces], np.bool_)
+  else:
+    word_start = np.ones(len(pieces), np.bool_)
+  word_start[special] = False
+  return word_start
+
+
+def read_sentencepiece(path: str, lowercase: bool = False) -> Contents:
+  """A SentencePiece ``.model`` with the fixed ids ``SENTENCEPIECE_IDS`` (``lowercase`` is
+  the model's own normalisation, not a setting)."""
+  del lowercase
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'SentencePiece model {path!r} does not exist.')
+  sp = spm.SentencePieceProcessor()
+  try:
+    sp.Load(path)
+  except (OSError, RuntimeError) as e:
+    raise ValueError(f'{path!r} is not a SentencePiece model: {e}') from e
+  n = sp.GetPieceSize()
+  pieces = [sp.IdToPiece(i) for i in range(n)]
+  for name, want in SENTENCEPIECE_IDS.items():
+    got = pieces[want] if want < n else None
+    if got not in BERT_ALIASES.get(name, (name,)):
+      raise ValueError(
+          f'SentencePiece model {path!r}: id {want} must be {name} but is {got!r}; '
+          f'encoder_jax needs {SENTENCEPIECE_IDS}. Train it with prepare (leave '
+          'config.tokenizer.path empty) or with these control symbols.')
+  special = [i for i in range(n) if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsUnused(i)]
+  special = sorted(set(special) | set(SENTENCEPIECE_IDS.values()))
+  return Contents(SentencePieceBackend(sp), pieces, np.array(special),
+                  _word_starts(pieces, special, 'prefix', '\u2581'), lowercase=False)
+
+
+def read_wordpiece(path: str, lowercase: bool = True) -> Contents:
+  """A WordPiece ``vocab.txt`` (one piece per line, line number = id), run by BERT's basic +
+  wordpiece tokenizer; ``lowercase`` as the checkpoint was trained."""
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'WordPiece vocabulary {path!r} does not exist.')
+  with open(path, encoding='utf-8') as f:
+    pieces = [line.rstrip('\n') for line in f]
+  if not pieces:
+    raise ValueError(f'WordPiece vocabulary {path!r} is empty.')
+  if len(set(pieces)) != len(pieces):
+    raise ValueError(f'WordPiece vocabulary {path!r} has duplicate lines.')
+  missing = [p for p in SPECIAL_PIECES if p not in set(pieces)]
+  if missing:
+    raise ValueError(f'WordPiece vocabulary {path!r} has no {" ".join(missing)} piece(s); '
+                     f'encoder_jax needs all of {list(SPECIAL_PIECES)}.')
+  backend = BertWordPieceTokenizer(path, lowercase=lowercase, clean_text=True,
+                                   handle_chinese_chars=True, strip_accents=None)
+  special = [i for i, p in enumerate(pieces)
+             if len(p) > 2 and p.startswith('[') and p.endswith(']')]
+  return Contents(TokenizersBackend(backend), pieces, np.array(special),
+                  _word_starts(pieces, special, 'not_prefix', '##'), lowercase=lowercase)
+
+
+def read_bytelevel_bpe(path: str, lowercase: bool = False) -> Contents:
+  """A byte-level BPE ``tokenizer.json`` (RoBERTa's layout; see ``check_bytelevel_bpe``).
+
+  The backend encodes special-token strings in the text as plain bytes
+  (``encode_special_tokens``), so the text "<mask>" never becomes the mask id and
+  ``decode(encode(text)) == text`` for every text; HF's own tokenizer does match them.
+  """
+  del lowercase
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  spec = read_tokenizer_json(path, 'Byte-level BPE tokenizer', 'a tokenizers tokenizer.json')
+  check_bytelevel_bpe(spec, path)
+  try:
+    backend = tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # The Rust loader raises its own exception type.
+    raise ValueError(f'{path!r} is not a tokenizers tokenizer.json: {e}') from e
+  backend.encode_special_tokens = True
+  vocab = backend.get_vocab(with_added_tokens=True)
+  n = len(vocab)
+  if sorted(vocab.values()) != list(range(n)):
+    raise ValueError(f'Byte-level BPE tokenizer {path!r}: the ids are not 0..{n - 1}.')
+  pieces = _pieces_by_id(vocab, n)
+  want = dict(BYTELEVEL_BPE_IDS, **{BYTELEVEL_BPE_MASK: n - 1})
+  wrong = {p: vocab.get(p) for p, i in want.items() if vocab.get(p) != i}
+  if wrong:
+    raise ValueError(
+        f'Byte-level BPE tokenizer {path!r}: special pieces at ids {wrong}; encoder_jax '
+        f'needs RoBERTa\'s {want} (<mask> = the last id). Train it with prepare (leave '
+        'config.tokenizer.path empty) or use a RoBERTa-style vocabulary.')
+  missing = sorted(set(byte_alphabet()) - set(vocab))
+  if missing:
+    raise ValueError(f'Byte-level BPE tokenizer {path!r} lacks {len(missing)} of the 256 '
+                     f'byte pieces (e.g. {missing[:5]}); some text could not be encoded.')
+  special = sorted(want.values())
+  return Contents(TokenizersBackend(backend), pieces, np.array(special),
+                  _word_starts(pieces, special, 'prefix', BYTE_SPACE), lowercase=False)
+
+
+def read_hf(path: str, lowercase: bool = False) -> Contents:
+  """An ``hf`` kind file: a Hugging Face ``tokenizer.json`` with the checkpoint's roles,
+  template and padding side (``interop.tokenizer.hf_bundle`` writes it).
+
+  Literal special-token strings in a text stay text (``encode_special_tokens``), as with the
+  other kinds; the ids of every other text equal ``AutoTokenizer``'s.
+  """
+  del lowercase
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  bundle = read_tokenizer_json(path, 'Hugging Face tokenizer file',
+                               'an encoder_jax hf tokenizer file')
+  found = bundle.get('format') if isinstance(bundle, dict) else None
+  if found != HF_FORMAT:
+    raise ValueError(f'{path!r}: format {found!r}; expected an encoder_jax hf tokenizer file '
+                     f'({HF_FORMAT!r}), as convert hf_to_workdir writes')
+  spec = bundle['tokenizer']
+  try:
+    backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+  except Exception as e:  # The Rust loader raises its own exception type.
+    raise ValueError(f'{path!r}: its tokenizer does not load in tokenizers: {e}') from e
+  backend.no_truncation()
+  backend.no_padding()
+  backend.encode_special_tokens = True
+  vocab = backend.get_vocab(with_added_tokens=True)
+  n = max(vocab.values()) + 1 if vocab else 0
+  pieces = _pieces_by_id(vocab, n)
+  holes = [i for i, p in enumerate(pieces) if not p]
+  if holes:
+    raise ValueError(f'{path!r}: ids {holes[:5]} have no piece; expected ids 0..{n - 1}')
+  roles = {r: int(bundle['roles'][r]) for r in ROLES}
+  special = sorted({*roles.values(), *(int(t['id']) for t in spec.get('added_tokens') or ()
+                                        if t.get('special'))})
+  how, mark = bundle.get('word_start') or word_start_scheme(spec)
+  return Contents(TokenizersBackend(backend), pieces, np.array(special),
+                  _word_starts(pieces, special, how, mark), lowercase=False, role_ids=roles,
+                  template=Template.from_json(bundle['template']),
+                  padding_side=bundle.get('padding_side', 'right'))
+
+
+def is_hf_file(path: str) -> bool:
+  """Whether ``path`` is an hf kind's file (JSON with its ``format``), read cheaply."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f).get('format') == HF_FORMAT
+  except (OSError, ValueError, AttributeError):
+    return False

@@ -22,7 +22,7 @@ import sentencepiece as spm
 from encoder_jax.data import mixing
 from encoder_jax.data import sentences as sentences_lib
 from encoder_jax.data import sources as sources_lib
-from encoder_jax.data import tokenizer as tokenizer_lib
+from encoder_jax.data import tokenizer_files
 
 _SEED = 12345  # SentencePiece's sampling seed: fixed, so the model depends only on config.
 
@@ -107,8 +107,8 @@ def train_sentencepiece(config, sources: list[sources_lib.Source], model_path: s
         f'{len(sentences)} sentences from config.data.sources={config.data.sources!r}: {e}. '
         'A small corpus cannot support a large vocabulary: lower config.model.vocab_size '
         'or add data.') from e
-  tok = tokenizer_lib.Tokenizer.from_sentencepiece(model_path)
-  tok.check_vocab_size(vocab_size)
+  trained = tokenizer_files.read_sentencepiece(model_path)
+  tokenizer_files.check_vocab_size(model_path, len(trained.pieces), vocab_size, False)
 
 
 def train_bytelevel_bpe(config, sources: list[sources_lib.Source], path: str) -> None:
@@ -123,7 +123,8 @@ def train_bytelevel_bpe(config, sources: list[sources_lib.Source], path: str) ->
   import tokenizers  # pylint: disable=g-import-not-at-top
   from tokenizers import models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top,g-multiple-import
   vocab_size = int(config.model.vocab_size)
-  leading = sorted(tokenizer_lib.BYTELEVEL_BPE_IDS, key=tokenizer_lib.BYTELEVEL_BPE_IDS.get)
+  fixed_ids = tokenizer_files.BYTELEVEL_BPE_IDS
+  leading = sorted(fixed_ids, key=fixed_ids.get)
   smallest = len(leading) + 256 + 1
   if vocab_size < smallest:
     raise ValueError(f'config.model.vocab_size={vocab_size} is too small for byte-level BPE: '
@@ -145,7 +146,7 @@ def train_bytelevel_bpe(config, sources: list[sources_lib.Source], path: str) ->
         f'config.model.vocab_size={vocab_size}, on {len(sentences)} sentences from '
         f'config.data.sources={config.data.sources!r}: the corpus has too few pairs seen twice '
         'to merge. Lower config.model.vocab_size or add data.')
-  vocab[tokenizer_lib.BYTELEVEL_BPE_MASK] = vocab_size - 1
-  tokenizer_lib.build_bytelevel_bpe(vocab, tokenizer_lib.bpe_merges(spec)).save(path)
-  tok = tokenizer_lib.Tokenizer.from_bytelevel_bpe(path)
-  tok.check_vocab_size(vocab_size)
+  vocab[tokenizer_files.BYTELEVEL_BPE_MASK] = vocab_size - 1
+  tokenizer_files.build_bytelevel_bpe(vocab, tokenizer_files.bpe_merges(spec)).save(path)
+  trained = tokenizer_files.read_bytelevel_bpe(path)
+  tokenizer_files.check_vocab_size(path, len(trained.pieces), vocab_size, False)

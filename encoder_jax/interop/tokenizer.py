@@ -35,12 +35,17 @@ directory's files are kept in the bundle so that export writes them back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
+from typing import Callable
 
+from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_export
+from encoder_jax.data import tokenizer_files
+from encoder_jax.data import tokenizer_kinds
 
 VOCAB_TXT = tokenizer_export.VOCAB_TXT
 SENTENCEPIECE_MODEL = tokenizer_export.SENTENCEPIECE_MODEL
@@ -49,7 +54,7 @@ TOKENIZER_CONFIG = tokenizer_export.TOKENIZER_CONFIG
 VOCAB_JSON = tokenizer_export.VOCAB_JSON
 MERGES_TXT = tokenizer_export.MERGES_TXT
 SPECIAL_TOKENS_MAP = tokenizer_export.SPECIAL_TOKENS_MAP
-HF_TOKENIZER_FILE = 'hf_tokenizer.json'  # The hf kind's file (a bundle; see hf_bundle).
+HF_TOKENIZER_FILE = tokenizer_files.HF_FILE  # The hf kind's file (a bundle; see hf_bundle).
 # Slow-tokenizer files Hugging Face checkpoints ship (ALBERT/XLNet/T5, DeBERTa v2/v3,
 # XLM-R/CamemBERT, Llama-style), besides vocab.txt and vocab.json + merges.txt.
 SENTENCEPIECE_NAMES = ('spiece.model', 'spm.model', 'sentencepiece.bpe.model',
@@ -69,42 +74,25 @@ _ROLE_KEYS = (('pad', ('pad_token',)), ('unk', ('unk_token',)),
 
 def wordpiece(vocab_path: str, lowercase: bool = True):
   """The input pipeline's tokenizer for a WordPiece ``vocab.txt``."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   return tokenizer_lib.Tokenizer.from_wordpiece_vocab(vocab_path, lowercase=lowercase)
 
 
 def sentencepiece(model_path: str):
   """The input pipeline's tokenizer for a SentencePiece ``.model``."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   return tokenizer_lib.Tokenizer.from_sentencepiece(model_path)
 
 
 def bytelevel_bpe(json_path: str):
   """The input pipeline's tokenizer for a byte-level BPE ``tokenizer.json``."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   return tokenizer_lib.Tokenizer.from_bytelevel_bpe(json_path)
 
 
 def from_path(kind: str, path: str, lowercase: bool = True):
-  """A tokenizer file of ``kind`` ('sentencepiece', 'wordpiece' or 'bytelevel_bpe')."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  """A tokenizer file of ``kind`` (one of ``data.tokenizer_kinds.KINDS``)."""
   return tokenizer_lib.Tokenizer.from_file(kind, path, lowercase)
 
 
-def kind_of_file(path: str) -> str:
-  """'sentencepiece' for a ``*.model`` file; for a ``*.json``, 'hf' (an hf_tokenizer.json
-  bundle) or 'bytelevel_bpe' (a tokenizer.json); else 'wordpiece' (a ``vocab.txt``)."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  if path.endswith('.model'):
-    return 'sentencepiece'
-  if path.endswith('.json'):
-    try:
-      with open(path, encoding='utf-8') as f:
-        is_bundle = json.load(f).get('format') == tokenizer_lib.HF_FORMAT
-    except (OSError, ValueError, AttributeError):
-      is_bundle = False
-    return tokenizer_lib.HF_KIND if is_bundle else 'bytelevel_bpe'
-  return 'wordpiece'
+kind_of_file = tokenizer_kinds.kind_of_file
 
 
 # --------------------------------------------------------------------------- HF import
@@ -194,7 +182,6 @@ def write_hf_bytelevel_bpe(hf_dir: str, out_dir: str) -> str:
   (GPT-2/RoBERTa's slow-tokenizer files) are built into one with RoBERTa's layout.
   """
   from tokenizers import models  # pylint: disable=g-import-not-at-top
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   out = os.path.join(os.path.abspath(out_dir), TOKENIZER_JSON)
   if _bpe_source(hf_dir) == TOKENIZER_JSON:
@@ -211,10 +198,18 @@ def write_hf_bytelevel_bpe(hf_dir: str, out_dir: str) -> str:
     vocab, merges = models.BPE.read_file(vocab_path, merges_path)
   except Exception as e:  # The Rust reader raises its own exception type.
     raise ValueError(f'{hf_dir}: cannot read {VOCAB_JSON} + {MERGES_TXT} as BPE: {e}') from e
-  partial = out + '.partial'  # Checked before it takes the name: no bad file left behind.
+  return _write_checked(out, lambda partial: tokenizer_files.build_bytelevel_bpe(
+      vocab, merges).save(partial), _hf_bytelevel_bpe)
+
+
+def _write_checked(out: str, write: Callable[[str], object],
+                   check: Callable[[str], object]) -> str:
+  """``out``, written by ``write(partial)`` and checked by ``check(partial)`` before it
+  takes the name: no bad file is left behind."""
+  partial = out + '.partial'
   try:
-    tokenizer_lib.build_bytelevel_bpe(vocab, merges).save(partial)
-    _hf_bytelevel_bpe(partial)
+    write(partial)
+    check(partial)
     os.replace(partial, out)
   finally:
     if os.path.exists(partial):
@@ -275,33 +270,89 @@ def _plain_bert_wordpiece(hf_dir: str) -> bool:
           and model.get('continuing_subword_prefix', '##') == '##')
 
 
-def _fixed_kind(hf_dir: str) -> str | None:
-  """The fixed-layout kind that reads ``hf_dir`` as ``AutoTokenizer`` does, or None."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+def _reads_as_wordpiece(hf_dir: str) -> bool:
+  """A ``vocab.txt`` (and no other model type in tokenizer.json) with BERT's settings."""
   spec_path = os.path.join(hf_dir, TOKENIZER_JSON)
   model_type = None
   if os.path.exists(spec_path):
     model_type = (_read_json(spec_path).get('model') or {}).get('type')
-  if (os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and model_type in (None, 'WordPiece')
-      and _plain_bert_wordpiece(hf_dir)):
-    return 'wordpiece'
-  if os.path.exists(os.path.join(hf_dir, SENTENCEPIECE_MODEL)):
-    try:
-      tokenizer_lib.Tokenizer.from_sentencepiece(os.path.join(hf_dir, SENTENCEPIECE_MODEL))
-      return 'sentencepiece'
-    except ValueError:
-      pass  # Not our fixed ids: the hf kind reads it.
-  if _bpe_source(hf_dir):
-    try:
-      if _bpe_source(hf_dir) == TOKENIZER_JSON:
-        tokenizer_lib.Tokenizer.from_bytelevel_bpe(spec_path)
-      else:
-        with tempfile.TemporaryDirectory(prefix='bpe_') as scratch:
-          write_hf_bytelevel_bpe(hf_dir, scratch)
-      return 'bytelevel_bpe'
-    except (ValueError, FileNotFoundError):
-      pass  # Another layout (special tokens elsewhere, added tokens): the hf kind reads it.
-  return None
+  return (os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and model_type in (None, 'WordPiece')
+          and _plain_bert_wordpiece(hf_dir))
+
+
+def _reads_as_sentencepiece(hf_dir: str) -> bool:
+  """A ``tokenizer.model`` with encoder_jax's fixed ids (else the hf kind reads it)."""
+  path = os.path.join(hf_dir, SENTENCEPIECE_MODEL)
+  if not os.path.exists(path):
+    return False
+  try:
+    tokenizer_lib.Tokenizer.from_sentencepiece(path)
+    return True
+  except ValueError:
+    return False  # Not our fixed ids: the hf kind reads it.
+
+
+def _reads_as_bytelevel_bpe(hf_dir: str) -> bool:
+  """A byte-level BPE with RoBERTa's layout (``tokenizer.json`` or ``vocab.json`` +
+  ``merges.txt``)."""
+  source = _bpe_source(hf_dir)
+  if not source:
+    return False
+  try:
+    if source == TOKENIZER_JSON:
+      tokenizer_lib.Tokenizer.from_bytelevel_bpe(os.path.join(hf_dir, TOKENIZER_JSON))
+    else:
+      with tempfile.TemporaryDirectory(prefix='bpe_') as scratch:
+        write_hf_bytelevel_bpe(hf_dir, scratch)
+    return True
+  except (ValueError, FileNotFoundError):
+    return False  # Another layout (special tokens elsewhere, added tokens): the hf kind.
+
+
+def _copy_sentencepiece(hf_dir: str, out_dir: str) -> str:
+  spm = os.path.join(hf_dir, SENTENCEPIECE_MODEL)
+  out = os.path.join(os.path.abspath(out_dir), SENTENCEPIECE_MODEL)
+  if os.path.abspath(spm) != out:
+    shutil.copyfile(spm, out)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Import:
+  """How a fixed-layout kind takes a Hugging Face directory.
+
+  Attributes:
+    reads: whether the kind reads the directory exactly as ``AutoTokenizer`` does.
+    write: ``(hf_dir, out_dir) -> its file``, written into ``out_dir``.
+    in_place: its file inside ``hf_dir`` when it can be read there, else None.
+    open: ``(its file, hf_dir) -> Tokenizer``, with an error naming the directory's file.
+  """
+  reads: Callable[[str], bool]
+  write: Callable[[str, str], str]
+  in_place: Callable[[str], str | None]
+  open: Callable[[str, str], object]
+
+
+# The fixed-layout kinds, in the order tried; a directory none reads becomes the hf kind
+# (hf_bundle), which reads every tokenizer.json.
+_IMPORTS = {
+    'wordpiece': _Import(
+        _reads_as_wordpiece, lambda d, out: os.path.abspath(write_hf_vocab(d, out)),
+        lambda d: os.path.join(d, VOCAB_TXT), lambda path, d: wordpiece(path, hf_lowercase(d))),
+    'sentencepiece': _Import(
+        _reads_as_sentencepiece, _copy_sentencepiece,
+        lambda d: os.path.join(d, SENTENCEPIECE_MODEL), lambda path, d: _hf_sentencepiece(path)),
+    'bytelevel_bpe': _Import(
+        _reads_as_bytelevel_bpe, write_hf_bytelevel_bpe,
+        lambda d: (os.path.join(d, TOKENIZER_JSON) if _bpe_source(d) == TOKENIZER_JSON
+                   else None),
+        lambda path, d: _hf_bytelevel_bpe(path)),
+}
+
+
+def _fixed_kind(hf_dir: str) -> str | None:
+  """The fixed-layout kind that reads ``hf_dir`` as ``AutoTokenizer`` does, or None."""
+  return next((kind for kind, how in _IMPORTS.items() if how.reads(hf_dir)), None)
 
 
 def _hf_tokenizer_spec(hf_dir: str) -> tuple[dict, str]:
@@ -343,37 +394,47 @@ def _hf_tokenizer_spec(hf_dir: str) -> tuple[dict, str]:
   return json.loads(backend.to_str()), f'{" + ".join(slow)} (converted by transformers)'
 
 
+def _template_processing(node: dict, where: str):
+  """The Template of a ``TemplateProcessing`` post-processor (its special tokens' ids)."""
+  specials = node.get('special_tokens') or {}
+
+  def items(seq):
+    out = []
+    for item in seq:
+      if 'Sequence' in item:
+        out.append((item['Sequence']['id'], int(item['Sequence'].get('type_id', 0))))
+      else:
+        name = item['SpecialToken']['id']
+        if name not in specials:
+          raise ValueError(f'{where}: the post-processor uses {name!r} but does not list '
+                           'its ids in special_tokens')
+        out += [(int(i), int(item['SpecialToken'].get('type_id', 0)))
+                for i in specials[name]['ids']]
+    return tuple(out)
+  return tokenizer_files.Template(items(node['single']), items(node['pair']))
+
+
+# The post-processors that place specials, by their type in a tokenizer.json.
+_POST_PROCESSORS = {
+    'TemplateProcessing': _template_processing,
+    'RobertaProcessing': lambda node, where: tokenizer_files.Template.roberta(
+        int(node['cls'][1]), int(node['sep'][1])),
+    'BertProcessing': lambda node, where: tokenizer_files.Template.bert(
+        int(node['cls'][1]), int(node['sep'][1])),
+}
+
+
 def _template_from(spec: dict, where: str):
-  """The specials' layout (a ``data.tokenizer.Template``) of a tokenizer.json's
+  """The specials' layout (a ``data.tokenizer_files.Template``) of a tokenizer.json's
   post-processor: TemplateProcessing, RobertaProcessing or BertProcessing, also inside a
   Sequence; none (no specials added) when it has no such processor, as AutoTokenizer."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   post = spec.get('post_processor') or {}
   nodes = post.get('processors') or [] if post.get('type') == 'Sequence' else [post]
   for node in nodes:
-    kind = node.get('type')
-    if kind == 'TemplateProcessing':
-      specials = node.get('special_tokens') or {}
-
-      def items(seq, specials=specials):
-        out = []
-        for item in seq:
-          if 'Sequence' in item:
-            out.append((item['Sequence']['id'], int(item['Sequence'].get('type_id', 0))))
-          else:
-            name = item['SpecialToken']['id']
-            if name not in specials:
-              raise ValueError(f'{where}: the post-processor uses {name!r} but does not list '
-                               'its ids in special_tokens')
-            out += [(int(i), int(item['SpecialToken'].get('type_id', 0)))
-                    for i in specials[name]['ids']]
-        return tuple(out)
-      return tokenizer_lib.Template(items(node['single']), items(node['pair']))
-    if kind == 'RobertaProcessing':
-      return tokenizer_lib.Template.roberta(int(node['cls'][1]), int(node['sep'][1]))
-    if kind == 'BertProcessing':
-      return tokenizer_lib.Template.bert(int(node['cls'][1]), int(node['sep'][1]))
-  return tokenizer_lib.Template((('A', 0),), (('A', 0), ('B', 1)))
+    read = _POST_PROCESSORS.get(node.get('type'))
+    if read is not None:
+      return read(node, where)
+  return tokenizer_files.Template((('A', 0),), (('A', 0), ('B', 1)))
 
 
 def hf_bundle(hf_dir: str) -> dict:
@@ -382,7 +443,6 @@ def hf_bundle(hf_dir: str) -> dict:
   layout, the padding side, and its tokenizer_config.json / special_tokens_map.json as
   they are (export writes them back). Raises, naming the file, when a role has no token."""
   import tokenizers  # pylint: disable=g-import-not-at-top
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   spec, source = _hf_tokenizer_spec(hf_dir)
   try:
     backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
@@ -414,65 +474,54 @@ def hf_bundle(hf_dir: str) -> dict:
       or ((spec.get('padding') or {}).get('direction') == 'Left') else 'right')
   keep = {k: v for k, v in config.items()
           if k not in ('name_or_path', 'is_local', 'local_files_only', 'added_tokens_decoder')}
-  return {'format': tokenizer_lib.HF_FORMAT, 'source': source, 'tokenizer': spec,
+  return {'format': tokenizer_files.HF_FORMAT, 'source': source, 'tokenizer': spec,
           'roles': roles, 'role_pieces': pieces,
           'template': _template_from(spec, source).to_json(), 'padding_side': padding_side,
-          'word_start': list(tokenizer_lib.word_start_scheme(spec)),
+          'word_start': list(tokenizer_files.word_start_scheme(spec)),
           'tokenizer_config': keep, 'special_tokens_map': special_map}
 
 
 def write_hf_bundle(hf_dir: str, out_dir: str) -> str:
   """Writes ``<out_dir>/hf_tokenizer.json`` (see :func:`hf_bundle`); its path."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   bundle = hf_bundle(hf_dir)
   os.makedirs(out_dir, exist_ok=True)
   out = os.path.join(os.path.abspath(out_dir), HF_TOKENIZER_FILE)
-  partial = out + '.partial'  # Checked before it takes the name: no bad file left behind.
-  try:
+
+  def write(partial):
     with open(partial, 'w', encoding='utf-8') as f:
       json.dump(bundle, f, ensure_ascii=False, sort_keys=True)
-    tokenizer_lib.Tokenizer.from_hf_json(partial)
-    os.replace(partial, out)
-  finally:
-    if os.path.exists(partial):
-      os.remove(partial)
-  return out
+
+  return _write_checked(out, write, tokenizer_lib.Tokenizer.from_hf_json)
 
 
 def import_hf_tokenizer(hf_dir: str, out_dir: str):
   """The HF directory's tokenizer, its file written into ``out_dir`` (vocab.txt, .model,
   tokenizer.json or hf_tokenizer.json)."""
-  from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   kind = _fixed_kind(hf_dir)
-  if kind == 'sentencepiece':
-    spm = os.path.join(hf_dir, SENTENCEPIECE_MODEL)
-    out = os.path.join(os.path.abspath(out_dir), SENTENCEPIECE_MODEL)
-    if os.path.abspath(spm) != out:
-      shutil.copyfile(spm, out)
-    return _hf_sentencepiece(out)
-  if kind == 'bytelevel_bpe':
-    return _hf_bytelevel_bpe(write_hf_bytelevel_bpe(hf_dir, out_dir))
-  if kind == 'wordpiece':
-    vocab = write_hf_vocab(hf_dir, out_dir)
-    return wordpiece(os.path.abspath(vocab), hf_lowercase(hf_dir))
-  return tokenizer_lib.Tokenizer.from_hf_json(write_hf_bundle(hf_dir, out_dir))
+  if kind is None:
+    return tokenizer_lib.Tokenizer.from_hf_json(write_hf_bundle(hf_dir, out_dir))
+  how = _IMPORTS[kind]
+  return how.open(how.write(hf_dir, out_dir), hf_dir)
 
 
 def load_hf_tokenizer(hf_dir: str):
   """The HF directory's tokenizer, read in place where it can be."""
   kind = _fixed_kind(hf_dir)
-  if kind == 'wordpiece':
-    return wordpiece(os.path.join(hf_dir, VOCAB_TXT), hf_lowercase(hf_dir))
-  if kind == 'sentencepiece':
-    return _hf_sentencepiece(os.path.join(hf_dir, SENTENCEPIECE_MODEL))
-  if kind == 'bytelevel_bpe' and _bpe_source(hf_dir) == TOKENIZER_JSON:
-    return _hf_bytelevel_bpe(os.path.join(hf_dir, TOKENIZER_JSON))
-  return import_hf_tokenizer(hf_dir, tempfile.mkdtemp(prefix='tokenizer_'))
+  where = _IMPORTS[kind].in_place(hf_dir) if kind is not None else None
+  if where is None:
+    return import_hf_tokenizer(hf_dir, tempfile.mkdtemp(prefix='tokenizer_'))
+  return _IMPORTS[kind].open(where, hf_dir)
 
 
 # --------------------------------------------------------------------------- HF export
 
 sentencepiece_to_hf = tokenizer_export.sentencepiece_to_hf
 bytelevel_bpe_to_hf = tokenizer_export.bytelevel_bpe_to_hf
-export_hf_tokenizer = tokenizer_export.export_hf_tokenizer
+
+
+def export_hf_tokenizer(tok, out_dir: str, max_length: int) -> str:
+  """Writes ``tok`` so that ``AutoTokenizer.from_pretrained(out_dir)`` works (its kind's
+  ``TokenizerKind.export_hf``); what it wrote."""
+  os.makedirs(out_dir, exist_ok=True)
+  return tokenizer_kinds.get(tok.kind, f' for {tok.path!r}').export_hf(tok, out_dir, max_length)

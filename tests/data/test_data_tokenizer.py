@@ -11,6 +11,7 @@ import sentencepiece as spm
 from encoder_jax import data as data_lib
 from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
+from encoder_jax.data import tokenizer_kinds
 from encoder_jax.data import tokenizer_training
 
 
@@ -243,3 +244,29 @@ def test_bytelevel_bpe_vocab_beyond_the_corpus_is_an_error(make_config, tmp_path
   c.model.vocab_size = 100
   with pytest.raises(ValueError, match=r'vocab_size=100 is too small for byte-level BPE'):
     data_lib.load_or_prepare(c)
+
+
+@pytest.mark.parametrize('name', list(tokenizer_kinds.KINDS))
+def test_every_tokenizer_kind_declares_its_file_training_and_export(name, tmp_path):
+  """Each kind's entry is whole: a file its recogniser claims (and no other kind's does), a
+  way to get it (training, or what to give), its roles and template or its file's own."""
+  kind = tokenizer_kinds.get(name)
+  path = tmp_path / kind.file
+  path.write_text(json.dumps({'format': tokenizer_lib.HF_FORMAT} if name == 'hf' else {}))
+  assert [k.name for k in tokenizer_kinds.KINDS.values() if k.recognizes(str(path))] == [name]
+  assert tokenizer_kinds.kind_of_file(str(path)) == name
+  assert (kind.train is None) == bool(kind.given_file)
+  assert (kind.role_pieces is None) == (kind.template is None) == (name == tokenizer_lib.HF_KIND)
+  assert callable(kind.read) and callable(kind.export_hf)
+
+
+def test_unknown_or_untrainable_tokenizer_kind_is_one_clear_error(tmp_path, make_config):
+  with pytest.raises(ValueError, match=r"kind 'bpe' for 'x'; expected one of \['sentencepiece', "
+                     r"'wordpiece', 'bytelevel_bpe', 'hf'\]"):
+    tokenizer_lib.Tokenizer.from_file('bpe', 'x')
+  c = make_config(str(tmp_path / 'p'))
+  c.tokenizer.kind = 'wordpiece'
+  with pytest.raises(ValueError, match=r"config.tokenizer.kind='wordpiece' needs "
+                     r'config.tokenizer.path = a vocab.txt'):
+    data_lib.prepare(c)
+  assert not os.listdir(tmp_path)  # Nothing left behind.
