@@ -336,11 +336,13 @@ class HfRun:
 
   def __init__(self, bert: JaxRun, prepared, threads: int):
     import numpy as np
-    import torch
-    import transformers
     from encoder_jax import data as data_lib
+    from encoder_jax import extras
     from encoder_jax.interop import hf
     from encoder_jax.interop import registry
+    what = 'the hf_bert run trains Hugging Face BertForMaskedLM'
+    torch = extras.require('torch', extra='peers', what=what)
+    transformers = extras.require('transformers', extra='peers', what=what)
     self.name = 'hf_bert'
     self.torch = torch
     torch.manual_seed(0)  # Dropout.
@@ -487,7 +489,10 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: str) -> None:
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from encoder_jax import extras  # pylint: disable=g-import-not-at-top
+  Figure = extras.require(  # pylint: disable=invalid-name
+      'matplotlib.figure', extra='plot', what='time_to_quality.png is drawn with matplotlib'
+  ).Figure
   fig = Figure(figsize=(12, 4.6), layout='constrained')
   axes = fig.subplots(1, 2, sharey=True)
   target = results['target']
@@ -544,13 +549,11 @@ def eval_steps(steps: int, every: int) -> list[int]:
   return sorted(set(range(0, steps, every)) | {steps})
 
 
-def main(argv=None) -> dict:
-  args = parse_args(argv)
+def build_runs(args) -> tuple[dict, dict, object, object, list]:
+  """The runs of ``args.runs`` (hf_bert needs bert's, built even when not asked for), the
+  JAX runs, the first of them, the prepared data and the held-out batches."""
   import jax
-  import numpy as np
-  from encoder_jax import data as data_lib
 
-  os.makedirs(args.out, exist_ok=True)
   names = args.runs
   configs = {n: CONFIGS[n](args) for n in ('bert', 'recipe')
              if n in names or (n == 'bert' and 'hf_bert' in names)}
@@ -563,8 +566,15 @@ def main(argv=None) -> dict:
   first = jax_runs['bert'] if 'bert' in jax_runs else next(iter(jax_runs.values()))
   held_out = held_out_batches(configs['bert'] if 'bert' in configs else first.config,
                               prepared, first.tables, first.phase)
+  return runs, jax_runs, first, prepared, held_out
+
+
+def first_batch_checks(jax_runs: dict, runs: dict, prepared) -> dict:
+  """Step 1's batch, before any update: our masks and HF's weights."""
+  from encoder_jax import data as data_lib
+
   checks = {}
-  if 'hf_bert' in runs:  # Step 1's batch, before any update: our masks and HF's weights.
+  if 'hf_bert' in runs:
     bert, hf_run = jax_runs['bert'], runs['hf_bert']
     batch = next(data_lib.make_train_iterator(bert.config, prepared, rows=(0, bert.batch_size)))
     corrupted = hf_run.corrupt(batch, 0)
@@ -574,28 +584,33 @@ def main(argv=None) -> dict:
         f'{abs(losses["train_step_masks"] - losses["host_masks"]):.2e}')
     checks['step-1 batch: |encoder_jax - HF| loss at init (no dropout)'] = (
         f'{abs(losses["host_masks"] - hf_loss[0] / hf_loss[2]):.2e}')
+  return checks
 
-  print(f'time to quality: runs {", ".join(runs)}; {args.steps} steps, evaluation every '
-        f'{args.eval_every} on {len(held_out)} held-out batches; data {prepared.directory}',
-        flush=True)
+
+def evaluate_all(runs: dict, held_out: list, evals: dict):
+  """Scores every run on the held-out batches (appended to ``evals``); the last predictions."""
+  for n, r in runs.items():
+    m = r.score(held_out)
+    evals[n].append(dict(step=r.step, wall_s=r.wall_s, flops=r.step * r.flops_per_step,
+                         loss=m['loss'], accuracy=m['accuracy']))
+    print(f'  step {r.step:5d}  {n:8s} wall {r.wall_s:8.1f} s  held-out MLM loss '
+          f'{m["loss"]:.4f}  accuracy {m["accuracy"]:.2%}', flush=True)
+  return m['predictions']
+
+
+def train_interleaved(args, runs: dict, held_out: list) -> tuple[dict, object]:
+  """Every run, ``--eval_every`` steps in turn, scored before step 1 and after each chunk."""
   evals = {n: [] for n in runs}
-
-  def evaluate_all():
-    for n, r in runs.items():
-      m = r.score(held_out)
-      evals[n].append(dict(step=r.step, wall_s=r.wall_s, flops=r.step * r.flops_per_step,
-                           loss=m['loss'], accuracy=m['accuracy']))
-      print(f'  step {r.step:5d}  {n:8s} wall {r.wall_s:8.1f} s  held-out MLM loss '
-            f'{m["loss"]:.4f}  accuracy {m["accuracy"]:.2%}', flush=True)
-    return m['predictions']
-
-  predictions = evaluate_all()
+  predictions = evaluate_all(runs, held_out, evals)
   points = eval_steps(args.steps, args.eval_every)
   for start, end in zip(points, points[1:]):
     for r in runs.values():  # Interleaved: every run sees the same machine load.
       r.train(end - start)
-    evaluate_all()
+    evaluate_all(runs, held_out, evals)
+  return evals, predictions
 
+
+def final_checks(runs: dict, evals: dict, checks: dict) -> None:
   if 'hf_bert' in runs and 'bert' in runs:
     checks['same host batches (bert, hf_bert)'] = runs['bert'].digests == runs['hf_bert'].digests
   if 'hf_bert' in runs:
@@ -603,7 +618,15 @@ def main(argv=None) -> dict:
     if len(step0) == 2:
       checks['|bert - hf_bert| held-out loss at step 0'] = (
           f'{abs(step0["bert"] - step0["hf_bert"]):.2e}')
-  target_run = 'bert' if 'bert' in runs else names[0]
+
+
+def results_of(args, runs: dict, first, prepared, held_out: list, evals: dict, predictions,
+               checks: dict) -> dict:
+  """What time_to_quality.json holds: the settings, the target, the checks and every run."""
+  import jax
+  import numpy as np
+
+  target_run = 'bert' if 'bert' in runs else args.runs[0]
   c0 = first.config
   results = dict(
       settings=dict(
@@ -633,16 +656,33 @@ def main(argv=None) -> dict:
     results['settings']['small_budget_recipe'] = {
         s: {k: list(v) if isinstance(v, tuple) else v for k, v in f.items()}
         for s, f in config_base.SMALL_BUDGET_RECIPE.items()}
-  with open(os.path.join(args.out, 'time_to_quality.json'), 'w') as f:
-    json.dump(results, f, indent=2)
-  text = table(results)
-  with open(os.path.join(args.out, 'time_to_quality.md'), 'w') as f:
-    f.write(text + '\n')
-  plot(results, os.path.join(args.out, 'time_to_quality.png'))
-  print(text)
-  print(f'wrote {os.path.join(args.out, "time_to_quality.png")}, .json, .md')
   return results
 
+
+def write(out: str, results: dict) -> None:
+  with open(os.path.join(out, 'time_to_quality.json'), 'w') as f:
+    json.dump(results, f, indent=2)
+  text = table(results)
+  with open(os.path.join(out, 'time_to_quality.md'), 'w') as f:
+    f.write(text + '\n')
+  plot(results, os.path.join(out, 'time_to_quality.png'))
+  print(text)
+  print(f'wrote {os.path.join(out, "time_to_quality.png")}, .json, .md')
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  runs, jax_runs, first, prepared, held_out = build_runs(args)
+  checks = first_batch_checks(jax_runs, runs, prepared)
+  print(f'time to quality: runs {", ".join(runs)}; {args.steps} steps, evaluation every '
+        f'{args.eval_every} on {len(held_out)} held-out batches; data {prepared.directory}',
+        flush=True)
+  evals, predictions = train_interleaved(args, runs, held_out)
+  final_checks(runs, evals, checks)
+  results = results_of(args, runs, first, prepared, held_out, evals, predictions, checks)
+  write(args.out, results)
+  return results
 
 if __name__ == '__main__':
   main()
