@@ -34,8 +34,16 @@ class GlueTask:
   text_fields: tuple[str, ...]
   metrics: tuple[str, ...]  # Result keys (without 'eval_') that make up the task's score.
   eval_split: str = 'validation'
-  regression: bool = False
+  finetune_task: str = 'sequence_classification'  # The finetune.tasks entry it trains.
   more_evals: str = ''  # finetune config.data.more_evals, with {name} for the dataset.
+  # Its GLUE columns (name -> result key), each a task of its own in the GLUE score (MNLI's
+  # matched and mismatched); empty: the metrics, averaged into one task score.
+  columns: tuple[tuple[str, str], ...] = ()
+
+  def scores(self, result: dict) -> dict[str, float]:
+    """The task's GLUE columns from a fine-tuning result."""
+    pairs = self.columns or tuple((m, f'eval_{m}') for m in self.metrics)
+    return {name: float(result[key]) for name, key in pairs}
 
 
 TASKS: dict[str, GlueTask] = {
@@ -43,9 +51,12 @@ TASKS: dict[str, GlueTask] = {
     'sst2': GlueTask(('sentence',), ('accuracy',)),
     'mrpc': GlueTask(('sentence1', 'sentence2'), ('f1', 'accuracy')),
     'qqp': GlueTask(('question1', 'question2'), ('f1', 'accuracy')),
-    'stsb': GlueTask(('sentence1', 'sentence2'), ('pearson', 'spearman'), regression=True),
+    'stsb': GlueTask(('sentence1', 'sentence2'), ('pearson', 'spearman'),
+                     finetune_task='sequence_regression'),
     'mnli': GlueTask(('premise', 'hypothesis'), ('accuracy',), eval_split='validation_matched',
-                     more_evals='mismatched={name}:validation_mismatched'),
+                     more_evals='mismatched={name}:validation_mismatched',
+                     columns=(('matched', 'eval_accuracy'),
+                              ('mismatched', 'mismatched_accuracy'))),
     'qnli': GlueTask(('question', 'sentence'), ('accuracy',)),
     'rte': GlueTask(('sentence1', 'sentence2'), ('accuracy',)),
     'wnli': GlueTask(('sentence1', 'sentence2'), ('accuracy',)),
@@ -68,7 +79,7 @@ def task_config(task: str, init: dict, s: GlueSettings, tfds_name: str = 'glue',
   t = TASKS[task]
   name = f'tfds:{tfds_name}/{task}'
   c = finetune_config.base_config()
-  c.task = 'sequence_regression' if t.regression else 'sequence_classification'
+  c.task = t.finetune_task
   c.seed = int(s.seed)
   c.init.update(init)
   c.data.update(train=f'{name}:train', eval=f'{name}:{t.eval_split}',
@@ -83,19 +94,15 @@ def task_config(task: str, init: dict, s: GlueSettings, tfds_name: str = 'glue',
 
 def scores(task: str, result: dict) -> dict[str, float]:
   """The task's GLUE columns from a fine-tuning result (MNLI: matched and mismatched)."""
-  t = TASKS[task]
-  out = {m: float(result[f'eval_{m}']) for m in t.metrics}
-  if task == 'mnli':
-    out = {'matched': out['accuracy'], 'mismatched': float(result['mismatched_accuracy'])}
-  return out
+  return TASKS[task].scores(result)
 
 
 def glue_score(columns: dict[str, dict[str, float]]) -> float:
   """The mean over tasks of each task's mean metric (MNLI-m and -mm as two tasks)."""
   per_task = []
   for task, cols in columns.items():
-    if task == 'mnli':
-      per_task += [cols['matched'], cols['mismatched']]
+    if TASKS[task].columns:
+      per_task += list(cols.values())
     else:
       per_task.append(statistics.fmean(cols.values()))
   return statistics.fmean(per_task)

@@ -88,10 +88,6 @@ def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | Non
     raise ValueError(f'objective={s.objective!r}; expected one of {OBJECTIVES}')
   if s.pooling not in inference.POOLINGS:
     raise ValueError(f'pooling={s.pooling!r}; expected one of {inference.POOLINGS}')
-  sides = len(s.fields)
-  if sides not in (2, 3) or (s.objective == 'classification' and sides != 2):
-    raise ValueError(f'fields={s.fields}: expected two fields (pairs), or three (anchor, '
-                     'positive, hard negative) for the contrastive objective')
   config = config.copy_and_resolve_references()
   config.task, config.pooling = f'sbert_{s.objective}', s.pooling
   config.data.update(text_fields=tuple(s.fields), label_field=s.label_field or 'label',
@@ -100,6 +96,7 @@ def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | Non
                               eval_label_field=s.eval_label_field, normalize=bool(s.normalize),
                               scale=float(s.scale))
   workdir = os.path.join(out, 'finetune')
+  finetune_train.check_config(config)  # Before the encoder is loaded.
   pretrained = finetune_train.load_pretrained(config)
   result = finetune_train.finetune(config, workdir, log, pretrained)
   if result.get('preempted'):

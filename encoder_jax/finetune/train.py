@@ -37,6 +37,7 @@ from encoder_jax import sharding
 from encoder_jax import train as engine
 from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
+from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.finetune import task as task_lib
@@ -103,31 +104,8 @@ def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  o = config.optim
-  for key in ('epochs', 'batch_size', 'eval_batch_size'):
-    if not isinstance(o[key], int) or o[key] < 1:
-      raise ValueError(f'config.optim.{key}={o[key]!r}; expected an integer >= 1')
-  if config.nonfinite_policy not in ('stop', 'skip'):
-    raise ValueError(f'config.nonfinite_policy={config.nonfinite_policy!r}; expected one of '
-                     "'stop', 'skip'")
-  if config.dtype not in ('', 'float32', 'bfloat16'):
-    raise ValueError(f"config.dtype={config.dtype!r}; expected '' (the checkpoint's), "
-                     "'float32' or 'bfloat16'")
-  if int(config.checkpoint_keep) < 1:
-    raise ValueError(f'config.checkpoint_keep={config.checkpoint_keep}; expected >= 1')
-  entry = tasks.get(config.task)
-  if entry.poolings and config.pooling not in entry.poolings:
-    raise ValueError(f'config.pooling={config.pooling!r}; expected one of {entry.poolings} '
-                     f'(task {config.task})')
-  if config.data.get('packing', False) and (not entry.packing or config.pooling != 'mean'):
-    raise ValueError('config.data.packing=True packs whole examples, pooled per example: '
-                     f"expected pooling='mean' and a task of "
-                     f'{sorted(k for k, e in tasks.REGISTRY.items() if e.packing)}; got task='
-                     f'{config.task!r}, pooling={config.pooling!r}')
-  dropout = float(config.encoder_dropout)
-  if dropout != -1.0 and not 0.0 <= dropout < 1.0:
-    raise ValueError(f'config.encoder_dropout={dropout}; expected -1 (the checkpoint\'s rates) '
-                     'or in [0, 1)')
+  """Every field in its declared range, and the task's rules (``finetune.config``)."""
+  finetune_config.validate(config)
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=print,
@@ -138,8 +116,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
   Returns the last epoch's metrics (``eval_*`` from the eval split, ``NAME_*`` from
   ``data.more_evals``) and what the task's reader reports (truncation counts, label
   names...). ``pretrained``: the encoder ``config.init`` names, when already loaded."""
-  entry = tasks.get(config.task)
   check_config(config)
+  entry = tasks.get(config.task)
   if workdir:
     workdir_lib.check_workdir_writable(workdir)
   pretrained = pretrained or load_pretrained(config)

@@ -38,6 +38,9 @@ class Entry:
   poolings: tuple[str, ...] = HEAD_POOLINGS  # The config.pooling values it reads.
   packing: bool = False  # config.data.packing: whole examples packed into rows.
   fields: tuple[fields_lib.Field, ...] = ()  # The config.task_settings fields it reads.
+  # config -> the problem with the config for this task (fields that only make sense
+  # together), or None; checked before anything is loaded.
+  check: Callable[[Any], str | None] = lambda config: None
   description: str = ''
 
 
@@ -61,11 +64,13 @@ REGISTRY: dict[str, Entry] = {
         functools.partial(sentence_embedding.prepare, classify=True), sentence_embedding.head,
         sentence_embedding.setup_classification, sentence_embedding.score,
         poolings=sentence_embedding.POOLINGS, fields=sentence_embedding.FIELDS,
+        check=functools.partial(sentence_embedding.check, classify=True),
         description='Sentence-BERT on labelled pairs (NLI): STS Spearman'),
     'sbert_contrastive': Entry(
         functools.partial(sentence_embedding.prepare, classify=False), sentence_embedding.head,
         sentence_embedding.setup_contrastive, sentence_embedding.score,
         poolings=sentence_embedding.POOLINGS, fields=sentence_embedding.FIELDS,
+        check=functools.partial(sentence_embedding.check, classify=False),
         description='Sentence-BERT, in-batch negatives on pairs or triples: STS Spearman'),
 }
 

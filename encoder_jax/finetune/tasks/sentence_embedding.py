@@ -138,6 +138,16 @@ FIELDS = (
 POOLINGS = inference.POOLINGS
 
 
+def check(config, classify: bool = True) -> str | None:
+  """Pairs for the classification objective; pairs or triples for the contrastive one."""
+  sides = len(config.data.text_fields)
+  if sides not in (2, 3) or (classify and sides != 2):
+    return (f'config.data.text_fields={tuple(config.data.text_fields)}: expected two fields '
+            '(pairs), or three (anchor, positive, hard negative) for the contrastive '
+            f'objective (task {config.task})')
+  return None
+
+
 def prepare(config, tokenizer, max_len: int, workdir=None, log=print,
          classify: bool = True) -> data_lib.Prepared:
   """Training pairs (labelled, ``classify``) or pairs / triples, and the STS evaluation
@@ -145,10 +155,6 @@ def prepare(config, tokenizer, max_len: int, workdir=None, log=print,
   del workdir
   d, s = config.data, config.task_settings
   sides = len(d.text_fields)
-  if sides not in (2, 3) or (classify and sides != 2):
-    raise ValueError(f'config.data.text_fields={tuple(d.text_fields)}: expected two fields '
-                     '(pairs), or three (anchor, positive, hard negative) for the '
-                     'contrastive objective')
   label_field = d.label_field if classify else ''
   texts, labels, skipped = read_texts(d.train, tuple(d.text_fields), label_field, d)
   out = data_lib.Prepared(train=encode(tokenizer, texts, max_len, sides),
