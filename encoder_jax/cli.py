@@ -4,15 +4,18 @@ flags that name a model (``--workdir``/``--config``/``--step`` or ``--hf_dir``).
 A user error (a bad config value, a corpus that cannot be read, a refused resume, a
 checkpoint that does not fit, a missing file) prints one ``error: ...`` line naming the
 thing and what was expected, and exits with status 2; a traceback is for bugs, or for
-``--traceback``. Library chatter (Orbax INFO notes) stays out of the console unless
+``--traceback``. An override of a config key that does not exist (``--config.model.hiden_size``)
+is one such line too, naming the key and the nearest fields, printed while the flags are
+parsed (before any work). Library chatter (Orbax INFO notes) stays out of the console unless
 ``--verbosity`` is given.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import app
 from absl import flags
@@ -47,7 +50,61 @@ def run(main: Callable[[list[str]], None]) -> None:
       print('(run with --traceback for the details of where it happened)', file=sys.stderr)
       sys.exit(USER_ERROR_EXIT)
 
-  app.run(wrapped)
+  app.run(wrapped, flags_parser=parse_flags)
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing (``app.parse_flags_with_usage``), with an override of a config key
+  that does not exist as one ``error:`` line (exit status 2) instead of ml_collections'
+  traceback; a bad value already is one line (absl's)."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (KeyError, AttributeError):
+    # Raised while the config flag parses its file and overrides: read the file again here
+    # (a config file is cheap) to name the key and its neighbours.
+    message = unknown_override(argv, _config_file(argv))
+    if message is None or '--traceback' in argv:
+      raise
+    print(f'error: {message}', file=sys.stderr, flush=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def _config_file(argv: Sequence[str]):
+  """The ConfigDict the ``--config`` of ``argv`` names (None: none, or it does not load)."""
+  if 'config' not in flags.FLAGS:
+    return None
+  for i, arg in enumerate(argv):
+    name, eq, value = arg.partition('=')
+    if name in ('--config', '-config'):
+      value = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+      try:
+        return flags.FLAGS['config'].parser.parse(value) if value else None
+      except Exception:  # pylint: disable=broad-except
+        return None  # The original error is then the one shown.
+  return None
+
+
+def unknown_override(argv: Sequence[str], config) -> str | None:
+  """The message for the first ``--config.<key>`` of ``argv`` that names no field of
+  ``config`` (a ConfigDict): the key and its nearest fields; None when every key exists."""
+  for arg in argv[1:]:
+    if not arg.startswith('--config.'):
+      continue
+    flag = arg.partition('=')[0]
+    node, where = config, 'config'
+    for part in flag[len('--config.'):].split('.'):
+      if node is None:
+        return f'{flag}: no config to override (pass --config=FILE)'
+      if not hasattr(node, 'keys'):
+        return f'{flag}: {where} is a value, not a section with fields'
+      if part not in node:
+        known = sorted(node.keys())
+        near = difflib.get_close_matches(part, known, n=3, cutoff=0.6)
+        hint = (f'nearest: {", ".join(f"{where}.{n}" for n in near)}' if near
+                else f'the fields of {where}: {", ".join(known)}')
+        return f'{flag}: {where} has no field {part!r}; {hint}'
+      node, where = node[part], f'{where}.{part}'
+  return None
 
 
 def define_source_flags() -> None:

@@ -3,6 +3,7 @@
 import glob
 import importlib.util
 import os
+import runpy
 import subprocess
 import sys
 
@@ -119,12 +120,61 @@ def test_unknown_config_argument_is_rejected():
 
 
 def test_misspelled_override_fails_clearly():
+  """One line naming the key and the nearest field, exit status 2, before any work."""
   out = subprocess.run(
       [sys.executable, '-m', 'encoder_jax.main', '--config=configs/bert_small.py',
-       '--workdir=/tmp/never_used', '--config.train.batch_sise=8'],
+       '--workdir=/tmp/never_used', '--config.model.hiden_size=64'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert out.returncode != 0
-  assert 'batch_sise' in out.stderr and 'Did you mean "batch_size"' in out.stderr
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.splitlines() == [
+      "error: --config.model.hiden_size: config.model has no field 'hiden_size'; nearest: "
+      'config.model.hidden_size']
+
+
+# Every command line that takes --config: a config it reads, a misspelled key, the nearest.
+CONFIG_COMMANDS = [
+    ('encoder_jax.main', 'bert_small.py', 'train.batch_sise', 'config.train.batch_size'),
+    ('encoder_jax.prepare', 'bert_small.py', 'data.mixing_alpa', 'config.data.mixing_alpha'),
+    ('encoder_jax.evaluate', 'bert_small.py', 'modle.vocab_size', 'config.model'),
+    ('encoder_jax.embed', 'bert_small.py', 'model.hiden_size', 'config.model.hidden_size'),
+    ('encoder_jax.fill_mask', 'bert_small.py', 'tokenizer.knd', 'config.tokenizer.kind'),
+    ('encoder_jax.convert', 'roberta_base.py', 'optim.warmup', 'config.optim.warmup_steps'),
+    ('encoder_jax.finetune.main', 'finetune_sst2.py', 'optim.learning_rat',
+     'config.optim.learning_rate'),
+]
+
+
+def test_every_command_with_a_config_flag_is_listed():
+  """A command line that takes --config without this check fails here."""
+  found = set()
+  for path in glob.glob(os.path.join(ROOT, 'encoder_jax', '**', '*.py'), recursive=True):
+    source = open(path, encoding='utf-8').read()
+    if "DEFINE_config_file('config'" in source or 'cli.define_source_flags()' in source:
+      found.add(os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.'))
+  assert found - {'encoder_jax.cli'} == {m for m, *_ in CONFIG_COMMANDS}
+
+
+@pytest.mark.parametrize('module,config,key,nearest', CONFIG_COMMANDS,
+                         ids=[m for m, *_ in CONFIG_COMMANDS])
+def test_unknown_override_is_one_line_in_every_command(module, config, key, nearest,
+                                                       monkeypatch, capsys):
+  """Each command as ``python -m`` runs it, in this process: the flags fail to parse, so
+  the command's main (and any JAX work) never starts."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  before = set(flags.FLAGS)
+  monkeypatch.setattr(sys, 'argv', [module, f'--config={ROOT}/configs/{config}',
+                                    f'--config.{key}=1'])
+  try:
+    with pytest.raises(SystemExit) as e:
+      runpy.run_module(module, run_name='__main__')
+  finally:
+    for name in set(flags.FLAGS) - before:  # The command's flags, defined again next time.
+      delattr(flags.FLAGS, name)
+  owner = nearest.rpartition('.')[0]
+  missing = key.split('.')[nearest.count('.') - 1]
+  assert e.value.code == 2
+  assert capsys.readouterr().err.splitlines() == [
+      f'error: --config.{key}: {owner} has no field {missing!r}; nearest: {nearest}']
 
 
 def test_phase_fractions_must_sum_to_one():
