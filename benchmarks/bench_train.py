@@ -156,7 +156,7 @@ def build(args, devices=None):
   """Config, mesh, pretraining setup, phase and jitted train step of one shape."""
   import numpy as np
 
-  from encoder_jax import config_base, objectives, optimizer, schedule, sharding, train
+  from encoder_jax import config_base, length_phases, objectives, optimizer, sharding, train
   from encoder_jax.objectives import masking
 
   c = config_base.base_config()
@@ -175,7 +175,7 @@ def build(args, devices=None):
                  num_steps=1000)
   c.optim.warmup_steps = 10
   mesh = sharding.make_mesh(c.mesh, devices)
-  phase = schedule.phases(c.train)[0]
+  phase = length_phases.phases(c.train)[0]
   v = args.vocab_size
   special = np.zeros(v, bool)
   special[:5] = True

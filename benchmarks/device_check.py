@@ -181,7 +181,8 @@ LAUNCHER = REFUSE_TENSORFLOW + r'''
 import os, runpy, signal
 save_step, kill_step = int(sys.argv.pop(1)), int(sys.argv.pop(1))
 if save_step:
-  from encoder_jax import checkpointing, metrics
+  from encoder_jax import checkpointing
+  from encoder_jax import metrics_log as metrics
   _save, _write = checkpointing.Checkpointer.save, metrics.MetricWriter.write
 
   def save(self, step, state, data_state):
