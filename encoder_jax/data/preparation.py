@@ -322,108 +322,34 @@ def _tokenizer_file(config, srcs, partial: str) -> str:
 
 def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
   """Tokenizer, shards and manifest into ``partial``, then renamed to ``directory``."""
-  kind, path = str(config.tokenizer.kind), str(config.tokenizer.path)
-  lowercase = bool(config.tokenizer.lowercase)
+  kind, lowercase = str(config.tokenizer.kind), bool(config.tokenizer.lowercase)
   vocab_size = int(config.model.vocab_size)
   tok_start = time.time()
   tok_file = _tokenizer_file(config, srcs, partial)
   tok_seconds = time.time() - tok_start
   tok = tokenizer_lib.Tokenizer.from_file(kind, os.path.join(partial, tok_file), lowercase)
   tok.check_vocab_size(vocab_size)
-  dtype = shards_lib.token_dtype(vocab_size)
-
   num_workers = int(config.data.num_workers) or os.cpu_count() or 1
-  max_tokens = int(config.data.shard_max_tokens)
-  held_out = _HeldOut(float(config.data.held_out_fraction),
-                      int(config.data.held_out_max_documents))
-  max_chars = int(config.data.max_sentence_chars)
+  out = _Output(config, partial, len(srcs), shards_lib.token_dtype(vocab_size))
   pool = _Pool(num_workers, (kind, os.path.join(partial, tok_file), lowercase))
-  train_writers, source_entries, raw_bytes_total = [], [], 0
-  report_all = sources_lib.Report()
   try:
-    for si, source in enumerate(srcs):
-      writer = shards_lib.ShardWriter(partial, 'train', si, max_tokens, dtype, vocab_size,
-                                      count_unigrams=True)
-      train_writers.append(writer)
-      report = sources_lib.Report()
-      stats = collections.Counter()
-
-      def consume(result, si=si, writer=writer, report=report, stats=stats):
-        flat, lens, doc_sents, kept, rep, nbytes = result
-        report.merge(rep)
-        stats['raw_bytes'] += nbytes
-        stats['documents_read'] += len(kept)
-        ordinal0 = stats['ordinal']
-        stats['ordinal'] += len(kept)
-        ordinals = ordinal0 + np.flatnonzero(kept)
-        sent_off = np.concatenate([[0], np.cumsum(doc_sents)])
-        tok_off = np.concatenate([[0], np.cumsum(lens)])
-        train_mask = np.ones(len(doc_sents), bool)
-        for d, ordinal in enumerate(ordinals.tolist()):
-          if seeding.unit_interval(seeding.HELD_OUT, si, ordinal) < held_out.fraction:
-            s0, s1 = sent_off[d], sent_off[d + 1]
-            out = held_out.offer(si, ordinal, flat[tok_off[s0]:tok_off[s1]], lens[s0:s1])
-            train_mask[d] = False
-            if out is not None:  # Pushed out of (or never in) the held-out set.
-              writer_for = train_writers[out[1]]
-              writer_for.add(out[3], out[4], np.array([len(out[4])]))
-        if train_mask.all():
-          writer.add(flat, lens, doc_sents)
-        elif train_mask.any():
-          sent_keep = np.repeat(train_mask, doc_sents)
-          writer.add(flat[np.repeat(sent_keep, lens)], lens[sent_keep], doc_sents[train_mask])
-
-      chunk, chunk_chars = [], 0
-      for doc in source.documents(report):
-        chunk.append((doc.lines, doc.where))
-        chunk_chars += sum(len(line) for line in doc.lines)
-        if chunk_chars >= _CHUNK_CHARS:
-          for result in pool.submit((chunk, source.lines_are_sentences, max_chars, dtype)):
-            consume(result)
-          chunk, chunk_chars = [], 0
-      if chunk:
-        for result in pool.submit((chunk, source.lines_are_sentences, max_chars, dtype)):
-          consume(result)
-      for result in pool.drain():
-        consume(result)
-      source_entries.append(dict(spec=source.spec, kind=source.kind, weight=source.weight,
-                                 documents_read=stats['documents_read'],
-                                 raw_bytes=stats['raw_bytes'],
-                                 skipped=report.to_json()))
-      raw_bytes_total += stats['raw_bytes']
-      report_all.merge(report)
-      if stats['documents_read'] == 0:
-        logging.warning('config.data.sources: %r yielded no documents.', source.spec)
+    source_entries = [_read_source(si, source, pool, out, int(config.data.max_sentence_chars))
+                      for si, source in enumerate(srcs)]
   finally:
     pool.close()
-
-  held_writers = [shards_lib.ShardWriter(partial, 'held_out', si, max_tokens, dtype,
-                                         vocab_size, count_unigrams=False)
-                  for si in range(len(srcs))]
-  for _, si, _, tokens, lens in held_out.documents():
-    held_writers[si].add(tokens, lens, np.array([len(lens)]))
-  for w in train_writers + held_writers:
-    w.flush()
-
-  splits = {}
-  for split, writers in (('train', train_writers), ('held_out', held_writers)):
-    shard_entries = [e for w in writers for e in w.shards]
-    splits[split] = dict(shards=shard_entries,
-                         documents=sum(e['documents'] for e in shard_entries),
-                         sentences=sum(e['sentences'] for e in shard_entries),
-                         tokens=sum(e['tokens'] for e in shard_entries))
-  for si, entry in enumerate(source_entries):
-    for split, writers in (('train', train_writers), ('held_out', held_writers)):
-      entry[split] = {k: sum(e[k] for e in writers[si].shards)
-                      for k in ('documents', 'sentences', 'tokens')}
+  out.finish()
+  report_all = sources_lib.Report()
+  for report in out.reports:
+    report_all.merge(report)
+  splits = _split_counts(out, source_entries)
   if splits['train']['documents'] == 0:
     shutil.rmtree(partial)
     raise ValueError(
         f'config.data.sources = {config.data.sources!r}: the corpus is empty after reading '
         f'(no document with a non-empty sentence reached the train split). Skipped: '
         f'{ {r: e["count"] for r, e in report_all.to_json().items()} }')
-  unigram = sum(w.unigram_counts for w in train_writers)
   seconds = time.time() - start_time
+  raw_bytes = sum(e['raw_bytes'] for e in source_entries)
   manifest = dict(
       format_version=FORMAT_VERSION,
       directory=directory,
@@ -433,28 +359,132 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
           os.path.join(partial, tok_file)), vocab_size=tok.vocab_size, lowercase=lowercase,
                      pad_id=tok.pad_id, unk_id=tok.unk_id, cls_id=tok.cls_id,
                      sep_id=tok.sep_id, mask_id=tok.mask_id),
-      token_dtype=dtype.name,
+      token_dtype=out.dtype.name,
       sources=source_entries,
       splits=splits,
       skipped=report_all.to_json(),
-      unigram_counts=unigram.tolist(),
-      throughput=dict(seconds=seconds, tokenizer_seconds=tok_seconds,
-                      raw_megabytes=raw_bytes_total / 1e6,
-                      raw_megabytes_per_second=raw_bytes_total / 1e6 / max(
-                          seconds - tok_seconds, 1e-9),
-                      tokens_per_second=(splits['train']['tokens'] + splits['held_out'][
-                          'tokens']) / max(seconds - tok_seconds, 1e-9),
-                      workers=num_workers),
+      unigram_counts=sum(w.unigram_counts for w in out.train).tolist(),
+      throughput=_throughput(seconds, tok_seconds, raw_bytes, splits, num_workers),
       created=time.strftime('%Y-%m-%dT%H:%M:%S'),
       python=sys.version.split()[0],
   )
+  return _publish(manifest, partial, directory)
+
+
+class _Output:
+  """The shard writers of one preparation: train per source, and the held-out set."""
+
+  def __init__(self, config, partial: str, num_sources: int, dtype: np.dtype):
+    self.partial, self.dtype, self.num_sources = partial, dtype, num_sources
+    self.max_tokens = int(config.data.shard_max_tokens)
+    self.vocab_size = int(config.model.vocab_size)
+    self.held_out = _HeldOut(float(config.data.held_out_fraction),
+                             int(config.data.held_out_max_documents))
+    self.train = [self._writer('train', si) for si in range(num_sources)]
+    self.held: list[shards_lib.ShardWriter] = []  # Written by finish().
+    self.reports = [sources_lib.Report() for _ in range(num_sources)]
+
+  def _writer(self, split: str, si: int) -> shards_lib.ShardWriter:
+    return shards_lib.ShardWriter(self.partial, split, si, self.max_tokens, self.dtype,
+                                  self.vocab_size, count_unigrams=split == 'train')
+
+  def consume(self, si: int, stats: collections.Counter, result) -> None:
+    """One tokenized chunk of source ``si`` (``_tokenize_chunk``): its documents go to the
+    held-out set (by hash score) or to train; ``stats`` counts them."""
+    flat, lens, doc_sents, kept, rep, nbytes = result
+    self.reports[si].merge(rep)
+    stats['raw_bytes'] += nbytes
+    stats['documents_read'] += len(kept)
+    ordinal0 = stats['ordinal']
+    stats['ordinal'] += len(kept)
+    ordinals = ordinal0 + np.flatnonzero(kept)
+    sent_off = np.concatenate([[0], np.cumsum(doc_sents)])
+    tok_off = np.concatenate([[0], np.cumsum(lens)])
+    train_mask = np.ones(len(doc_sents), bool)
+    held_out = self.held_out
+    for d, ordinal in enumerate(ordinals.tolist()):
+      if seeding.unit_interval(seeding.HELD_OUT, si, ordinal) < held_out.fraction:
+        s0, s1 = sent_off[d], sent_off[d + 1]
+        out = held_out.offer(si, ordinal, flat[tok_off[s0]:tok_off[s1]], lens[s0:s1])
+        train_mask[d] = False
+        if out is not None:  # Pushed out of (or never in) the held-out set.
+          self.train[out[1]].add(out[3], out[4], np.array([len(out[4])]))
+    writer = self.train[si]
+    if train_mask.all():
+      writer.add(flat, lens, doc_sents)
+    elif train_mask.any():
+      sent_keep = np.repeat(train_mask, doc_sents)
+      writer.add(flat[np.repeat(sent_keep, lens)], lens[sent_keep], doc_sents[train_mask])
+
+  def finish(self) -> None:
+    """Writes the held-out documents and flushes every writer."""
+    self.held = [self._writer('held_out', si) for si in range(self.num_sources)]
+    for _, si, _, tokens, lens in self.held_out.documents():
+      self.held[si].add(tokens, lens, np.array([len(lens)]))
+    for w in self.train + self.held:
+      w.flush()
+
+
+def _read_source(si: int, source, pool: '_Pool', out: _Output, max_chars: int) -> dict:
+  """Streams source ``si`` through the workers into ``out``; its manifest entry (the split
+  counts are added by ``_split_counts``)."""
+  stats = collections.Counter()
+  report = out.reports[si]
+  chunk, chunk_chars = [], 0
+
+  def submit(chunk):
+    for result in pool.submit((chunk, source.lines_are_sentences, max_chars, out.dtype)):
+      out.consume(si, stats, result)
+
+  for doc in source.documents(report):
+    chunk.append((doc.lines, doc.where))
+    chunk_chars += sum(len(line) for line in doc.lines)
+    if chunk_chars >= _CHUNK_CHARS:
+      submit(chunk)
+      chunk, chunk_chars = [], 0
+  if chunk:
+    submit(chunk)
+  for result in pool.drain():
+    out.consume(si, stats, result)
+  if stats['documents_read'] == 0:
+    logging.warning('config.data.sources: %r yielded no documents.', source.spec)
+  return dict(spec=source.spec, kind=source.kind, weight=source.weight,
+              documents_read=stats['documents_read'], raw_bytes=stats['raw_bytes'],
+              skipped=report.to_json())
+
+
+def _split_counts(out: _Output, source_entries: list[dict]) -> dict:
+  """The manifest's splits (shards and totals); adds each source's counts to its entry."""
+  counts = ('documents', 'sentences', 'tokens')
+  splits = {}
+  for split, writers in (('train', out.train), ('held_out', out.held)):
+    shard_entries = [e for w in writers for e in w.shards]
+    splits[split] = dict(shards=shard_entries,
+                         **{k: sum(e[k] for e in shard_entries) for k in counts})
+  for si, entry in enumerate(source_entries):
+    for split, writers in (('train', out.train), ('held_out', out.held)):
+      entry[split] = {k: sum(e[k] for e in writers[si].shards) for k in counts}
+  return splits
+
+
+def _throughput(seconds: float, tok_seconds: float, raw_bytes: int, splits: dict,
+                num_workers: int) -> dict:
+  tokens = splits['train']['tokens'] + splits['held_out']['tokens']
+  work = max(seconds - tok_seconds, 1e-9)
+  return dict(seconds=seconds, tokenizer_seconds=tok_seconds, raw_megabytes=raw_bytes / 1e6,
+              raw_megabytes_per_second=raw_bytes / 1e6 / work,
+              tokens_per_second=tokens / work, workers=num_workers)
+
+
+def _publish(manifest: dict, partial: str, directory: str) -> dict:
+  """Writes the manifest and renames ``partial`` to ``directory``, unless another process
+  finished it first (its manifest is returned then); prints the summary."""
   with open(os.path.join(partial, MANIFEST), 'w') as f:
     json.dump(manifest, f, indent=1)
   if os.path.exists(directory):
     if os.path.exists(os.path.join(directory, MANIFEST)):  # Another process was faster.
       shutil.rmtree(partial)
-      with open(os.path.join(directory, MANIFEST)) as f:
-        theirs = json.load(f)
+      theirs = _read_manifest(directory)
       if theirs.get('config_hash') != manifest['config_hash']:
         raise FileExistsError(f'{directory!r} was prepared concurrently from another config.')
       logging.info('%s was prepared concurrently by another process; using it.', directory)
@@ -469,6 +499,11 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
   os.replace(partial, directory)
   print(_summary(manifest), flush=True)  # Printed, not logged: shown however logging is set.
   return manifest
+
+
+def _read_manifest(directory: str) -> dict:
+  with open(os.path.join(directory, MANIFEST)) as f:
+    return json.load(f)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -488,8 +523,7 @@ def load(config, directory: str | None = None) -> PreparedData:
   if not os.path.exists(path):
     raise FileNotFoundError(f'No prepared data at {directory!r} (no {MANIFEST}); run '
                             'python -m encoder_jax.prepare --config=... or load_or_prepare.')
-  with open(path) as f:
-    manifest = json.load(f)
+  manifest = _read_manifest(directory)
   if manifest.get('config_hash') != config_hash(fields):
     raise ValueError(
         f'Prepared data in {directory!r} was made from a different config '
