@@ -49,7 +49,7 @@ SHARE_LAYERS = ('none', 'all', 'attention', 'ffn')
 
 F = fields_lib.Field
 # Options of the Transformer block that several kinds share (one implementation, in
-# ``bert``'s blocks). A kind lists the ones it implements in ``ModelKind.block_options``;
+# ``trunk``'s blocks). A kind lists the ones it implements in ``ModelKind.block_options``;
 # ``models.registry.make_config`` refuses a non-default value of any other, so an option
 # is never silently ignored. Their defaults are BERT's.
 BLOCK_OPTIONS: tuple[fields_lib.Field, ...] = (
@@ -361,7 +361,7 @@ class ModelKind:
   shared_embeddings: tuple[str, ...] = ()
   # Rows the pretraining network's last layer computes, from (config, masked positions,
   # gathered positions): the rows its losses read ([CLS] included when pooling), as the
-  # module decides them (e.g. ``bert.last_layer_rows``); None = every row. With
+  # module decides them (e.g. ``trunk.last_layer_rows``); None = every row. With
   # ``row_flops`` (one row's query-side FLOPs) it keeps the MFU count to the work done.
   last_layer_rows: Callable[[EncoderConfig, int, int], int] | None = None
   row_flops: Callable[[EncoderConfig, int], float] = encoder_row_flops

@@ -1,7 +1,7 @@
 """ModernBERT (Warner et al. 2024): the BERT trunk with its modern block options.
 
 No network code of its own: every part is a declared option of the shared trunk
-(``models.config.BLOCK_OPTIONS``, implemented once in ``bert`` / ``attention``), which this
+(``models.config.BLOCK_OPTIONS``, implemented once in ``trunk`` / ``attention``), which this
 kind requires as ModernBERT has them (``_check``), so that a ``modernbert`` config is always
 what Hugging Face's ``ModernBertForMaskedLM`` computes (``interop.hf_modernbert``;
 ``configs/modernbert_base.py`` sets them from :data:`PUBLISHED`):
