@@ -1,0 +1,127 @@
+"""Fine-tuning survives SIGKILL and SIGTERM mid-epoch: rerunning the same command ends with
+the very params of a run never interrupted (bit for bit).
+
+Every run is ``python -m encoder_jax.finetune.main`` in a subprocess (a tiny BERT, 16
+examples, 2 epochs of 2 steps, a checkpoint at each epoch's end), sharing a persistent XLA
+compilation cache. The signal is not timed but injected: ``INJECT`` runs the command with
+the engine's preemption check of step ``STEP`` (mid-epoch 2) held until the signal comes;
+SIGKILL then loses the epoch's first step (the rerun resumes from epoch 1's checkpoint),
+SIGTERM is heard by the engine's handler (checkpoint at the step, exit, resume from it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from encoder_jax.finetune import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'tests', 'interop'))
+sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
+import test_faults  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+STEP = 3  # Mid-epoch 2 (steps 3 and 4).
+CONFIG = '''
+from encoder_jax.finetune import config as finetune_config
+
+
+def get_config():
+  c = finetune_config.base_config()
+  c.init.hf_dir = {hf_dir!r}
+  c.data.update(train={data!r}, eval={data!r}, max_len=32)
+  c.optim.update(learning_rate=1e-3, epochs=2, batch_size=8, eval_batch_size=8)
+  c.dropout_rate = 0.1  # The resumed steps must redraw the same dropout keys.
+  return c
+'''
+INJECT = '''
+"""python inject.py STEP MARKER FLAGS...: encoder_jax.finetune.main, held in the engine's
+preemption check after step STEP (MARKER written) until a signal comes."""
+import os, runpy, sys, time
+from encoder_jax import train
+
+STEP, MARKER = int(sys.argv[1]), sys.argv[2]
+del sys.argv[1:3]
+_at = train.Preempted.at
+
+
+def at(self, step):
+  if step == STEP:
+    open(MARKER, 'w').close()
+    while not self._requested:  # SIGKILL ends the process here; SIGTERM sets the flag.
+      time.sleep(0.05)
+  return _at(self, step)
+
+
+train.Preempted.at = at
+runpy.run_module('encoder_jax.finetune.main', run_name='__main__')
+'''
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+  """(config file, environment with one compilation cache, reference workdir)."""
+  root = tmp_path_factory.mktemp('finetune_faults')
+  hf_dir = str(root / 'hf')
+  os.makedirs(hf_dir)
+  vocab_size = hf_fixtures.write_vocab(os.path.join(hf_dir, 'vocab.txt'))
+  hf_fixtures.random_hf_model(vocab_size=vocab_size, hidden_size=16, num_layers=1, num_heads=2,
+                              intermediate_size=24, max_positions=40).save_pretrained(hf_dir)
+  rows = [{'sentence': s, 'label': int('good' in s or 'great' in s)} for s in (
+      'the film was good.', 'a great movie!', 'it was great.', 'good, good.',
+      'the film was bad.', 'a terrible movie!', 'it was terrible.', 'bad, bad.')] * 2
+  data = root / 'train.jsonl'
+  data.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  config = root / 'tiny_finetune.py'
+  config.write_text(CONFIG.format(hf_dir=hf_dir, data=f'jsonl:{data}'))
+  (root / 'inject.py').write_text(INJECT)
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(root / 'xla_cache'),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1')
+  reference = str(root / 'reference')
+  _run(_command(config, reference), env)
+  return root, config, env, reference
+
+
+def _command(config, workdir, inject=None) -> list[str]:
+  head = [sys.executable, '-m', 'encoder_jax.finetune.main'] if inject is None else [
+      sys.executable, *inject]
+  return head + [f'--config={config}', f'--workdir={workdir}']
+
+
+def _run(cmd, env) -> str:
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+  return proc.stdout
+
+
+@pytest.mark.slow  # Five subprocess runs of the fine-tuning command.
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM], ids=['SIGKILL', 'SIGTERM'])
+def test_signal_mid_epoch_resumes_to_the_same_params(setup, sig):
+  root, config, env, reference = setup
+  workdir, marker = str(root / f'w_{sig.name}'), str(root / f'marker_{sig.name}')
+  proc = subprocess.Popen(_command(config, workdir, [str(root / 'inject.py'), str(STEP),
+                                                     marker]),
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  test_faults._wait_for(lambda: os.path.exists(marker), proc)  # pylint: disable=protected-access
+  proc.send_signal(sig)
+  out = proc.communicate(timeout=300)[0]
+  if sig == signal.SIGKILL:
+    assert proc.returncode == -signal.SIGKILL
+  else:
+    assert proc.returncode == 0 and f'Preempted at step {STEP}: checkpoint saved' in out, out
+  assert not os.path.exists(os.path.join(workdir, 'params'))  # It did not finish.
+  resumed = _run(_command(config, workdir), env)
+  assert f'resuming from checkpoint step {STEP - 1 if sig == signal.SIGKILL else STEP}' in resumed
+  jax.tree.map(np.testing.assert_array_equal, train.read_final_params(reference),
+               train.read_final_params(workdir))
