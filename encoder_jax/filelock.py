@@ -289,14 +289,7 @@ class FileLock:
 
   def _rewrite(self, text: str) -> None:
     """Replaces the file's text atomically (a reader sees the old text or the new)."""
-    tmp = self._beside('tmp')
-    try:
-      with open(tmp, 'w') as f:
-        f.write(text)
-      os.replace(tmp, self.path)
-    finally:
-      if os.path.exists(tmp):
-        os.unlink(tmp)
+    write_atomically(self.path, text)
 
   def _remove_if(self, text: str) -> bool:
     """Removes the file only if it still holds ``text`` (not a successor's new lock)."""
@@ -317,5 +310,24 @@ class FileLock:
     return ours
 
   def _beside(self, what: str) -> str:
-    head, name = os.path.split(self.path)
-    return os.path.join(head, f'.{name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+    return beside(self.path, what)
+
+
+def beside(path: str, what: str) -> str:
+  """A fresh hidden name next to ``path``: ``.<name>.<what>-<pid>-<random>``."""
+  head, name = os.path.split(path)
+  return os.path.join(head, f'.{name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+
+
+def write_atomically(path: str, text: str) -> None:
+  """Writes ``text`` to a temporary file next to ``path``, renamed over it: a reader (or a
+  process killed mid-write) sees the old file or the new one whole, never a part. The one
+  such writer of the package (local paths; ``workdir`` adds ``gs://``)."""
+  tmp = beside(path, 'tmp')
+  try:
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)

@@ -50,14 +50,15 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 
 def _write_atomically(target: epath.Path, text: str) -> None:
-  """A temporary file next to ``target``, renamed over it (atomic on local file systems)."""
-  tmp = target.with_name(f'.{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+  """A temporary file next to ``target``, renamed over it (atomic on local file systems:
+  ``filelock.write_atomically``; a bucket renames by copying)."""
+  if '://' not in str(target):
+    filelock.write_atomically(str(target), text)
+    return
+  tmp = target.with_name(filelock.beside(target.name, 'tmp'))
   try:
     tmp.write_text(text)
-    if '://' in str(target):
-      tmp.replace(target)
-    else:
-      os.replace(tmp, target)
+    tmp.replace(target)
   finally:
     if tmp.exists():
       tmp.unlink()

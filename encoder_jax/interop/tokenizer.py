@@ -158,11 +158,8 @@ def _bpe_source(hf_dir: str) -> str | None:
   tokenizer.model): a BPE ``tokenizer.json``, else ``vocab.json`` (with ``merges.txt``)."""
   if any(os.path.exists(os.path.join(hf_dir, f)) for f in (VOCAB_TXT, SENTENCEPIECE_MODEL)):
     return None
-  path = os.path.join(hf_dir, TOKENIZER_JSON)
-  if os.path.exists(path):
-    with open(path, encoding='utf-8') as f:
-      model_type = (json.load(f).get('model') or {}).get('type')
-    return TOKENIZER_JSON if model_type == 'BPE' else None
+  if os.path.exists(os.path.join(hf_dir, TOKENIZER_JSON)):
+    return TOKENIZER_JSON if _model_type(hf_dir) == 'BPE' else None
   if os.path.exists(os.path.join(hf_dir, VOCAB_JSON)):
     return VOCAB_JSON
   return None
@@ -231,6 +228,12 @@ def _read_json(path: str) -> dict:
   return out
 
 
+def _model_type(hf_dir: str) -> str | None:
+  """The model type of the directory's tokenizer.json ('WordPiece', 'BPE', ...); None
+  without one."""
+  return (_read_json(os.path.join(hf_dir, TOKENIZER_JSON)).get('model') or {}).get('type')
+
+
 def _token_text(value) -> str | None:
   """A special token as tokenizer_config.json / special_tokens_map.json spell it: a string,
   or an AddedToken dict with its ``content``."""
@@ -272,12 +275,9 @@ def _plain_bert_wordpiece(hf_dir: str) -> bool:
 
 def _reads_as_wordpiece(hf_dir: str) -> bool:
   """A ``vocab.txt`` (and no other model type in tokenizer.json) with BERT's settings."""
-  spec_path = os.path.join(hf_dir, TOKENIZER_JSON)
-  model_type = None
-  if os.path.exists(spec_path):
-    model_type = (_read_json(spec_path).get('model') or {}).get('type')
-  return (os.path.exists(os.path.join(hf_dir, VOCAB_TXT)) and model_type in (None, 'WordPiece')
-          and _plain_bert_wordpiece(hf_dir))
+  model_type = _model_type(hf_dir)  # First: a broken tokenizer.json is an error here.
+  return (os.path.exists(os.path.join(hf_dir, VOCAB_TXT))
+          and model_type in (None, 'WordPiece') and _plain_bert_wordpiece(hf_dir))
 
 
 def _reads_as_sentencepiece(hf_dir: str) -> bool:
