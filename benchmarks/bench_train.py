@@ -404,26 +404,9 @@ HF_PEERS = {
 }
 
 
-def hf_runner(args, device: str | None = None, autocast_dtype=None):
-  """(run one train step, info): the kind's Hugging Face peer (``HF_PEERS``): forward at the
-  same size and batch, loss, backward, gradient clipping and AdamW, dropout on.
-
-  ``device``: where the model and batch live (default the CPU; 'cuda' for a GPU, where a
-  step ends with a synchronize so that it is timed whole); ``autocast_dtype``: the forward
-  and loss under ``torch.autocast`` in that dtype (e.g. ``torch.bfloat16``; parameters and
-  AdamW stay float32, as our bf16 step's), default none (float32)."""
-  import torch
-  import transformers as tr
-
-  dev = torch.device(device or 'cpu')
-  torch.manual_seed(0)
-  torch.set_num_threads(os.cpu_count() or 1)
-  p = PRESETS[args.preset]
-  d, n_layers, heads, ff = (p['hidden_size'], p['num_layers'], p['num_heads'],
-                            p['intermediate_size'])
-  common = dict(vocab_size=args.vocab_size, hidden_size=d, num_hidden_layers=n_layers,
-                num_attention_heads=heads, intermediate_size=ff,
-                attention_probs_dropout_prob=args.attention_dropout)
+def _hf_batch(args, torch, dev):
+  """The random pretraining batch of the HF peer (fixed seed), on ``dev``: token ids, the
+  masked positions, their labels, the masked ids, segments, attention mask, pair labels."""
   b, l, k = args.batch_size, args.seq_len, args.max_predictions
   g = torch.Generator().manual_seed(0)
   ids = torch.randint(5, args.vocab_size, (b, l), generator=g)
@@ -435,73 +418,123 @@ def hf_runner(args, device: str | None = None, autocast_dtype=None):
   segments = (torch.arange(l)[None] >= l // 2).long().repeat(b, 1)
   attention = torch.ones(b, l, dtype=torch.long)
   pair = torch.randint(0, 2, (b,), generator=g)
-  ids, pos, labels, masked, segments, attention, pair = (
-      t.to(dev) for t in (ids, pos, labels, masked, segments, attention, pair))
-  kind = args.kind
-  models = []
+  return argparse.Namespace(**{name: t.to(dev) for name, t in dict(
+      ids=ids, pos=pos, labels=labels, masked=masked, segments=segments, attention=attention,
+      pair=pair).items()})
+
+
+def _hf_bert_family(kind: str, tr, common: dict, t) -> tuple[list, dict]:
+  """(models, inputs) of the BERT-like peers: BERT, SpanBERT, RoBERTa, ALBERT, DeBERTa."""
+  mlm = dict(input_ids=t.masked, attention_mask=t.attention, labels=t.labels)
   if kind == 'bert':
-    models.append(tr.BertForPreTraining(tr.BertConfig(**common, attn_implementation='sdpa')))
-    inputs = dict(input_ids=masked, token_type_ids=segments, attention_mask=attention,
-                  labels=labels, next_sentence_label=pair)
-  elif kind == 'spanbert':
-    models.append(tr.BertForMaskedLM(tr.BertConfig(**common, attn_implementation='sdpa')))
-    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
-  elif kind == 'roberta':
-    models.append(tr.RobertaForMaskedLM(tr.RobertaConfig(
-        **common, max_position_embeddings=max(514, l + 2), type_vocab_size=1, pad_token_id=1,
-        attn_implementation='sdpa')))
-    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
-  elif kind == 'albert':
-    models.append(tr.AlbertForPreTraining(tr.AlbertConfig(
+    return [tr.BertForPreTraining(tr.BertConfig(**common, attn_implementation='sdpa'))], dict(
+        input_ids=t.masked, token_type_ids=t.segments, attention_mask=t.attention,
+        labels=t.labels, next_sentence_label=t.pair)
+  if kind == 'spanbert':
+    return [tr.BertForMaskedLM(tr.BertConfig(**common, attn_implementation='sdpa'))], mlm
+  if kind == 'roberta':
+    return [tr.RobertaForMaskedLM(tr.RobertaConfig(
+        **common, max_position_embeddings=max(514, t.ids.shape[1] + 2), type_vocab_size=1,
+        pad_token_id=1, attn_implementation='sdpa'))], mlm
+  if kind == 'albert':
+    return [tr.AlbertForPreTraining(tr.AlbertConfig(
         **common, embedding_size=128, hidden_act='gelu_new', num_hidden_groups=1,
-        inner_group_num=1)))
-    inputs = dict(input_ids=masked, token_type_ids=segments, attention_mask=attention,
-                  labels=labels, sentence_order_label=pair)
-  elif kind in ('deberta', 'deberta_v2'):
-    cfg = dict(common, relative_attention=True, position_biased_input=False,
-               max_relative_positions=-1, type_vocab_size=0, layer_norm_eps=1e-7,
-               pos_att_type=['c2p', 'p2c'])
-    if kind == 'deberta':
-      models.append(tr.DebertaForMaskedLM(tr.DebertaConfig(**cfg)))
-    else:
-      models.append(tr.DebertaV2ForMaskedLM(tr.DebertaV2Config(
-          **cfg, position_buckets=256, share_att_key=True, norm_rel_ebd='layer_norm')))
-    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
-  elif kind == 'electra':
-    gen_d = d // 4
-    disc = tr.ElectraForPreTraining(tr.ElectraConfig(**common, embedding_size=d))
-    gen = tr.ElectraForMaskedLM(tr.ElectraConfig(
-        **dict(common, hidden_size=gen_d, num_attention_heads=max(1, gen_d // 64),
-               intermediate_size=4 * gen_d), embedding_size=d))
-    gen.electra.embeddings = disc.electra.embeddings  # Shared token/position/type tables.
-    gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
-    models += [disc, gen]
-  elif kind == 'xlnet':
-    models.append(tr.XLNetLMHeadModel(tr.XLNetConfig(
-        vocab_size=args.vocab_size, d_model=d, n_layer=n_layers, n_head=heads, d_inner=ff,
-        ff_activation='gelu', attn_type='bi', bi_data=True, mem_len=None,
-        dropout=0.1)))
-    perm = torch.zeros(b, l, l, device=dev)
-    perm.scatter_(2, pos[:, None, :].expand(b, l, k), 1.0)  # Targets hidden from every query.
-    mapping = torch.zeros(b, k, l, device=dev)
-    mapping.scatter_(2, pos[:, :, None], 1.0)
-    inputs = dict(input_ids=ids, token_type_ids=segments, attention_mask=attention,
-                  perm_mask=perm, target_mapping=mapping, labels=ids.gather(1, pos))
-  elif kind == 'modernbert':  # Its loss reads the masked rows only (sparse_prediction).
-    mb = dict(KINDS[kind]['model'], **(getattr(args, 'model_overrides', None) or {}))
-    models.append(tr.ModernBertForMaskedLM(tr.ModernBertConfig(
-        vocab_size=args.vocab_size, hidden_size=d, num_hidden_layers=n_layers,
-        num_attention_heads=heads, intermediate_size=ff, hidden_activation='gelu',
-        max_position_embeddings=mb['max_position_embeddings'], norm_eps=mb['layer_norm_eps'],
-        local_attention=mb['local_attention'],
-        global_attn_every_n_layers=mb['global_attn_every_n_layers'],
-        global_rope_theta=mb['rope_theta'], local_rope_theta=mb['local_rope_theta'],
-        attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0, sparse_prediction=True,
-        pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
-        attn_implementation='sdpa')))
-    inputs = dict(input_ids=masked, attention_mask=attention, labels=labels)
-  else:
-    raise ValueError(f'no Hugging Face peer for --kind={kind}')
+        inner_group_num=1))], dict(input_ids=t.masked, token_type_ids=t.segments,
+                                   attention_mask=t.attention, labels=t.labels,
+                                   sentence_order_label=t.pair)
+  cfg = dict(common, relative_attention=True, position_biased_input=False,
+             max_relative_positions=-1, type_vocab_size=0, layer_norm_eps=1e-7,
+             pos_att_type=['c2p', 'p2c'])
+  if kind == 'deberta':
+    return [tr.DebertaForMaskedLM(tr.DebertaConfig(**cfg))], mlm
+  return [tr.DebertaV2ForMaskedLM(tr.DebertaV2Config(
+      **cfg, position_buckets=256, share_att_key=True, norm_rel_ebd='layer_norm'))], mlm
+
+
+def _hf_electra(args, tr, common: dict) -> list:
+  """Discriminator and generator (a quarter as wide) sharing their embeddings."""
+  d = common['hidden_size']
+  gen_d = d // 4
+  disc = tr.ElectraForPreTraining(tr.ElectraConfig(**common, embedding_size=d))
+  gen = tr.ElectraForMaskedLM(tr.ElectraConfig(
+      **dict(common, hidden_size=gen_d, num_attention_heads=max(1, gen_d // 64),
+             intermediate_size=4 * gen_d), embedding_size=d))
+  gen.electra.embeddings = disc.electra.embeddings  # Shared token/position/type tables.
+  gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+  return [disc, gen]
+
+
+def _hf_xlnet(args, tr, torch, dev, common: dict, t) -> tuple[list, dict]:
+  """XLNet's LM head, the masked positions predicted through perm_mask/target_mapping."""
+  b, l, k = args.batch_size, args.seq_len, args.max_predictions
+  models = [tr.XLNetLMHeadModel(tr.XLNetConfig(
+      vocab_size=args.vocab_size, d_model=common['hidden_size'],
+      n_layer=common['num_hidden_layers'], n_head=common['num_attention_heads'],
+      d_inner=common['intermediate_size'], ff_activation='gelu', attn_type='bi', bi_data=True,
+      mem_len=None, dropout=0.1))]
+  perm = torch.zeros(b, l, l, device=dev)
+  perm.scatter_(2, t.pos[:, None, :].expand(b, l, k), 1.0)  # Targets hidden from every query.
+  mapping = torch.zeros(b, k, l, device=dev)
+  mapping.scatter_(2, t.pos[:, :, None], 1.0)
+  return models, dict(input_ids=t.ids, token_type_ids=t.segments, attention_mask=t.attention,
+                      perm_mask=perm, target_mapping=mapping, labels=t.ids.gather(1, t.pos))
+
+
+def _hf_modernbert(args, tr, common: dict) -> list:
+  """ModernBERT at the kind's settings; its loss reads the masked rows only (sparse)."""
+  mb = dict(KINDS['modernbert']['model'], **(getattr(args, 'model_overrides', None) or {}))
+  return [tr.ModernBertForMaskedLM(tr.ModernBertConfig(
+      vocab_size=args.vocab_size, hidden_size=common['hidden_size'],
+      num_hidden_layers=common['num_hidden_layers'],
+      num_attention_heads=common['num_attention_heads'],
+      intermediate_size=common['intermediate_size'], hidden_activation='gelu',
+      max_position_embeddings=mb['max_position_embeddings'], norm_eps=mb['layer_norm_eps'],
+      local_attention=mb['local_attention'],
+      global_attn_every_n_layers=mb['global_attn_every_n_layers'],
+      global_rope_theta=mb['rope_theta'], local_rope_theta=mb['local_rope_theta'],
+      attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0, sparse_prediction=True,
+      pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+      attn_implementation='sdpa'))]
+
+
+def _hf_models(args, tr, torch, dev, t) -> tuple[list, dict]:
+  """(models, inputs) of ``args.kind``'s peer (``HF_PEERS``) at the preset's size."""
+  p = PRESETS[args.preset]
+  common = dict(vocab_size=args.vocab_size, hidden_size=p['hidden_size'],
+                num_hidden_layers=p['num_layers'], num_attention_heads=p['num_heads'],
+                intermediate_size=p['intermediate_size'],
+                attention_probs_dropout_prob=args.attention_dropout)
+  kind = args.kind
+  if kind in ('bert', 'spanbert', 'roberta', 'albert', 'deberta', 'deberta_v2'):
+    return _hf_bert_family(kind, tr, common, t)
+  if kind == 'electra':
+    return _hf_electra(args, tr, common), {}
+  if kind == 'xlnet':
+    return _hf_xlnet(args, tr, torch, dev, common, t)
+  if kind == 'modernbert':
+    return _hf_modernbert(args, tr, common), dict(
+        input_ids=t.masked, attention_mask=t.attention, labels=t.labels)
+  raise ValueError(f'no Hugging Face peer for --kind={kind}')
+
+
+def hf_runner(args, device: str | None = None, autocast_dtype=None):
+  """(run one train step, info): the kind's Hugging Face peer (``HF_PEERS``): forward at the
+  same size and batch, loss, backward, gradient clipping and AdamW, dropout on.
+
+  ``device``: where the model and batch live (default the CPU; 'cuda' for a GPU, where a
+  step ends with a synchronize so that it is timed whole); ``autocast_dtype``: the forward
+  and loss under ``torch.autocast`` in that dtype (e.g. ``torch.bfloat16``; parameters and
+  AdamW stay float32, as our bf16 step's), default none (float32)."""
+  from encoder_jax import extras
+  what = f'the Hugging Face peer of --kind={args.kind} ({HF_PEERS.get(args.kind)})'
+  torch = extras.require('torch', extra='peers', what=what)
+  tr = extras.require('transformers', extra='peers', what=what)
+
+  dev = torch.device(device or 'cpu')
+  torch.manual_seed(0)
+  torch.set_num_threads(os.cpu_count() or 1)
+  t = _hf_batch(args, torch, dev)
+  models, inputs = _hf_models(args, tr, torch, dev, t)
   for m in models:
     m.to(dev)
     m.train()
@@ -509,17 +542,17 @@ def hf_runner(args, device: str | None = None, autocast_dtype=None):
   opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 
   def loss_fn():
-    if kind != 'electra':
+    if args.kind != 'electra':
       return models[0](**inputs).loss
     disc, gen = models
-    out = gen(input_ids=masked, attention_mask=attention, labels=labels)
+    out = gen(input_ids=t.masked, attention_mask=t.attention, labels=t.labels)
     with torch.no_grad():
       sampled = torch.distributions.Categorical(logits=out.logits.gather(
-          1, pos[:, :, None].expand(-1, -1, out.logits.shape[-1]))).sample()
-    replaced = ids.clone()
-    replaced.scatter_(1, pos, sampled)
-    disc_loss = disc(input_ids=replaced, attention_mask=attention,
-                     labels=(replaced != ids).long()).loss
+          1, t.pos[:, :, None].expand(-1, -1, out.logits.shape[-1]))).sample()
+    replaced = t.ids.clone()
+    replaced.scatter_(1, t.pos, sampled)
+    disc_loss = disc(input_ids=replaced, attention_mask=t.attention,
+                     labels=(replaced != t.ids).long()).loss
     return out.loss + 50.0 * disc_loss
 
   def run():
@@ -532,7 +565,7 @@ def hf_runner(args, device: str | None = None, autocast_dtype=None):
     if dev.type == 'cuda':
       torch.cuda.synchronize(dev)
 
-  return run, dict(torch=torch.__version__, transformers=tr.__version__, peer=HF_PEERS[kind],
+  return run, dict(torch=torch.__version__, transformers=tr.__version__, peer=HF_PEERS[args.kind],
                    device=str(dev), autocast=str(autocast_dtype).replace('torch.', '')
                    if autocast_dtype is not None else None)
 
@@ -643,7 +676,7 @@ def _describe(args) -> str:
           f'{jax.default_backend()}')
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--preset', choices=sorted(PRESETS), default='small')
   ap.add_argument('--kind', choices=sorted(KINDS) + ['all'], default='bert',
@@ -682,18 +715,21 @@ def main():
                   help='Compile the step, print its memory against the device; run nothing.')
   ap.add_argument('--device_memory_gib', type=float, default=H100_GIB,
                   help='Device memory the CPU-host estimate compares with (H100 80GB).')
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   args.max_predictions_given = args.max_predictions is not None
   if args.profile:  # Per-op trace events; read when JAX starts its CPU backend.
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                ' --xla_cpu_enable_xprof_traceme=true').strip()
   if args.max_predictions is None:
     args.max_predictions = PREDICTIONS.get(args.seq_len, max(1, round(0.15 * args.seq_len)))
+  if args.kind == 'all' and (args.check_flops or args.compile_only):
+    ap.error('--kind=all runs the throughput table only')
+  return args
 
-  import jax
+
+def main(argv=None):
+  args = parse_args(argv)
   if args.kind == 'all':
-    if args.check_flops or args.compile_only:
-      ap.error('--kind=all runs the throughput table only')
     table(args)
     return
   args = kind_args(args, args.kind)
@@ -702,30 +738,47 @@ def main():
     profile(args)
     return
   if args.check_flops:
-    print(f'Model FLOPs per train step (ours: MFU formula; XLA: cost_analysis of the compiled '
-          f'step, layers unrolled, 1 device), JAX backend {jax.default_backend()}:')
-    for spec in args.flops_shapes.split(','):
-      preset, seq_len, *pred = spec.split(':')
-      changes = dict(preset=preset, seq_len=int(seq_len))
-      if pred:
-        changes['max_predictions'] = int(pred[0])
-      shape = shape_args(args, **changes)
-      print(_flops_line(shape, xla_flops(shape)), flush=True)
+    check_flops(args)
     return
   print(_describe(args))
   if args.compile_only:
-    print('Compiled train step memory (memory_analysis), nothing run:')
-    m = memory(args)
-    print(_memory_line(args, m))
-    print(f'  attention: {m["cudnn_attention_calls"]} cuDNN fused-attention custom calls in the '
-          'compiled HLO' + ('' if m['cudnn_attention_calls'] else ' (XLA attention)'))
-    saved = saved_for_backward(args)
-    if saved:
-      print(f'  saved for the backward pass (jaxpr residuals, any backend): '
-            f'{sum(saved.values()) / GIB:.2f} GiB (' + ', '.join(
-                f'{k} {v / GIB:.2f}' for k, v in sorted(saved.items(), key=lambda kv: -kv[1])
-                if v >= GIB / 100) + ')')
+    compile_only(args)
     return
+  throughput(args)
+
+
+def check_flops(args) -> None:
+  """``--check_flops``: ours against XLA's FLOPs at every ``--flops_shapes`` shape."""
+  import jax
+  print(f'Model FLOPs per train step (ours: MFU formula; XLA: cost_analysis of the compiled '
+        f'step, layers unrolled, 1 device), JAX backend {jax.default_backend()}:')
+  for spec in args.flops_shapes.split(','):
+    preset, seq_len, *pred = spec.split(':')
+    changes = dict(preset=preset, seq_len=int(seq_len))
+    if pred:
+      changes['max_predictions'] = int(pred[0])
+    shape = shape_args(args, **changes)
+    print(_flops_line(shape, xla_flops(shape)), flush=True)
+
+
+def compile_only(args) -> None:
+  """``--compile_only``: the compiled step's memory, its attention and its residuals."""
+  print('Compiled train step memory (memory_analysis), nothing run:')
+  m = memory(args)
+  print(_memory_line(args, m))
+  print(f'  attention: {m["cudnn_attention_calls"]} cuDNN fused-attention custom calls in the '
+        'compiled HLO' + ('' if m['cudnn_attention_calls'] else ' (XLA attention)'))
+  saved = saved_for_backward(args)
+  if saved:
+    print(f'  saved for the backward pass (jaxpr residuals, any backend): '
+          f'{sum(saved.values()) / GIB:.2f} GiB (' + ', '.join(
+              f'{k} {v / GIB:.2f}' for k, v in sorted(saved.items(), key=lambda kv: -kv[1])
+              if v >= GIB / 100) + ')')
+
+
+def throughput(args) -> None:
+  """Ours (beside HF on a CPU or with ``--with_hf``), then the FLOPs check."""
+  import jax
   on_cpu = jax.default_backend() == 'cpu'
   if on_cpu or args.with_hf:
     r = side_by_side(args)
