@@ -24,6 +24,7 @@ import transformers
 import encoder_jax
 from encoder_jax import convert
 from encoder_jax import loading
+from encoder_jax.data import tokenizer_kinds
 from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import registry as models
 
@@ -338,3 +339,9 @@ def test_pretraining_continues_from_the_import(kind, root, tmp_path):
   print(f"{kind} continued pretraining losses: {np.round(losses, 3).tolist()}")
   assert len(losses) >= 10 and np.isfinite(losses).all()
   assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+
+
+def test_every_fixed_layout_kind_imports_hf_directories():
+  """Import tries each fixed-layout kind of the registry (the hf kind takes the rest)."""
+  fixed = [name for name, kind in tokenizer_kinds.KINDS.items() if kind.role_pieces]
+  assert sorted(tokenizer_io._IMPORTS) == sorted(fixed)  # pylint: disable=protected-access
