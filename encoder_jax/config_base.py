@@ -109,11 +109,6 @@ def base_config() -> ml_collections.ConfigDict:
   return fields_lib.defaults(schema())
 
 
-def section(declared: dict[str, fields_lib.Field]) -> ml_collections.ConfigDict:
-  """A config section of declared fields at their defaults."""
-  return fields_lib.defaults({'s': declared}).s
-
-
 def fields_table() -> str:
   """Every field of the schema as Markdown: key, default, allowed values, meaning."""
   return fields_lib.table(schema())
