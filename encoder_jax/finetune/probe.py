@@ -55,7 +55,6 @@ import numpy as np
 
 from encoder_jax import extras
 from encoder_jax.finetune import config as finetune_config
-from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.finetune.tasks import sequence_classification
 

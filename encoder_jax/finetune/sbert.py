@@ -37,19 +37,15 @@ import json
 import os
 
 import ml_collections
-import numpy as np
 
 from encoder_jax import inference
 from encoder_jax import loading
 from encoder_jax.finetune import config as finetune_config
-from encoder_jax.finetune import data as data_lib
-from encoder_jax.finetune import scores as metrics_lib
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.finetune.tasks.sentence_embedding import OBJECTIVES
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
-from encoder_jax.models import registry as models
 
 
 @dataclasses.dataclass

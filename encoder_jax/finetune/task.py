@@ -1,7 +1,7 @@
 """A fine-tuning task as the training engine sees it: head + loss + metrics.
 
-:class:`Task` implements the same contract as a pretraining setup
-(``objectives.base.Pretraining``: ``init``, ``loss_fn``, metric weights, console metrics,
+:class:`Task` implements what the engine trains (``trainable.Trainable``, the contract a
+pretraining setup extends too: ``init``, ``loss_fn``, metric weights, console metrics,
 FLOPs), so the engine's train step (``train.make_train_step``: mesh and sharding, the
 model's dtype policy, gradient clipping through the optimizer, the non-finite policy),
 its sharded state (``train_state``) and its Orbax checkpoints run it unchanged. The data
@@ -14,9 +14,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from encoder_jax import length_phases
+from encoder_jax import trainable
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.models import registry as models
@@ -53,7 +53,7 @@ def identity(outputs):
 ACCURACY = (('accuracy', 'acc', '{:.1%}'),)
 
 
-class Task(base.Pretraining):
+class Task(trainable.Trainable):
   """A head on any registered kind, as the engine trains it: the task's ``loss(outputs,
   batch) -> (loss, metrics)`` and ``predict(outputs) -> predictions`` of the head's outputs
   (``outputs``: what ``model.apply`` returns, e.g. logits)."""

@@ -1,6 +1,7 @@
 """What a pretraining objective is, and how simple ones combine on one encoder pass.
 
-The training loop sees a :class:`Pretraining`: it owns the networks (one, or several in
+The training loop sees a :class:`Pretraining` (what it trains,
+``trainable.Trainable``, plus what evaluation and exports read): it owns the networks (one, or several in
 one params tree, e.g. ELECTRA's generator and discriminator), their initialisation, the
 whole ``loss_fn(params, batch, rng, phase, train)`` (forward passes included), the
 metrics and how to aggregate and report them, and the FLOPs of a training step (MFU).
@@ -25,16 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from encoder_jax import length_phases
+from encoder_jax import trainable
 from encoder_jax.models import registry as models
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
-# Generators of the dropout keys (config.train.dropout_rng_impl). Each dropout hashes its
-# mask from two words of its key (``models.layers.random_words``), so the generator draws
-# a few words per layer, not a bit per element: either is cheap. Threefry's values are the
-# same on any mesh; JAX does not promise that of 'rbg' (XLA's RngBitGenerator).
-DROPOUT_RNG_IMPLS = {'threefry': 'threefry2x32', 'rbg': 'rbg'}
+DROPOUT_RNG_IMPLS = trainable.DROPOUT_RNG_IMPLS
 
 
 def cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array, weights_N: jax.Array):
@@ -96,43 +94,15 @@ def packed_inputs(network: models.Network, batch: Batch) -> dict[str, jax.Array]
   return {'document_ids_BxL': batch['document_ids']}
 
 
-class Pretraining:
-  """The contract between an objective and the training loop, evaluation and loading."""
+class Pretraining(trainable.Trainable):
+  """The contract between an objective and the training loop, evaluation and loading: what
+  the engine trains (``trainable.Trainable``), and what evaluation, exports and fill-mask
+  read of a pretraining setup."""
   name: str = ''
-  # Metrics that are means over a per-batch count, e.g. {'mlm_loss': 'mlm_predictions'}:
-  # averaging over batches weights each batch by that count (a per-token mean).
-  metric_weights: dict[str, str] = {}
-  # The metrics this setup shows on the console's progress line, as (metric key, short
-  # name, format), after the loss; the rest goes to metrics.jsonl / TensorBoard.
-  console_metrics: tuple[tuple[str, str, str], ...] = ()
-
-  def __init__(self, dropout_rng_impl: str = 'threefry'):
-    if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
-      raise ValueError(f'config.train.dropout_rng_impl={dropout_rng_impl!r}; expected one of '
-                       f'{list(DROPOUT_RNG_IMPLS)}')
-    self.dropout_rng_impl = DROPOUT_RNG_IMPLS[dropout_rng_impl]
-
-  def init(self, rng: jax.Array) -> Any:
-    """Boxed (logically partitioned) params of every network, one tree."""
-    raise NotImplementedError
 
   def loss_fn(self, params, batch: Batch, rng: jax.Array, phase: length_phases.Phase,
               train: bool) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
-
-  def init_extra(self, batch_size: int) -> Any:
-    """State carried from one training step to the next that is not trained (boxed arrays
-    with a leading batch axis of ``batch_size`` rows, e.g. XLNet's Transformer-XL memory),
-    or None. It lives in ``TrainState.extra`` and is checkpointed with the params."""
-    del batch_size
-    return None
-
-  def stateful_loss_fn(self, params, extra, batch: Batch, rng: jax.Array,
-                       phase: length_phases.Phase, train: bool):
-    """What the training step differentiates: ``(loss, (metrics, new extra))``. Setups
-    without ``init_extra`` state are their ``loss_fn``; evaluation calls ``loss_fn``."""
-    loss, metrics = self.loss_fn(params, batch, rng, phase, train)
-    return loss, (metrics, extra)
 
   def flops_per_sequence(self, phase: length_phases.Phase) -> float:
     """Training FLOPs (forward + backward) of one sequence at this phase, every network."""
@@ -165,19 +135,9 @@ class Pretraining:
     params). The downstream network alone by default; ELECTRA adds its generator."""
     return {'': self.downstream(params)}
 
-  def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
-    """Metrics derived from the aggregated held-out metrics (e.g. perplexity)."""
-    return {}
-
   def report_lines(self, metrics: dict[str, float]) -> list[str]:
     """Human-readable lines for evaluation results."""
     return []
-
-  def dropout_key(self, rng: jax.Array) -> jax.Array:
-    """A dropout key of the configured generator, seeded from ``rng`` (so still per step)."""
-    if self.dropout_rng_impl == 'threefry2x32':
-      return rng
-    return jax.random.key(jax.random.bits(rng, dtype=jnp.uint32), impl=self.dropout_rng_impl)
 
 
 class Objective:
