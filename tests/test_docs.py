@@ -47,6 +47,7 @@ _COMMAND = re.compile(r'python3? -m (encoder_jax(?:\.\w+)*)')
 _FLAG = re.compile(r'(?:^|[\s\[])--([A-Za-z][\w.]*)')
 _CONFIG_VALUE = re.compile(r'(?:^|\s)--config=(\S+)')
 _SCRIPT = re.compile(r'python3? ((?:benchmarks|launch)/\w+\.py)')
+_SNIPPET = re.compile(r'from (encoder_jax[\w.]*) import (\w+); print\(\2\.(\w+)\(')
 
 
 # ---- Markdown ----
@@ -265,6 +266,17 @@ def script_problems(command: str) -> list[str]:
           for name in _FLAG.findall(command) if name not in script_options(script)]
 
 
+def snippet_problems(text: str) -> list[str]:
+  """``python -c "from encoder_jax.x import y; print(y.f())"`` names a function y defines."""
+  problems = []
+  for package, module, function in _SNIPPET.findall(text):
+    tree = _tree(f'{package}.{module}')
+    defined = {f.name for f in tree.body if isinstance(f, ast.FunctionDef)} if tree else set()
+    if function not in defined:
+      problems.append(f'{package}.{module}.{function} does not exist')
+  return problems
+
+
 # ---- Tests ----
 
 @pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
@@ -281,7 +293,7 @@ def test_quoted_commands_name_real_modules_and_flags(path):
 @pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_quoted_scripts_exist_with_their_options(path):
   problems = [p for c in commands(path.read_text(), _SCRIPT) for p in script_problems(c)]
-  assert problems == []
+  assert problems + snippet_problems(path.read_text()) == []
 
 
 def test_docs_quote_commands():
@@ -321,7 +333,9 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
           'Inline: `python -m encoder_jax.fill_mask --workdir=DIR --text=a --top_k=3 '
           '--traceback --verbosity=1`, `python -m encoder_jax.embed --input=a --pooling_x=1`.\n\n'
           '    python benchmarks/bench_train.py --kind=all --memory_only --no_such_option\n'
-          '    python benchmarks/no_such_script.py\n')
+          '    python benchmarks/no_such_script.py\n\n'
+          '    python -c "from encoder_jax import config_base; print(config_base.fields_table())"\n'
+          '    python -c "from encoder_jax import config_base; print(config_base.no_table())"\n')
   doc.write_text(text)
   links = link_problems(doc, text)
   assert len(links) == 2 and 'missing.md' in links[0] and '#nowhere' in links[1], links
@@ -333,3 +347,4 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
   scripts = [p for c in commands(text, _SCRIPT) for p in script_problems(c)]
   assert len(scripts) == 2, scripts
   assert '--no_such_option' in scripts[0] and 'no script benchmarks/no_such' in scripts[1]
+  assert snippet_problems(text) == ['encoder_jax.config_base.no_table does not exist']
