@@ -9,6 +9,7 @@ runs must agree up to float reassociation in the collectives (another device cou
 gradient's partial sums in another order).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import pytest
 from encoder_jax import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax import distributed
+from encoder_jax import filelock
 from encoder_jax import sharding
 from encoder_jax import train
 from encoder_jax.data import prepare_once
@@ -136,6 +138,22 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
   with open(prepare_once.lock_path(directory), 'w') as f:
     json.dump(dict(host='elsewhere', pid=1), f)
   assert prepare_once.prepare_once(directory, manifest, lambda: None, stale_s=1.0)
+
+
+def test_lock_of_a_reused_pid_is_taken_over_at_once(tmp_path):
+  """A lock naming a live pid of this host whose process started at another time (the pid
+  was reused) is its dead owner's: taken over without waiting for stale_s."""
+  start = filelock.process_start(os.getpid())
+  if start is None:
+    pytest.skip('no /proc: a reused pid cannot be told from its first owner here')
+  directory = str(tmp_path / 'prep')
+  info = dataclasses.replace(filelock.LockInfo.new(), token='other', proc_start=start + 1)
+  with open(prepare_once.lock_path(directory), 'w') as f:
+    f.write(info.to_text())
+  manifest = os.path.join(directory, 'manifest.json')
+  began = time.monotonic()
+  assert prepare_once.prepare_once(directory, manifest, lambda: None, timeout_s=30.0)
+  assert time.monotonic() - began < 10.0 and not os.path.exists(prepare_once.lock_path(directory))
 
 
 def test_waiter_times_out_naming_the_lock_and_its_owner(tmp_path):
