@@ -96,6 +96,11 @@ def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
   return ids, seg, lengths, labels
 
 
+def _render(builder, instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
+  """The builder's own ``render`` of ``instances`` if it has one (XLNet), else ``render``."""
+  return getattr(builder, 'render', render)(instances, seq_len, cls_id, sep_id, pad_id)
+
+
 def _batch(ids, seg, lengths, labels, *documents, seq_len: int) -> dict:
   """Rendered rows (already ``seq_len`` wide) and their lengths -> the batch dict; a
   packing builder's ``document_ids`` (its fifth array) ride along."""
@@ -179,7 +184,12 @@ def process_rows(batch_size: int, process_index: int = 0,
   return process_index * n, (process_index + 1) * n
 
 
-def _check_rows(rows, batch_size: int) -> tuple[int, int]:
+def _own_rows(rows, batch_size: int, process_index: int, process_count: int
+              ) -> tuple[int, int]:
+  """``rows`` (``(lo, hi)`` of the global batch), checked; by default this process's block
+  (``process_rows``)."""
+  if rows is None:
+    rows = process_rows(batch_size, process_index, process_count)
   lo, hi = (int(r) for r in rows)
   if not 0 <= lo < hi <= batch_size:
     raise ValueError(f'rows {rows} must be a non-empty range within the global batch of '
@@ -216,8 +226,7 @@ class _Stream:
       instances.append(instance)
     if not instances:
       raise StopIteration
-    arrays = getattr(it.builder, 'render', render)(instances, seq_len, it._cls, it._sep,
-                                                   it._pad)
+    arrays = _render(it.builder, instances, seq_len, it._cls, it._sep, it._pad)
     rng = np.random.Generator(np.random.PCG64(seeding.mix(
         it.seed, seeding.POOL_SHUFFLE, self.index, number)))
     self.pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
@@ -277,9 +286,7 @@ class TrainIterator:
   def __init__(self, config, prepared, process_index: int = 0, process_count: int = 1,
                rows: tuple[int, int] | None = None):
     self.global_batch_size = int(config.train.batch_size)
-    if rows is None:
-      rows = process_rows(self.global_batch_size, process_index, process_count)
-    self.rows = _check_rows(rows, self.global_batch_size)
+    self.rows = _own_rows(rows, self.global_batch_size, process_index, process_count)
     self.batch_size = self.rows[1] - self.rows[0]
     self.phases = length_phases.phases(config.train)
     self.seed = int(config.seed)
@@ -449,9 +456,7 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
   and keeps its ``rows`` of each batch).
   """
   batch_size = int(config.train.batch_size)
-  if rows is None:
-    rows = process_rows(batch_size, process_index, process_count)
-  lo, hi = _check_rows(rows, batch_size)
+  lo, hi = _own_rows(rows, batch_size, process_index, process_count)
   corpus = prepared.split('held_out') if prepared.manifest['splits']['held_out'][
       'documents'] else None
   if corpus is None:
@@ -474,8 +479,8 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
         f'The held-out split ({n} documents, {len(instances)} examples of length {seq_len}) '
         f'is smaller than one batch of config.train.batch_size = {batch_size}; raise '
         'config.data.held_out_fraction / held_out_max_documents.')
-  arrays = getattr(builder, 'render', render)(
-      instances[:num_batches * batch_size], int(seq_len), tok.cls_id, tok.sep_id, tok.pad_id)
+  arrays = _render(builder, instances[:num_batches * batch_size], int(seq_len), tok.cls_id,
+                   tok.sep_id, tok.pad_id)
   batches = []
   for b in range(num_batches):
     own = slice(b * batch_size + lo, b * batch_size + hi)
