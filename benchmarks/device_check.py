@@ -394,7 +394,8 @@ def part_bert_512(check: Check) -> dict:
 
 
 def _hf(check: Check, shape: str, ours_part: str) -> dict:
-  import torch
+  from encoder_jax import extras
+  torch = extras.require('torch', extra='peers', what="the Hugging Face side of the check")
   a = check.bench_args(shape)
   if check.dry:
     device = 'cpu'
@@ -557,24 +558,13 @@ def _tail(output: str, n: int = 3000) -> str:
   return output[-n:]
 
 
-def part_train_resume(check: Check) -> dict:
+def _three_runs(check: Check, f: dict, flags: list[str], whole: str, killed: str,
+                save_step: int, kill_step: int) -> None:
+  """Uninterrupted, SIGKILLed after ``kill_step``, then the same command again (resumed);
+  their wall times and outcomes go into ``f``."""
   import jax
-  import numpy as np
 
-  import encoder_jax
-  overrides = DRY_TRAIN_OVERRIDES if check.dry else TRAIN_OVERRIDES
-  flags = [f'--config={TRAIN_CONFIG}'] + [f'--config.{k}={v}' for k, v in overrides.items()]
-  save_step, kill_step = (DRY_SAVE_STEP, DRY_KILL_STEP) if check.dry else (
-      TRAIN_SAVE_STEP, TRAIN_KILL_STEP)
-  root = os.path.join(check.scratch, 'train')
-  shutil.rmtree(root, ignore_errors=True)
-  flags.append(f'--config.data.prepared_dir={os.path.join(root, "prepared")}')
-  whole, killed = os.path.join(root, 'uninterrupted'), os.path.join(root, 'killed')
   deterministic = jax.default_backend() == 'gpu'
-  f = dict(command=shlex.join(['python', '-m', 'encoder_jax.main', *flags,
-                              '--workdir=WORKDIR']),
-           num_steps=overrides['train.num_steps'], save_step=save_step,
-           kill_after_step=kill_step)
   # 1. Uninterrupted (it prepares the data and fills the compilation cache).
   env = _child_env(check, deterministic)
   run = _train_process(check, 'uninterrupted', whole, flags, 0, 0, env)
@@ -605,6 +595,10 @@ def part_train_resume(check: Check) -> dict:
     raise RuntimeError(f'the resumed run failed ({run["returncode"]}):\n{_tail(run["output"])}')
   f['resumed_from_step'] = (save_step if f'resuming from checkpoint step {save_step}'
                             in run['output'] else None)
+
+
+def _compare_logs(f: dict, whole: str, killed: str, save_step: int) -> list[int]:
+  """The two runs' logged losses and evaluations into ``f``; the logged steps."""
   a, b = _by_step(whole, 'train'), _by_step(killed, 'train')
   f['logged_steps'] = len(a)
   f['same_logged_steps'] = sorted(a) == sorted(b)
@@ -624,18 +618,24 @@ def part_train_resume(check: Check) -> dict:
       (abs(float(r['loss']) - float(a[s]['loss'])) for s, r in after.items() if s in a),
       default=None)
   f['superseded_lines'] = len(_read_jsonl(os.path.join(killed, 'metrics_superseded.jsonl')))
+  return steps
+
+
+def _params_max_abs_diff(whole: str, killed: str) -> float:
+  import jax
+  import numpy as np
+
+  import encoder_jax
   pa, pb = encoder_jax.load(whole).params, encoder_jax.load(killed).params
   diffs = jax.tree.leaves(jax.tree.map(
       lambda x, y: float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
       if np.size(x) else 0.0, pa, pb))
-  f['params_max_abs_diff'] = max(diffs)
-  f['losses_equal'] = (f['same_logged_steps'] and f['loss_max_abs_diff_after_resume'] == 0.0
-                       and all(v == 0.0 for v in f['train_max_abs_diff'].values()))
-  f['params_equal'] = f['params_max_abs_diff'] == 0.0
-  f['ok'] = bool(f['losses_equal'] and f['params_equal'] and f['loss_falling']
-                 and f['resumed_from_step'] == save_step)
+  return max(diffs)
+
+
+def _resume_summary(f: dict, steps: list[int], save_step: int, kill_step: int) -> str:
   after_diff = f['loss_max_abs_diff_after_resume']
-  f['summary'] = (
+  return (
       f'{f["num_steps"]} steps, loss {f["loss_first"]:.3f} (step {steps[0]}) -> '
       f'{f["loss_last"]:.3f} (step {steps[-1]}); SIGKILLed after step {kill_step} '
       f'(checkpoint {save_step} on disk), resumed from {f["resumed_from_step"]}: max |loss '
@@ -643,11 +643,34 @@ def part_train_resume(check: Check) -> dict:
       f'{f["params_max_abs_diff"]:.3g} '
       f'({"equal" if f["losses_equal"] and f["params_equal"] else "NOT equal"}); runs '
       f'{f["uninterrupted_s"]:.0f} / {f["killed_s"]:.0f} / {f["resumed_s"]:.0f} s')
+
+
+def part_train_resume(check: Check) -> dict:
+  overrides = DRY_TRAIN_OVERRIDES if check.dry else TRAIN_OVERRIDES
+  flags = [f'--config={TRAIN_CONFIG}'] + [f'--config.{k}={v}' for k, v in overrides.items()]
+  save_step, kill_step = (DRY_SAVE_STEP, DRY_KILL_STEP) if check.dry else (
+      TRAIN_SAVE_STEP, TRAIN_KILL_STEP)
+  root = os.path.join(check.scratch, 'train')
+  shutil.rmtree(root, ignore_errors=True)
+  flags.append(f'--config.data.prepared_dir={os.path.join(root, "prepared")}')
+  whole, killed = os.path.join(root, 'uninterrupted'), os.path.join(root, 'killed')
+  f = dict(command=shlex.join(['python', '-m', 'encoder_jax.main', *flags,
+                              '--workdir=WORKDIR']),
+           num_steps=overrides['train.num_steps'], save_step=save_step,
+           kill_after_step=kill_step)
+  _three_runs(check, f, flags, whole, killed, save_step, kill_step)
+  steps = _compare_logs(f, whole, killed, save_step)
+  f['params_max_abs_diff'] = _params_max_abs_diff(whole, killed)
+  f['losses_equal'] = (f['same_logged_steps'] and f['loss_max_abs_diff_after_resume'] == 0.0
+                       and all(v == 0.0 for v in f['train_max_abs_diff'].values()))
+  f['params_equal'] = f['params_max_abs_diff'] == 0.0
+  f['ok'] = bool(f['losses_equal'] and f['params_equal'] and f['loss_falling']
+                 and f['resumed_from_step'] == save_step)
+  f['summary'] = _resume_summary(f, steps, save_step, kill_step)
   if not f['ok']:
     raise PartFailed('the resumed run is not the uninterrupted one, or the loss did not fall '
                      'or the run did not resume from its checkpoint: see the figures', f)
   return f
-
 
 PARTS = (
     Part('environment', 'device, driver, platform and package versions', 10, 3,
