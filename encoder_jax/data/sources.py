@@ -233,11 +233,10 @@ class Source:
   # ---- tfds ----
 
   def _tfds_name(self) -> str:
-    return self.argument.split(':', 1)[0]
+    return tfds_name_split(self.argument)[0]
 
   def _tfds_split(self) -> str:
-    parts = self.argument.split(':', 1)
-    return parts[1] if len(parts) > 1 and parts[1] else 'train'
+    return tfds_name_split(self.argument)[1]
 
   def _tfds_data_dir(self) -> str | None:
     return self.options.get('data_dir') or self.tfds_data_dir or None
@@ -409,6 +408,30 @@ def _wiki40b_text(text: str) -> str:
   return '\n'.join(out)
 
 
+def split_spec(spec: str, kinds, where: str, expected: str = '',
+               shown: str | None = None) -> tuple[str, str]:
+  """``'KIND:ARGUMENT'`` -> (kind, argument): the one parser of a source spec's kind, for
+  pretraining's ``config.data.sources`` and fine-tuning's data splits alike. A kind not in
+  ``kinds`` is an error naming ``where``, the spec (``shown``, default ``spec``) and what
+  was ``expected`` (default: the kinds)."""
+  kind, _, argument = spec.partition(':')
+  kind = kind.strip()
+  if kind not in kinds:
+    raise ValueError(f'{where}: {shown or repr(spec)}: unknown source kind {kind!r}; expected '
+                     + (expected or f'one of {list(kinds)}'))
+  return kind, argument.strip()
+
+
+def tfds_name_split(argument: str, default_split: str | None = 'train') -> tuple[str, str]:
+  """The ``NAME:SPLIT`` of a ``tfds:`` spec -> (name, split); a missing split is
+  ``default_split`` (None: required, an error here, as is a missing name)."""
+  name, _, split = argument.partition(':')
+  split = split or default_split
+  if default_split is None and not (name and split):
+    raise ValueError(f"tfds:{argument}: expected 'tfds:NAME:SPLIT', e.g. 'tfds:glue/sst2:train'")
+  return name, split
+
+
 def parse_sources(data_config) -> list[Source]:
   """Parses ``config.data.sources`` (see the module docstring); errors name the spec."""
   specs = [s.strip() for s in str(data_config.sources).split(',') if s.strip()]
@@ -427,11 +450,7 @@ def parse_sources(data_config) -> list[Source]:
       if weight <= 0:
         raise ValueError(f'config.data.sources: {spec!r}: the weight must be > 0')
     head, *option_items = body.split(';')
-    kind, _, argument = head.partition(':')
-    kind = kind.strip()
-    if kind not in _KINDS:
-      raise ValueError(f'config.data.sources: {spec!r}: unknown source kind {kind!r}; '
-                       f'valid: {list(_KINDS)}')
+    kind, argument = split_spec(head, _KINDS, 'config.data.sources', shown=repr(spec))
     options = {}
     for item in option_items:
       key, sep, value = item.partition('=')

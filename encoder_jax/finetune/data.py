@@ -23,6 +23,8 @@ import numpy as np
 from absl import logging
 
 from encoder_jax import extras
+from encoder_jax import extras
+from encoder_jax.data import sources
 from encoder_jax.data import tokenizer as tokenizer_lib
 
 IGNORE = -1
@@ -52,37 +54,47 @@ def _decode(x) -> Any:
   return x
 
 
+KINDS = ('tsv', 'jsonl', 'tfds')  # Source kinds of a labelled split.
+EXPECTED = "'tfds:NAME:SPLIT', 'tsv:PATH' or 'jsonl:PATH'"
+
+
 def read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Sequence[str]
-               ) -> tuple[list[dict], dict[str, list[str]]]:
-  """Rows as dicts, and the label names tfds declares for ``label_keys`` (if any)."""
-  kind, _, rest = spec.partition(':')
-  if kind == 'tsv' or kind == 'jsonl':
+              ) -> tuple[list[dict], dict[str, list[str]]]:
+  """Rows as dicts, and the label names tfds declares for ``label_keys`` (if any); the spec
+  parsed by the sources' one parser (``data.sources.split_spec``)."""
+  kind, rest = sources.split_spec(spec, KINDS, 'config.data', EXPECTED)
+  if kind != 'tfds':
     if not os.path.exists(rest):
       raise FileNotFoundError(f'config.data: {spec!r}: {rest} does not exist')
     with open(rest, encoding='utf-8', newline='') as f:
       if kind == 'tsv':
         return list(csv.DictReader(f, delimiter='\t', quoting=csv.QUOTE_NONE)), {}
       return [json.loads(line) for line in f if line.strip()], {}
-  if kind == 'tfds':
-    tfds = extras.require('tensorflow_datasets', extra='tfds', what=f'config.data: {spec!r} is '
-                          'a tfds: source, which needs tensorflow-datasets')
-    name, _, split = rest.rpartition(':')
-    if not name or not split:
-      raise ValueError(f"config.data: {spec!r}; expected 'tfds:NAME:SPLIT', e.g. "
-                       "'tfds:glue/sst2:train'")
-    builder = tfds.builder(name, data_dir=data_config.tfds_data_dir or None)
-    builder.download_and_prepare()  # A no-op when prepared (no network needed then).
-    names = {}
-    for key in label_keys:
-      feature = builder.info.features[key] if key in builder.info.features else None
-      feature = getattr(feature, 'feature', feature)  # Sequence(ClassLabel) -> ClassLabel.
-      if hasattr(feature, 'names'):
-        names[key] = list(feature.names)
-    rows = [{k: _decode(v) for k, v in ex.items()}
-            for ex in tfds.as_numpy(builder.as_dataset(split=split))]
-    return rows, names
-  raise ValueError(f"config.data: {spec!r}; expected 'tfds:NAME:SPLIT', 'tsv:PATH' or "
-                   "'jsonl:PATH'")
+  builder = tfds_builder(spec, data_config.tfds_data_dir)
+  names = {}
+  for key in label_keys:
+    feature = builder.info.features[key] if key in builder.info.features else None
+    feature = getattr(feature, 'feature', feature)  # Sequence(ClassLabel) -> ClassLabel.
+    if hasattr(feature, 'names'):
+      names[key] = list(feature.names)
+  split = sources.tfds_name_split(spec.partition(':')[2], None)[1]
+  rows = [{k: _decode(v) for k, v in ex.items()}
+          for ex in tfds_module(spec).as_numpy(builder.as_dataset(split=split))]
+  return rows, names
+
+
+def tfds_module(spec: str):
+  """tensorflow-datasets, or a one-line error naming the extra that brings it."""
+  return extras.require('tensorflow_datasets', extra='tfds',
+                        what=f'config.data: {spec!r} is a tfds: split, which needs it')
+
+
+def tfds_builder(spec: str, data_dir: str = ''):
+  """The prepared (prepared now when it is not) tfds builder of a ``tfds:NAME:SPLIT`` spec."""
+  name, _ = sources.tfds_name_split(spec.partition(':')[2], None)
+  builder = tfds_module(spec).builder(name, data_dir=data_dir or None)
+  builder.download_and_prepare()  # A no-op when prepared (no network needed then).
+  return builder
 
 
 def field(row: dict, key: str, spec: str):

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax import extras
 from encoder_jax import fields as fields_lib
+from encoder_jax.data import sources
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.finetune import task as task_lib
@@ -36,40 +36,43 @@ class Example:
 # ---------------------------------------------------------------------------- reading
 
 
+def _squad_json(spec: str, path: str) -> list[Example]:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{spec!r}: {path} does not exist')
+  with open(path, encoding='utf-8') as f:
+    doc = json.load(f)
+  if not isinstance(doc, dict) or 'data' not in doc:
+    raise ValueError(f"{spec!r}: expected SQuAD JSON (an object with 'data')")
+  out = []
+  for article in doc['data']:
+    for para in article['paragraphs']:
+      for qa in para['qas']:
+        answers = [] if qa.get('is_impossible') else [
+            (a['text'], int(a['answer_start'])) for a in qa['answers']]
+        out.append(Example(str(qa['id']), qa['question'], para['context'], answers))
+  return out
+
+
+def _squad_tfds(spec: str, tfds_data_dir: str) -> list[Example]:
+  builder = data_lib.tfds_builder(spec, tfds_data_dir)
+  split = sources.tfds_name_split(spec.partition(':')[2], None)[1]
+  out = []
+  for ex in data_lib.tfds_module(spec).as_numpy(builder.as_dataset(split=split)):
+    texts = [t.decode('utf-8') for t in ex['answers']['text']]
+    starts = [int(s) for s in ex['answers']['answer_start']]
+    out.append(Example(ex['id'].decode('utf-8'), ex['question'].decode('utf-8'),
+                       ex['context'].decode('utf-8'),
+                       [] if ex.get('is_impossible', False) else list(zip(texts, starts))))
+  return out
+
+
 def read(spec: str, tfds_data_dir: str = '') -> list[Example]:
-  """Questions of a SQuAD split: ``tfds:squad/v1.1:train`` or ``json:PATH``."""
-  kind, _, rest = spec.partition(':')
-  if kind == 'json':
-    if not os.path.exists(rest):
-      raise FileNotFoundError(f'{spec!r}: {rest} does not exist')
-    with open(rest, encoding='utf-8') as f:
-      doc = json.load(f)
-    if not isinstance(doc, dict) or 'data' not in doc:
-      raise ValueError(f"{spec!r}: expected SQuAD JSON (an object with 'data')")
-    out = []
-    for article in doc['data']:
-      for para in article['paragraphs']:
-        for qa in para['qas']:
-          answers = [] if qa.get('is_impossible') else [
-              (a['text'], int(a['answer_start'])) for a in qa['answers']]
-          out.append(Example(str(qa['id']), qa['question'], para['context'], answers))
-  elif kind == 'tfds':
-    tfds = extras.require('tensorflow_datasets', extra='tfds',
-                          what=f'{spec!r} is a tfds: source, which needs tensorflow-datasets')
-    name, _, split = rest.rpartition(':')
-    if not name or not split:
-      raise ValueError(f"{spec!r}; expected 'tfds:NAME:SPLIT', e.g. 'tfds:squad/v1.1:train'")
-    builder = tfds.builder(name, data_dir=tfds_data_dir or None)
-    builder.download_and_prepare()  # A no-op when prepared.
-    out = []
-    for ex in tfds.as_numpy(builder.as_dataset(split=split)):
-      texts = [t.decode('utf-8') for t in ex['answers']['text']]
-      starts = [int(s) for s in ex['answers']['answer_start']]
-      out.append(Example(ex['id'].decode('utf-8'), ex['question'].decode('utf-8'),
-                         ex['context'].decode('utf-8'),
-                         [] if ex.get('is_impossible', False) else list(zip(texts, starts))))
-  else:
-    raise ValueError(f"{spec!r}; expected 'tfds:NAME:SPLIT' or 'json:PATH'")
+  """Questions of a SQuAD split: ``tfds:squad/v1.1:train`` or ``json:PATH``; an answer not
+  at its ``answer_start`` is moved to the nearest occurrence of its text, else dropped
+  (counted, and warned)."""
+  kind, rest = sources.split_spec(spec, ('json', 'tfds'), 'config.data',
+                                  "'tfds:NAME:SPLIT' or 'json:PATH'")
+  out = _squad_json(spec, rest) if kind == 'json' else _squad_tfds(spec, tfds_data_dir)
   if not out:
     raise ValueError(f'{spec!r} has no questions')
   moved = dropped = 0
