@@ -116,7 +116,8 @@ DRY_SHAPES = {
                        max_predictions=10, vocab_size=1000),
     # A 16-token window at 64 tokens: the banded local path, not its dense fallback.
     'modernbert_base': dict(kind='modernbert', preset='tiny', seq_len=64, batch_size=4,
-                            max_predictions=20, vocab_size=1000, model_overrides=dict(local_attention=16)),
+                            max_predictions=20, vocab_size=1000,
+                            model_overrides=dict(local_attention=16)),
 }
 # The training part: configs/bert_small.py (2 x 128, vocabulary 8000, batch 32, 64 then 128
 # tokens) in bf16, 200 steps, checkpoints at 100 and 200; killed after step 110.
