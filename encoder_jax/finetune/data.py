@@ -25,6 +25,7 @@ from absl import logging
 from encoder_jax import extras
 from encoder_jax import extras
 from encoder_jax.data import sources
+from encoder_jax.data.builders import packing
 from encoder_jax.data import tokenizer as tokenizer_lib
 
 IGNORE = -1
@@ -267,15 +268,7 @@ def pack(arrays: dict[str, np.ndarray], order: np.ndarray | None = None
   n, width = ids.shape
   order = np.arange(n) if order is None else np.asarray(order)
   lengths = mask.sum(1)
-  rows, row, used = [], [], 0
-  for i in order:
-    if used + lengths[i] > width:
-      rows.append(row)
-      row, used = [], 0
-    row.append(int(i))
-    used += int(lengths[i])
-  if row:
-    rows.append(row)
+  rows = [[int(order[j]) for j in row] for row in packing.greedy_bins(lengths[order], width)]
   out = {k: np.zeros((len(rows), width), np.int32)
          for k in ('input_ids', 'segment_ids', 'input_mask', 'document_ids')}
   out['labels'] = np.full((len(rows), width // 3), IGNORE, arrays['labels'].dtype)

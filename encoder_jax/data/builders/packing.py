@@ -20,6 +20,25 @@ from __future__ import annotations
 import numpy as np
 
 
+def greedy_bins(lengths, capacity: int) -> list[list[int]]:
+  """Greedy packing of whole items: item indices, in order, into bins of ``capacity``; an
+  item that does not fit in what is left of the current bin closes it and starts the next
+  (one longer than a bin sits alone in its own). Fine-tuning packs whole examples into rows
+  with it (``finetune.data.pack``); the builders here pack sentences and documents of a
+  stream by the same rule, with cursors and cuts of their own."""
+  bins, current, used = [], [], 0
+  for i, n in enumerate(lengths):
+    n = int(n)
+    if current and used + n > capacity:
+      bins.append(current)
+      current, used = [], 0
+    current.append(i)
+    used += n
+  if current:
+    bins.append(current)
+  return bins
+
+
 def _walk(stream, cursor):
   """``(epoch, k, sub, tokens, bounds)`` of every document from ``cursor`` = (epoch, k,
   sub) on, document ``k`` of the epoch's order starting at ``sub`` (0 for the later ones),
