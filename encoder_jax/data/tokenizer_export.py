@@ -157,9 +157,8 @@ def export_hf(tok, out_dir: str, max_length: int) -> str:
   cfg = dict(bundle.get('tokenizer_config') or {})
   cfg.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
   cfg.setdefault('padding_side', tok.padding_side)
-  for role, key in (('pad', 'pad_token'), ('unk', 'unk_token'), ('cls', 'cls_token'),
-                    ('sep', 'sep_token'), ('mask', 'mask_token')):
-    cfg.setdefault(key, bundle['role_pieces'][role])
+  for role in tokenizer_files.ROLES:
+    cfg.setdefault(f'{role}_token', bundle['role_pieces'][role])
   cfg['model_max_length'] = int(max_length)
   with open(os.path.join(out_dir, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
     json.dump(cfg, f, ensure_ascii=False, indent=2)

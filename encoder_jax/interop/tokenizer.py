@@ -42,6 +42,7 @@ import shutil
 import tempfile
 from typing import Callable
 
+from encoder_jax import extras
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_export
 from encoder_jax.data import tokenizer_files
@@ -100,18 +101,12 @@ kind_of_file = tokenizer_kinds.kind_of_file
 
 def hf_lowercase(hf_dir: str) -> bool:
   """Whether the HF tokenizer lowercases (tokenizer_config.json, else tokenizer.json)."""
-  path = os.path.join(hf_dir, TOKENIZER_CONFIG)
-  if os.path.exists(path):
-    with open(path) as f:
-      cfg = json.load(f)
-    if 'do_lower_case' in cfg:
-      return bool(cfg['do_lower_case'])
-  path = os.path.join(hf_dir, TOKENIZER_JSON)
-  if os.path.exists(path):
-    with open(path) as f:
-      normalizer = json.load(f).get('normalizer') or {}
-    if 'lowercase' in normalizer:
-      return bool(normalizer['lowercase'])
+  cfg = _read_json(os.path.join(hf_dir, TOKENIZER_CONFIG))
+  if 'do_lower_case' in cfg:
+    return bool(cfg['do_lower_case'])
+  normalizer = _read_json(os.path.join(hf_dir, TOKENIZER_JSON)).get('normalizer') or {}
+  if 'lowercase' in normalizer:
+    return bool(normalizer['lowercase'])
   return True  # BertTokenizer's default.
 
 
@@ -130,8 +125,7 @@ def write_hf_vocab(hf_dir: str, out_dir: str) -> str:
                             f'{TOKENIZER_JSON} or {VOCAB_JSON} + {MERGES_TXT}; expected the '
                             'WordPiece tokenizer of a BERT checkpoint, the byte-level BPE of a '
                             'RoBERTa one, or an encoder_jax SentencePiece export')
-  with open(src) as f:
-    model = json.load(f).get('model') or {}
+  model = _read_json(src).get('model') or {}
   if model.get('type') != 'WordPiece':
     raise ValueError(f'{src}: tokenizer model type {model.get("type")!r}; expected '
                      f"'WordPiece' (a BERT tokenizer), or a {VOCAB_TXT} or an encoder_jax "
@@ -215,6 +209,8 @@ def _write_checked(out: str, write: Callable[[str], object],
 
 
 def _read_json(path: str) -> dict:
+  """The JSON object in a Hugging Face directory's file ({} when there is none); a clear
+  error when it is not one. Every read of the directory's JSON files goes through it."""
   if not os.path.exists(path):
     return {}
   try:
@@ -375,13 +371,10 @@ def _hf_tokenizer_spec(hf_dir: str) -> tuple[dict, str]:
     raise ValueError(f'{hf_dir}: {" + ".join(slow)} without a {TOKENIZER_JSON}, and no '
                      f'{TOKENIZER_CONFIG} or config.json to say which tokenizer class reads '
                      'them (as AutoTokenizer needs); save the tokenizer with save_pretrained')
-  try:
-    import transformers  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(f'{hf_dir}: {" + ".join(slow)} without a {TOKENIZER_JSON}; converting a '
-                     'slow tokenizer as AutoTokenizer does needs transformers (pip install '
-                     'transformers), or save the tokenizer with a fast tokenizer\'s '
-                     'save_pretrained') from e
+  transformers = extras.require('transformers', extra='peers', what=(
+      f'{hf_dir}: {" + ".join(slow)} without a {TOKENIZER_JSON}; converting a slow tokenizer '
+      'as AutoTokenizer does needs transformers (or save the tokenizer with a fast '
+      "tokenizer's save_pretrained)"))
   try:
     auto = transformers.AutoTokenizer.from_pretrained(hf_dir, use_fast=True)
   except Exception as e:  # pylint: disable=broad-except
