@@ -2,7 +2,8 @@
 
   <workdir>/config.json          the run's config
   <workdir>/tokenizer/           the tokenizer the run trains with, pinned at its start:
-      tokenizer.model | vocab.txt | bytelevel_bpe.tokenizer.json, unigram_counts.npy,
+      tokenizer.model | vocab.txt | bytelevel_bpe.tokenizer.json | hf_tokenizer.json (the
+      kind's file, data.tokenizer_kinds), unigram_counts.npy,
       tokenizer.json (kind, sha256, ...)
   <workdir>/checkpoints/<step>/  Orbax checkpoints (see checkpointing.py)
   <workdir>/metrics.jsonl, <workdir>/tensorboard/

@@ -11,7 +11,6 @@ kind is its reader and exporter plus an entry here.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable
 
 from encoder_jax.data import tokenizer_export
@@ -110,7 +109,3 @@ def kind_of_file(path: str) -> str:
   'wordpiece' (a ``vocab.txt``)."""
   return next(k.name for k in KINDS.values() if k.recognizes(path))
 
-
-def file_in(directory: str, name: str) -> str:
-  """The path of kind ``name``'s file in a prepared ``directory``."""
-  return os.path.join(directory, get(name).file)
