@@ -7,6 +7,11 @@ Its users, each deciding what to do about a live holder (refuse, or wait):
   encoder_jax.data.prepare_once     one preparer per prepared-data directory
                                     (``<directory>.lock``); tests/test_faults.py shares its
                                     session fixtures between pytest-xdist workers with it
+  encoder_jax.data.preparation      its ``.partial-<host>-<pid>-<start>`` directories, whose
+                                    owner ``pid_running`` judges (the one "is this process
+                                    alive" of the package)
+``write_atomically`` is the package's one writer of a file replaced whole (the heartbeat,
+workdir files, the embedded-corpus cache).
 It imports nothing from encoder_jax (it sits below ``data``, the lower of its users' layers)
 and no TensorFlow; paths are local (a subclass replaces the storage methods for another store).
 
