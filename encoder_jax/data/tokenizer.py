@@ -32,20 +32,12 @@ import numpy as np
 from encoder_jax.data import tokenizer_files
 from encoder_jax.data import tokenizer_kinds
 
-# The kinds (``tokenizer_kinds``) and the file helpers, by the names callers use.
+# The kinds (``tokenizer_kinds``) and the file names callers use.
 KINDS = tokenizer_kinds.KINDS
 HF_KIND, HF_FORMAT = tokenizer_files.HF_KIND, tokenizer_files.HF_FORMAT
-ROLES, ROBERTA_PIECES = tokenizer_files.ROLES, tokenizer_files.ROBERTA_PIECES
-SPECIAL_PIECES = tokenizer_files.SPECIAL_PIECES
-SENTENCEPIECE_IDS = tokenizer_files.SENTENCEPIECE_IDS
-BYTELEVEL_BPE_IDS = tokenizer_files.BYTELEVEL_BPE_IDS
-BYTELEVEL_BPE_MASK = tokenizer_files.BYTELEVEL_BPE_MASK
+ROBERTA_PIECES = tokenizer_files.ROBERTA_PIECES
 Template = tokenizer_files.Template
 file_sha256 = tokenizer_files.file_sha256
-bpe_merges = tokenizer_files.bpe_merges
-build_bytelevel_bpe = tokenizer_files.build_bytelevel_bpe
-check_bytelevel_bpe = tokenizer_files.check_bytelevel_bpe
-word_start_scheme = tokenizer_files.word_start_scheme
 
 
 def truncate_longest_first(a: list[int], b: list[int] | None, budget: int) -> int:
@@ -73,7 +65,8 @@ class Tokenizer:
   """Text <-> ids, the special ids, and per-piece tables for masking.
 
   Attributes:
-    kind: 'sentencepiece', 'wordpiece', 'bytelevel_bpe' or 'hf'.
+    kind: 'sentencepiece', 'wordpiece', 'bytelevel_bpe' or 'hf'; spec: its
+      ``tokenizer_kinds.TokenizerKind`` (what differs between kinds).
     path: the model file (.model, vocab.txt, tokenizer.json or hf_tokenizer.json).
     vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id: ints. The roles have BERT's names
       ([CLS] ...) in SentencePiece/WordPiece vocabularies and RoBERTa's in byte-level BPE
@@ -101,7 +94,7 @@ class Tokenizer:
     self.vocab_size = len(self._pieces)
     role_ids = contents.role_ids or self._fixed_roles()
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        int(role_ids[r]) for r in ROLES)
+        int(role_ids[r]) for r in tokenizer_files.ROLES)
     self.special_ids = np.asarray(contents.special_ids, np.int32)
     self.is_word_start = np.asarray(contents.is_word_start, np.bool_)
     self.template = contents.template or self.spec.template(self.cls_id, self.sep_id)
@@ -113,7 +106,7 @@ class Tokenizer:
   def _fixed_roles(self) -> dict[str, int]:
     """The role ids of a fixed-layout kind, by piece name (``TokenizerKind.role_pieces``)."""
     role_ids = {}
-    for role, names in zip(ROLES, self.spec.role_pieces):
+    for role, names in zip(tokenizer_files.ROLES, self.spec.role_pieces):
       role_ids[role] = next((self._piece_ids[a] for a in names if a in self._piece_ids), None)
       if role_ids[role] is None:
         raise ValueError(f'Tokenizer {self.path!r} has no {" or ".join(names)} piece ({role}); '

@@ -117,7 +117,7 @@ def train_bytelevel_bpe(config, sources: list[sources_lib.Source], path: str) ->
   ``BpeTrainer`` learns ``vocab_size - 1`` pieces (the four leading specials, all 256 bytes
   via ``initial_alphabet``, then merges of pairs seen at least twice); ``<mask>`` is then
   appended as the last id, as in RoBERTa (50264 of 50265), and the file is written by
-  ``tokenizer.build_bytelevel_bpe``. The trainer is deterministic for the same sentences
+  ``tokenizer_files.build_bytelevel_bpe``. The trainer is deterministic for the same sentences
   (checked by the tests), so the tokenizer depends only on the config and the corpus.
   """
   import tokenizers  # pylint: disable=g-import-not-at-top
