@@ -34,9 +34,9 @@ from encoder_jax import workdir as workdir_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.models import config as model_config_lib
 
-CONFIG_JSON = 'config.json'
-IMPORT_REPORT = 'import_report.txt'  # For people: what the import initialised or ignored.
-IMPORT_REPORT_JSON = 'import_report.json'  # The same for tools (read back by load_workdir).
+CONFIG_JSON = workdir_lib.CONFIG_JSON
+IMPORT_REPORT = workdir_lib.IMPORT_REPORT  # For people: what the import initialised or ignored.
+IMPORT_REPORT_JSON = workdir_lib.IMPORT_REPORT_JSON  # For tools (read back by load_workdir).
 # How sentence-transformers uses the model (max_seq_length, pooling, normalize), read from
 # an imported directory's sentence_bert_config.json / modules.json / 1_Pooling/config.json:
 # encoder_jax.embed's defaults.

@@ -33,6 +33,10 @@ from etils import epath
 
 from encoder_jax import filelock
 
+CONFIG_JSON = 'config.json'
+CHECKPOINTS_DIR = 'checkpoints'
+IMPORT_REPORT = 'import_report.txt'  # For people: what an import initialised or ignored.
+IMPORT_REPORT_JSON = 'import_report.json'  # The same for tools (loading reads it back).
 TOKENIZER_DIR = 'tokenizer'
 TOKENIZER_INFO = 'tokenizer.json'
 UNIGRAM_COUNTS = 'unigram_counts.npy'
@@ -47,7 +51,7 @@ def path(workdir: str, *parts: str) -> epath.Path:
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes ``config.json`` atomically: a run killed mid-write leaves the old file whole."""
   path(workdir).mkdir(parents=True, exist_ok=True)
-  _write_atomically(path(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  _write_atomically(path(workdir, CONFIG_JSON), config.to_json_best_effort(indent=2))
 
 
 def _write_atomically(target: epath.Path, text: str) -> None:
@@ -312,9 +316,9 @@ def _may_change(key: str) -> bool:
 def _only_an_import(workdir: str) -> bool:
   """True if the workdir's only checkpoint is the step 0 an import wrote."""
   if not any(path(workdir, name).exists()
-             for name in ('import_report.txt', 'import_report.json')):
+             for name in (IMPORT_REPORT, IMPORT_REPORT_JSON)):
     return False
-  checkpoints = path(workdir, 'checkpoints')
+  checkpoints = path(workdir, CHECKPOINTS_DIR)
   steps = [d.name for d in checkpoints.iterdir() if d.name.isdigit()] if (
       checkpoints.is_dir()) else []
   return steps == ['0']
@@ -330,7 +334,7 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict,
   ``config`` holds its default (``defaults``: ``config_base.base_config()``); a key that
   only ``config.json`` has is ignored.
   """
-  saved_path = path(workdir, 'config.json')
+  saved_path = path(workdir, CONFIG_JSON)
   if not saved_path.exists():
     return []
   try:
