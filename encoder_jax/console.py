@@ -14,7 +14,7 @@ import time
 from typing import Mapping
 
 # The loss first and the learning rate last; between them, the metrics the pretraining
-# setup declares (``objectives.base.Pretraining.console_metrics``: each objective names its
+# setup declares (``trainable.Trainable.console_metrics``: each objective names its
 # own). The rest is in metrics.jsonl / TensorBoard.
 _FIRST = (('loss', 'loss', '{:.4f}'),)
 _LAST = (('learning_rate', 'lr', '{:.2e}'),)

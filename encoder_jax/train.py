@@ -554,9 +554,14 @@ def _summary(run: _Run, step: int, flusher: MetricsFlusher) -> None:
             f'{workdir_lib.path(run.workdir, "metrics.jsonl")}. Next:')
     for command in console_lib.next_commands(run.workdir):
       out.say(f'  {command}')
+  warn_skipped(flusher)
+
+
+def warn_skipped(flusher: MetricsFlusher) -> None:
+  """A run's closing warning when the 'skip' policy dropped updates."""
   if flusher.skipped:
     logging.warning(
         '%d of the %d updates run in this session had a non-finite loss or gradient and were '
-        "dropped (config.train.nonfinite_policy='skip')%s.", flusher.skipped, flusher.run_steps,
+        "dropped (%s='skip')%s.", flusher.skipped, flusher.run_steps, flusher.policy_key,
         ': most of the run did not train; lower config.optim.learning_rate' if
         flusher.skipped * 2 > flusher.run_steps else '')

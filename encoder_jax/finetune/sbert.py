@@ -18,8 +18,10 @@ and ``max`` as options), and is trained with
   batch (and every hard negative, for triples), cross-entropy over ``scale`` x cosine.
 
 The evaluation is STS-B's: Spearman (and Pearson) correlation between the cosine of the
-two embeddings and the gold similarity. Fine-tuning runs on the training engine
-(``finetune.train.run_task``: mesh, dtype, Orbax checkpoints with resume). At the end
+two embeddings and the gold similarity. Each objective is a registered fine-tuning task
+(``sbert_classification``, ``sbert_contrastive``: ``finetune.tasks.sentence_embedding``),
+trained by ``finetune.train.finetune`` on the training engine (mesh, dtype, Orbax
+checkpoints with resume). At the end
 ``--out`` holds ``sentence_transformers/`` (a directory ``SentenceTransformer(dir)`` loads:
 the encoder as its kind's Hugging Face model, the tokenizer, ``modules.json``, the pooling
 config, normalisation) and ``workdir/``, an encoder_jax workdir imported from it, whose

@@ -335,6 +335,7 @@ def _train(s: _Session, preempted) -> dict:
     if s.ckpt is not None:
       s.ckpt.close()
     writer.close()
+  engine.warn_skipped(flusher)
   s.console.say(f'done: step {step} in {s.console.elapsed()}'
                 + (f'; fine-tuned params in {os.path.join(s.workdir, "params")}'
                    if s.workdir else ''))

@@ -333,3 +333,19 @@ def test_packed_examples_give_each_example_its_own_logits_and_loss():
     heads.Classifier(net.config, 3, 0.0).apply(
         {'params': params}, packed['input_ids'], packed['segment_ids'], packed['input_mask'],
         document_ids_BxL=packed['document_ids'])
+
+
+def test_nonfinite_loss_is_the_engines_policy(hf_dir, tmp_path):
+  """'stop': the engine's flusher raises before the first save (no checkpoint holds a
+  non-finite step) and names fine-tuning's key; 'skip': the run ends, updates dropped."""
+  path = tmp_path / 'sst.tsv'
+  rows = [(s, 'positive') for s in GOOD] + [(s, 'negative') for s in BAD]
+  path.write_text('sentence\tlabel\n' + ''.join(f'{s}\t{l}\n' for s, l in rows * 2))
+  config = _config(hf_dir, 'sequence_classification', f'tsv:{path}', '')
+  config.optim.update(learning_rate=1e30, grad_clip_norm=0.0, epochs=1)
+  with pytest.raises(FloatingPointError, match="No checkpoint was saved yet.*"
+                     "config.nonfinite_policy='skip'"):
+    train.finetune(config, str(tmp_path / 'run'))
+  assert not os.listdir(tmp_path / 'run' / 'checkpoints')
+  config.nonfinite_policy = 'skip'
+  assert train.finetune(config)['step'] == 3
