@@ -111,11 +111,12 @@ def test_finetuning_inputs_equal_autotokenizer(kind, root):
   side) are AutoTokenizer's with padding='max_length'; a tagged word's label sits on its
   first piece wherever the frame puts the words."""
   from encoder_jax.finetune import data as finetune_data  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune.tasks import token_classification  # pylint: disable=g-import-not-at-top
   path, auto, _ = built(kind, root)
   tok = tokenizer_io.load_hf_tokenizer(path)
   pairs = [(a, b) for a, b in dirs.PAIRS] + [(t,) for t in dirs.TEXTS[:3]]
   examples = finetune_data.Examples(texts=pairs, labels=[0] * len(pairs))
-  ours, report = finetune_data.encode_with_report(examples, tok, 'sequence_classification', 16)
+  ours, report = finetune_data.encode_texts(examples, tok, 16)
   for i, texts in enumerate(pairs):
     theirs = auto(*texts, padding='max_length', truncation=True, max_length=16,
                   return_token_type_ids=True)
@@ -125,7 +126,7 @@ def test_finetuning_inputs_equal_autotokenizer(kind, root):
   assert report.truncated_examples > 0
   words = ['Naïve', 'café', 'owners', 'in', 'Zürich']
   tagged = finetune_data.Examples(words=[words], tags=[[1, 2, 3, 4, 5]])
-  arrays = finetune_data.encode(tagged, tok, 'token_classification', 40)
+  arrays, _ = token_classification.encode(tagged, tok, 40)
   pieces = tok.encode_batch(words)
   first = np.cumsum([0] + [len(p) for p in pieces])[:-1]
   row, _ = tok.frame([t for p in pieces for t in p])
