@@ -72,6 +72,11 @@ data.read_rows('tfds:glue/sst2:train', ml_collections.ConfigDict(dict(tfds_data_
     'question answering tfds: source': ('tfds', '''
 from encoder_jax.finetune.tasks import question_answering
 question_answering.read('tfds:squad/v1.1:train')'''),
+    'slow Hugging Face tokenizer': ('peers', '''
+from encoder_jax.interop import tokenizer
+for name in ('vocab.json', 'merges.txt', 'config.json'):
+  open(os.path.join(TMP, name), 'w').close()
+tokenizer.hf_bundle(TMP)'''),
     'pytorch_model.bin': ('peers', '''
 from encoder_jax.interop import hf
 open(os.path.join(TMP, 'pytorch_model.bin'), 'wb').close()
