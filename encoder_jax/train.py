@@ -414,7 +414,9 @@ class Loop:
   hooks: Any
   iterator: Any  # next() -> host batch; get_state / set_state: the checkpointed position.
   num_steps: int
-  batch_size: int  # Global rows of a batch.
+  # Global rows of a batch (each process feeds its share); None: every process's rows side
+  # by side (one process: its batch).
+  batch_size: int | None
   mesh: jax.sharding.Mesh
   flusher: MetricsFlusher
   console: console_lib.Console

@@ -318,7 +318,7 @@ def _train(s: _Session, preempted) -> dict:
                                   policy_key='config.nonfinite_policy')
   hooks = _Hooks(s, shards, writer, flusher)
   loop = engine.Loop(hooks=hooks, iterator=s.batches, num_steps=int(s.ec.train.num_steps),
-                     batch_size=int(s.config.optim.batch_size), mesh=s.mesh, flusher=flusher,
+                     batch_size=None, mesh=s.mesh, flusher=flusher,
                      console=s.console, ckpt=s.ckpt, workdir=s.workdir)
   try:
     state, step, stopped = engine.drive(loop, state, preempted)
