@@ -60,3 +60,17 @@ def test_cosine_and_one_cycle_schedules():
 def test_unknown_schedule_is_named():
   with pytest.raises(ValueError, match="config.optim.schedule='cosin'"):
     _schedule(schedule='cosin')
+
+
+def test_fine_tunings_optim_section_builds_through_make():
+  """Fine-tuning's optim (warmup as a share of the steps, AdamW's betas and epsilon as
+  fields) is read by the same builder: warmup_fraction of the steps, then linear decay."""
+  from encoder_jax.finetune import config as finetune_config  # pylint: disable=g-import-not-at-top
+  o = finetune_config.base_config().optim
+  o.update(learning_rate=1.0, warmup_fraction=0.25)
+  assert (o.b1, o.b2, o.eps) == (0.9, 0.999, 1e-6)  # BERT fine-tuning's.
+  lr = optimizer.learning_rate_schedule(o, 100)
+  assert float(lr(0)) == 0.0 and float(lr(25)) == 1.0 and float(lr(100)) == 0.0
+  o.warmup_fraction = 1.5
+  with pytest.raises(ValueError, match='config.optim.warmup_fraction=1.5'):
+    optimizer.learning_rate_schedule(o, 100)
