@@ -20,22 +20,29 @@ from __future__ import annotations
 import numpy as np
 
 
+def greedy_fill(bounds, start: int, stop: int, limit: int) -> int:
+  """The rule of greedy packing, in one place: items ``start``, ``start + 1``, ... (item
+  ``i`` spans ``bounds[i]..bounds[i + 1]``, ``bounds`` non-decreasing) are taken in order
+  while the last one taken ends at or before ``limit``. Returns the index after the last
+  item taken (``start``: none fits), at most ``stop``. The sentence packers below fill a
+  sequence's piece with it; :func:`greedy_bins` packs whole items with it."""
+  j = start
+  while j < stop and bounds[j + 1] <= limit:
+    j += 1
+  return j
+
+
 def greedy_bins(lengths, capacity: int) -> list[list[int]]:
   """Greedy packing of whole items: item indices, in order, into bins of ``capacity``; an
   item that does not fit in what is left of the current bin closes it and starts the next
   (one longer than a bin sits alone in its own). Fine-tuning packs whole examples into rows
-  with it (``finetune.data.pack``); the builders here pack sentences and documents of a
-  stream by the same rule, with cursors and cuts of their own."""
-  bins, current, used = [], [], 0
-  for i, n in enumerate(lengths):
-    n = int(n)
-    if current and used + n > capacity:
-      bins.append(current)
-      current, used = [], 0
-    current.append(i)
-    used += n
-  if current:
-    bins.append(current)
+  with it (``finetune.data.pack``)."""
+  ends = np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))]).tolist()
+  n, bins, i = len(ends) - 1, [], 0
+  while i < n:
+    stop = max(greedy_fill(ends, i, n, ends[i] + capacity), i + 1)
+    bins.append(list(range(i, stop)))
+    i = stop
   return bins
 
 
@@ -84,8 +91,7 @@ class _Packer:
       j = sub
       while j < n:
         piece_start = bounds[j]
-        while j < n and used + bounds[j + 1] - piece_start + 1 <= budget:  # +1: its [SEP].
-          j += 1
+        j = greedy_fill(bounds, j, n, piece_start + budget - used - 1)  # -1: its [SEP].
         if bounds[j] > piece_start:  # At least one sentence of this document fits.
           pieces.append((tokens, piece_start, bounds[j], 0))
           used += bounds[j] - piece_start + 1
