@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Any
 
 import flax.linen as nn
@@ -246,6 +247,7 @@ class _Hooks:
     self.predict = jax.jit(s.task.predict, in_shardings=(shards.params,
                                                          sharding.batch_sharding(s.mesh)))
     self.result: dict = {}  # The metrics of the last epoch that ended in this session.
+    self.epoch_start = time.perf_counter()
 
   def phase_at(self, step: int):
     del step
@@ -271,12 +273,15 @@ class _Hooks:
     if int(data_state['batch']) != 0:
       return False
     c, epoch = self.s.config, int(data_state['epoch']) - 1
-    last = self.flusher.last
+    last, now = self.flusher.last, time.perf_counter()
     self.result = {'epoch': epoch, 'step': step,
-                   **{f'train_{k}': last[k] for k in ('loss', 'accuracy') if k in last}}
+                   **{f'train_{k}': last[k] for k in ('loss', 'accuracy') if k in last},
+                   'epoch_time_s': now - self.epoch_start}
+    self.epoch_start = now
     if self.s.prepared.evals is None or not (c.eval_every_epoch or epoch == int(c.optim.epochs)):
       return False
     self.result.update(self.report(step, state.params, 'eval', self.s.prepared.evals))
+    self.epoch_start = time.perf_counter()
     return True
 
   def report(self, step: int, params, split: str, arrays) -> dict:
