@@ -51,6 +51,7 @@ from encoder_jax.finetune import data as finetune_data  # pylint: disable=wrong-
 from encoder_jax.finetune import heads  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import probe  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import task as task_lib  # pylint: disable=wrong-import-position
+from encoder_jax.finetune import tasks  # pylint: disable=wrong-import-position
 from encoder_jax.models import registry  # pylint: disable=wrong-import-position
 
 KINDS = {
@@ -151,14 +152,13 @@ def finetuning(args, prepared) -> None:
   examples = finetune_data.Examples(
       texts=[(_headline_and_lede(r['text']),) for r in rows],
       labels=[classes.index(r['label']) for r in rows])
-  arrays = finetune_data.encode(examples, prepared.tokenizer, 'sequence_classification',
-                                args.seq_len)
+  arrays, _ = tasks.sequence_classification.encode(examples, prepared.tokenizer, args.seq_len)
   c = _config(args, 'packed_documents')
   net = registry.network(c.model)
-  model = heads.make('sequence_classification', net.config, len(classes), 0.1, pooling='mean')
-  task = task_lib.Task('sequence_classification', model, net, args.seq_len)
+  model = heads.Classifier(net.config, len(classes), 0.1, pooling='mean')
+  task = task_lib.Task(model, net, args.seq_len, task_lib.classification_loss, task_lib.argmax)
   tx = optax.adamw(2e-5)
-  order = task_lib.epoch_order(len(examples), 0, 0)
+  order = finetune_data.epoch_order(len(examples), 0, 0)
   inputs = {'padded': [b for b in finetune_data.batches(arrays, args.batch_size, None, order)],
             'packed': [b for b in finetune_data.batches(finetune_data.pack(arrays, order),
                                                         args.batch_size, None)]}
