@@ -8,8 +8,10 @@ the run never stopped (dropout on: the resumed steps must redraw the same keys).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import sys
 
 import jax
@@ -131,3 +133,19 @@ def test_an_unknown_task_names_the_registered_ones():
   c.task = 'nope'
   with pytest.raises(ValueError, match=r"config.task='nope': expected a fine-tuning task"):
     train.finetune(c)
+
+
+def test_no_task_name_branches_outside_the_registry():
+  """What differs per task is declared by its entry: no code outside ``finetune/tasks``
+  compares a task's or an objective's name."""
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'encoder_jax')
+  compares = re.compile(r"""\b\w*(task|objective)\w*\s*(==|!=)\s*['"]""")
+  names = re.compile(r"""(==|!=)\s*['"](%s)['"]""" % '|'.join(tasks.REGISTRY))
+  offenders = []
+  for path in glob.glob(os.path.join(root, '**', '*.py'), recursive=True):
+    if os.path.join('finetune', 'tasks') in path:
+      continue
+    for i, line in enumerate(open(path, encoding='utf-8'), start=1):
+      if compares.search(line) or names.search(line):
+        offenders.append(f'{os.path.relpath(path, root)}:{i}: {line.strip()}')
+  assert not offenders, '\n'.join(offenders)
