@@ -1,13 +1,15 @@
-"""Labelled examples for fine-tuning: tfds, TSV or JSONL in; padded int32 arrays out.
+"""What fine-tuning tasks read and train on: rows in, padded int32 arrays out, batches.
 
-Sequence classification: the tokenizer's frame, ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b
-[SEP]`` (segment ids 0/1) for BERT, each imported checkpoint's own (``<s> a </s></s> b
-</s>``, XLNet's ``a <sep> b <sep> <cls>`` padded on the left), the longer text truncated
-first, as Hugging Face does. Token classification: each word is tokenized on its own and
-its label goes on its *first* piece; other pieces, the specials and padding get label -1
-(ignored by the loss and the metrics). Words past ``max_len``
-are dropped with their labels. Nothing is cut silently: :func:`encode_with_report`
-counts the truncated examples, the tokens and words cut, for the log and the metrics.
+The tasks' readers (``finetune.tasks``) build on these: :func:`read_rows` (tfds, TSV or
+JSONL rows, the spec parsed by ``data.sources.split_spec``), label names and ids,
+:func:`encode_texts` (texts or pairs in the tokenizer's frame, ``[CLS] a [SEP] b [SEP]``
+for BERT, each imported checkpoint's own, the longer text truncated first as Hugging Face
+does), :class:`Truncation` (nothing is cut silently: the truncated examples, tokens and
+words cut are counted for the log and the metrics), :func:`prepare_labelled` (train, eval
+and more_evals of a labelled task) into a :class:`Prepared`. For the engine:
+:func:`pack` (whole examples packed into rows, ``data.builders.packing.greedy_bins``),
+:func:`batches` and :class:`EpochBatches` (the epochs' batches, with the checkpointed
+position).
 """
 
 from __future__ import annotations

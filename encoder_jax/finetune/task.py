@@ -4,8 +4,9 @@
 pretraining setup extends too: ``init``, ``loss_fn``, metric weights, console metrics,
 FLOPs), so the engine's train step (``train.make_train_step``: mesh and sharding, the
 model's dtype policy, gradient clipping through the optimizer, the non-finite policy),
-its sharded state (``train_state``) and its Orbax checkpoints run it unchanged. The data
-side is ``finetune.data`` (encoded arrays, :func:`epoch_batches`); the task metrics
+its sharded state (``train_state``) and its Orbax checkpoints run it unchanged. Each
+registered task (``finetune.tasks``) builds one with its head, loss and predictions; the
+data side is ``finetune.data`` (encoded arrays, ``EpochBatches``); the task metrics
 (accuracy, macro-F1, span F1) are ``finetune.scores``, on the host over a whole split.
 """
 
