@@ -6,8 +6,9 @@ of ``setup.cfg``, named for what it is for:
 
   tfds      TensorFlow Datasets sources (``tfds:NAME[:SPLIT]``), in pretraining and
             fine-tuning data.
-  gcs       ``gs://`` paths read through TensorFlow (corpus globs, TensorBoard event files
-            written to a bucket).
+  gcs       ``gs://`` paths: gcsfs (etils.epath's files) with google-cloud-storage (the
+            workdir lock; see ``encoder_jax.storage``), and TensorFlow where it still reads
+            them (corpus globs, TensorBoard event files written to a bucket).
   plot      the loss-curve and bake-off figures (matplotlib).
   finetune  fine-tuning scores: accuracy/F1/MCC (scikit-learn), correlations (SciPy), entity
             F1 (seqeval).
@@ -15,7 +16,8 @@ of ``setup.cfg``, named for what it is for:
             regression) and the bake-off that runs it, with its figure.
   peers     Hugging Face peers: PyTorch checkpoints, slow tokenizers, the parity tests and
             the benchmarks' reference runs (torch, transformers, sentence-transformers).
-  test      everything the test suite needs: every extra above, pytest and import-linter.
+  test      everything the test suite needs: every extra above, pytest, import-linter and
+            fake-gcs-server (the Cloud Storage emulator of ``storage.Emulator``).
 
 Each import site of an optional package goes through :func:`require` (or :func:`locate`
 for a package whose import has side effects), inside the function that needs it, so a bare
@@ -35,7 +37,7 @@ import types
 # distributions; tests/test_extras.py checks that the two agree.
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     'tfds': ('TensorFlow Datasets sources', ('tensorflow', 'tensorflow_datasets')),
-    'gcs': ('gs:// paths through TensorFlow', ('tensorflow',)),
+    'gcs': ('gs:// paths', ('gcsfs', 'tensorflow')),
     'plot': ('figures', ('matplotlib',)),
     'finetune': ('fine-tuning scores', ('sklearn', 'scipy', 'seqeval')),
     'bakeoff': ('the BBC News probe and the bake-off',

