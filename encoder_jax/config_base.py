@@ -79,13 +79,23 @@ OPTIM: dict[str, fields_lib.Field] = fields_lib.section(
     F('grad_clip_norm', 1.0, fields_lib.number(0), 'Global-norm clipping; 0 disables.'),
 )
 
-# -1 = all remaining devices (at most one axis: validation's cross rules).
+# -1 = all remaining devices, or slices (at most one axis of each group: validation's cross
+# rules). data/fsdp/tensor are sizes within a slice (ICI); dcn_* across the slices of a
+# multislice job (the data-centre network); each mesh axis is their product
+# (sharding.device_layout).
 _AXIS = fields_lib.integer(1, also=(-1,))
 MESH: dict[str, fields_lib.Field] = fields_lib.section(
-    F('data', -1, _AXIS, 'Devices of pure data parallelism (replicated params); -1 = the rest.'),
-    F('fsdp', 1, _AXIS,
-      'Devices of data parallelism with params/optimizer state sharded (ZeRO-3 style).'),
-    F('tensor', 1, _AXIS, 'Devices of Megatron-style tensor parallelism (heads, d_ff, vocab).'),
+    F('data', -1, _AXIS, 'Devices of pure data parallelism (replicated params) within a slice; '
+      '-1 = the rest.'),
+    F('fsdp', 1, _AXIS, 'Devices of data parallelism with params/optimizer state sharded '
+      '(ZeRO-3 style) within a slice.'),
+    F('tensor', 1, _AXIS, 'Devices of Megatron-style tensor parallelism (heads, d_ff, vocab) '
+      'within a slice.'),
+    F('dcn_data', -1, _AXIS, 'Slices of a multislice job along the data axis; -1 = the slices '
+      'the other dcn_ sizes leave (1 on one slice).'),
+    F('dcn_fsdp', 1, _AXIS, 'Slices along the fsdp axis (its all-gathers then cross the '
+      'data-centre network).'),
+    F('dcn_tensor', 1, _AXIS, 'Slices along the tensor axis (rarely worth the slow network).'),
 )
 
 CHECKPOINT: dict[str, fields_lib.Field] = fields_lib.section(

@@ -32,23 +32,73 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+DCN_AXES = tuple(f'dcn_{a}' for a in MESH_AXES)  # config.mesh's sizes across slices.
+
+
 def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 (all remaining devices)."""
+  """A ('data', 'fsdp', 'tensor') mesh laid out on the chips' topology.
+
+  ``mesh_config.data/fsdp/tensor`` are each axis's size within a slice (the chips' own
+  interconnect, ICI); ``dcn_data/dcn_fsdp/dcn_tensor`` (1 when absent) its size across the
+  slices of a multislice job (the data-centre network). One size of each group may be -1:
+  the remaining devices of a slice, or the remaining slices. See :func:`device_layout`.
+  """
   devices = list(jax.devices() if devices is None else devices)
-  sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  ici = [int(mesh_config[a]) for a in MESH_AXES]
+  dcn = [int(mesh_config.get(a, 1)) for a in DCN_AXES]
+  return Mesh(device_layout(ici, dcn, devices), MESH_AXES)
+
+
+def _granules(devices) -> list[list]:
+  """The devices grouped by slice (``slice_index``; one group where devices have none)."""
+  groups: dict[int, list] = {}
+  for d in devices:
+    groups.setdefault(int(getattr(d, 'slice_index', 0) or 0), []).append(d)
+  return [groups[k] for k in sorted(groups)]
+
+
+def _resolve(sizes: list[int], total: int, what: str, named: dict) -> list[int]:
+  """``sizes`` with its -1 (at most one) replaced by what is left of ``total``."""
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f'config.mesh sizes {dict(zip(MESH_AXES, sizes))}: each must be >= 1, '
-                     'and at most one may be -1 (= the remaining devices)')
+    raise ValueError(f'config.mesh sizes {named}: each must be >= 1, and at most one may be '
+                     f'-1 (= the remaining {what})')
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
-    if len(devices) % known:
-      raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))}: {len(devices)} devices are '
-                       f'not divisible by the fixed axes product {known}')
-    sizes[sizes.index(-1)] = len(devices) // known
-  if math.prod(sizes) != len(devices):
-    raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} '
-                     f'devices; {len(devices)} are available')
-  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+    if total % known:
+      raise ValueError(f'config.mesh {named}: {total} {what} are not divisible by the fixed '
+                       f'axes product {known}')
+    sizes = list(sizes)
+    sizes[sizes.index(-1)] = total // known
+  if math.prod(sizes) != total:
+    raise ValueError(f'config.mesh {named} needs {math.prod(sizes)} {what}; {total} are '
+                     'available')
+  return sizes
+
+
+def device_layout(ici: list[int], dcn: list[int], devices) -> np.ndarray:
+  """The devices as an array of shape ``ici * dcn`` (axis by axis), for ``Mesh``.
+
+  Within a slice, ``mesh_utils.create_device_mesh`` orders the devices so that neighbours
+  on each mesh axis are neighbours on the physical torus (TPU; elsewhere it keeps the
+  enumeration order). With several slices (devices carry ``slice_index``), each slice gets
+  that layout and ``create_hybrid_device_mesh`` tiles the slices along the ``dcn_*`` axes,
+  so only those axes cross the slower data-centre network. Pure: it reads only the devices'
+  attributes (``slice_index``, ``platform``, ``device_kind`` and, on TPU, ``coords``).
+  """
+  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+  granules = _granules(devices)
+  slices = len(granules)
+  dcn = _resolve(dcn, slices, 'slices', dict(zip(DCN_AXES, dcn)))
+  per_slice = len(devices) // slices
+  if any(len(g) != per_slice for g in granules):
+    raise ValueError(f'The devices span {slices} slices of unequal sizes '
+                     f'{[len(g) for g in granules]}; expected the same number in each')
+  ici = _resolve(ici, per_slice, 'devices' + (' per slice' if slices > 1 else ''),
+                 dict(zip(MESH_AXES, ici)))
+  if slices == 1:
+    return mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+  return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                              allow_split_physical_axes=True)
 
 
 def logical_to_spec(names: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> P:

@@ -116,9 +116,11 @@ def _eval(c) -> str | None:
 
 
 def _mesh(c) -> str | None:
-  sizes = {a: _get(c, f'mesh.{a}') for a in ('data', 'fsdp', 'tensor')}
-  if list(sizes.values()).count(-1) > 1:
-    return f'config.mesh={sizes}: expected at most one axis of -1 (= the remaining devices)'
+  for prefix, what in (('', 'devices'), ('dcn_', 'slices')):
+    sizes = {f'{prefix}{a}': _get(c, f'mesh.{prefix}{a}', None)
+             for a in ('data', 'fsdp', 'tensor')}
+    if list(sizes.values()).count(-1) > 1:
+      return f'config.mesh={sizes}: expected at most one axis of -1 (= the remaining {what})'
   return None
 
 

@@ -73,3 +73,47 @@ def test_state_is_born_sharded():
   boxed, _ = train.state_shardings(c, mesh)
   text = sharding.describe(boxed.params, mesh)
   assert 'encoder/layers/intermediate/kernel' in text and "'fsdp', 'tensor'" in text
+
+
+class _FakeDevice:
+  """A device as ``sharding.device_layout`` sees it: an id, a platform, a slice."""
+
+  def __init__(self, id_: int, slice_index: int):
+    self.id, self.slice_index = id_, slice_index
+    self.platform, self.device_kind, self.process_index = 'cpu', 'cpu', slice_index
+
+  def __repr__(self) -> str:
+    return f'd{self.id}@s{self.slice_index}'
+
+
+def test_multislice_puts_the_dcn_axes_between_slices_whatever_the_enumeration_order():
+  # Two slices of four, enumerated interleaved: a reshape in that order would mix them.
+  devices = [_FakeDevice(i, i % 2) for i in range(8)]
+  layout = sharding.device_layout([1, 4, 1], [-1, 1, 1], devices)  # dcn_data = the slices.
+  assert layout.shape == (2, 4, 1)
+  assert [{d.slice_index for d in row.flat} for row in layout] == [{0}, {1}]
+  layout = sharding.device_layout([2, 1, 2], [1, 2, 1], devices)  # fsdp across slices.
+  assert layout.shape == (2, 2, 2)
+  assert [{d.slice_index for d in layout[:, j].flat} for j in range(2)] == [{0}, {1}]
+  assert sorted(d.id for d in layout.flat) == list(range(8))
+
+
+@pytest.mark.parametrize('ici,dcn,match', [
+    ([-1, 1, 1], [3, 1, 1], r'needs 3 slices; 2 are available'),
+    ([-1, 1, 1], [-1, -1, 1], r'at most one may be -1 \(= the remaining slices\)'),
+    ([3, 1, 1], [-1, 1, 1], r'needs 3 devices per slice; 4 are available'),
+])
+def test_bad_multislice_sizes_are_reported(ici, dcn, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.device_layout(ici, dcn, [_FakeDevice(i, i // 4) for i in range(8)])
+
+
+def test_one_slice_keeps_the_mesh_as_before_and_its_dcn_fields_default_to_one_slice():
+  c = config_base.base_config().mesh
+  assert (c.dcn_data, c.dcn_fsdp, c.dcn_tensor) == (-1, 1, 1)
+  c.update(data=2, fsdp=2, tensor=2)
+  mesh = sharding.make_mesh(c)
+  assert dict(mesh.shape) == {'data': 2, 'fsdp': 2, 'tensor': 2}
+  assert list(mesh.devices.flat) == jax.devices()  # CPU: the enumeration order, as before.
+  with pytest.raises(ValueError, match=r'needs 2 slices; 1 are available'):
+    sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=2)))

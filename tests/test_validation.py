@@ -161,6 +161,7 @@ CROSS = [  # Values fine one by one, wrong together.
     ({'model.type_vocab_size': 1}, 'type_vocab_size=1: expected >= 2'),
     ({'train.eval_batches': 0}, 'eval_batches=0: expected >= 1 while'),
     ({'mesh.data': -1, 'mesh.fsdp': -1}, 'expected at most one axis of -1'),
+    ({'mesh.dcn_fsdp': -1}, r'at most one axis of -1 \(= the remaining slices\)'),
     ({'data.sources': 'csv:/x.csv'}, "config.data.sources: 'csv:/x.csv': unknown source kind"),
     ({'model.position_offset': 128}, 'position_offset=128: expected < '),
 ]
