@@ -19,6 +19,7 @@ import jax
 from absl import logging
 
 from encoder_jax import extras
+from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 
 # Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind.
@@ -66,7 +67,7 @@ class MetricWriter:
                                            int(resume_step))
       self._tb = _summary_writer(str(workdir_lib.path(workdir, 'tensorboard')),
                                  None if resume_step is None else int(resume_step) + 1)
-      self._jsonl = path.open('a')
+      self._jsonl = storage.open_append(path)  # gs://: appends by compose.
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
     if not self.enabled:
@@ -88,12 +89,16 @@ class MetricWriter:
 
 
 def _summary_writer(logdir: str, purge_step: int | None = None):
-  """TensorBoard event files: tensorboardX locally; TensorFlow's writer for gs:// and co.
+  """TensorBoard event files: tensorboardX locally and on gs:// (there through
+  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage);
+  TensorFlow's writer for other remote file systems.
 
   ``purge_step``: TensorBoard hides this run's earlier events at steps >= it (redone after
   a resume). tf.summary has no such flag; TensorBoard drops the out-of-order steps itself.
   """
-  if '://' not in logdir:
+  if logdir.startswith('gs://'):
+    storage.require(logdir)  # The gcs extra, or one line naming it.
+  if '://' not in logdir or logdir.startswith('gs://'):
     import tensorboardX  # pylint: disable=g-import-not-at-top
     return tensorboardX.SummaryWriter(logdir, purge_step=purge_step)
   return _TfSummaryWriter(logdir)
@@ -151,7 +156,7 @@ def _supersede_after(path, superseded_path, resume_step: int) -> int:
     row = json.loads(line)
     row.update(superseded_by_resume_from=resume_step, superseded_time=stamp)
     tagged.append(json.dumps(row) + '\n')
-  with superseded_path.open('a') as f:
+  with storage.open_append(superseded_path) as f:
     f.writelines(tagged)
   tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
   tmp.write_text(''.join(keep))
