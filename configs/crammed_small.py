@@ -1,13 +1,20 @@
-r"""The small-budget recipe on the quickstart's network: pre-LN, GeGLU, no biases, no
-dropout, MLM only, a higher peak rate with warmup-stable-decay
-(``config_base.SMALL_BUDGET_RECIPE``; what each choice bought is in the README,
-"Pretraining that pays"). ``:contrastive=True`` adds the span contrastive objective beside
-MLM (the bake-off's ``crammed_contrastive`` row: features that fine-tune better than a
-random network's, for a lower MLM accuracy).
+r"""The small-budget recipe on the quickstart's network: a ModernBERT with every layer global
+(pre-LN, GeGLU, fused QKV, rotary positions, no biases, no dropout), MLM only, a higher peak
+rate with warmup-stable-decay (``config_base.SMALL_BUDGET_RECIPE``; what each choice bought
+is in the README, "Pretraining that pays"). ``:contrastive=True`` adds the span contrastive
+objective beside MLM (the bake-off's ``modernbert_contrastive`` row: features that
+fine-tune better than a random network's, for a lower MLM accuracy).
 
   python -m encoder_jax.main --config=configs/crammed_small.py --workdir=/tmp/crammed_small
   python -m encoder_jax.main --config=configs/crammed_small.py:contrastive=True \
       --workdir=/tmp/crammed_contrastive
+
+Its checkpoints export to Hugging Face's ``ModernBertForMaskedLM`` (and a contrastive run's
+also to sentence-transformers, mean-pooled and L2-normalised as the objective trains it):
+
+  python -m encoder_jax.convert workdir_to_hf --workdir=/tmp/crammed_small --out=/tmp/hf
+  python -m encoder_jax.convert workdir_to_sentence_transformers \
+      --workdir=/tmp/crammed_contrastive --out=/tmp/st
 """
 
 from encoder_jax import config_base

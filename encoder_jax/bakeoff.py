@@ -2,8 +2,8 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
 
   python -m encoder_jax.bakeoff --out=/tmp/bakeoff                  # CPU preset, all rows
   python -m encoder_jax.bakeoff --out=/tmp/bakeoff --only=bert,electra --budget_steps=400
-  python -m encoder_jax.bakeoff --out=/tmp/w01 --only=bert,crammed_contrastive \
-      --set=crammed_contrastive.objective.contrastive_weight=0.1
+  python -m encoder_jax.bakeoff --out=/tmp/w01 --only=bert,modernbert_contrastive \
+      --set=modernbert_contrastive.objective.contrastive_weight=0.1
   python -m encoder_jax.bakeoff --out=/tmp/b --corpus='jsonl:/data/news/*.jsonl' \
       --probe_train=jsonl:train.jsonl --probe_validation=jsonl:dev.jsonl \
       --probe_test=jsonl:test.jsonl
@@ -11,8 +11,11 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
 Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
 MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
 SpanBERT spans + SBO, ELECTRA generator + discriminator, DeBERTa v2 MLM, XLNet PLM, and the
-small-budget recipe ``crammed``, ``config_base.SMALL_BUDGET_RECIPE``, and the same with the
-span contrastive objective beside MLM, ``crammed_contrastive``) at the same encoder
+small-budget recipe ``modernbert``, ``config_base.SMALL_BUDGET_RECIPE`` (a ModernBERT with
+every layer global), the same with the span contrastive objective beside MLM,
+``modernbert_contrastive``, and the released ModernBERT's layer pattern,
+``modernbert_published``; the former names ``crammed`` and ``crammed_contrastive`` still
+select the recipe's rows) at the same encoder
 size (the preset's), on the same unlabelled text. The budget is in **training
 FLOPs as MFU counts them** (``objective.flops_per_sequence``: ELECTRA's generator and
 XLNet's two streams count): ``--budget_steps`` steps of the first row, and every row runs
@@ -91,27 +94,42 @@ ROWS: dict[str, dict] = {
         model=dict(kind='xlnet', type_vocab_size=3),
         objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6),
         data=dict(pair_kind='xlnet')),
-    # The small-budget recipe (configs/crammed_small.py): pre-LN, GeGLU, rotary, no biases,
-    # no dropout, MLM at 30% (max_predictions follow the rate), higher peak rate, WSD.
-    'crammed': config_base.SMALL_BUDGET_RECIPE,
+    # The small-budget recipe (configs/crammed_small.py): a ModernBERT with every layer
+    # global (pre-LN, GeGLU, fused QKV, rotary, no biases, no dropout), MLM at 30%
+    # (max_predictions follow the rate), higher peak rate, warmup-stable-decay.
+    'modernbert': config_base.SMALL_BUDGET_RECIPE,
     # The recipe with the span contrastive objective beside MLM (DeCLUTR): a row's two
     # halves, kept apart, against the batch's other halves; mean-pooled states learn what
     # a text is about, which MLM alone learns last.
-    'crammed_contrastive': config_base.with_objective(config_base.SMALL_BUDGET_RECIPE,
-                                                      'contrastive'),
-    # ModernBERT (configs/modernbert_base.py) at the preset's size: its network (pre-LN,
-    # GeGLU, fused QKV, rotary 160k/10k, every third layer global, a 128-token window on
-    # the others: local at the accelerator preset's lengths only from 129 tokens), no
-    # dropout, MLM at 30%, the small-budget recipe's peak rate and warmup-stable-decay.
-    'modernbert': dict(model=modernbert.PUBLISHED, objective=dict(names=('mlm',), mask_rate=0.3),
-                       data=dict(pair_kind='full_sentences'),
-                       optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2)),
+    'modernbert_contrastive': config_base.with_objective(config_base.SMALL_BUDGET_RECIPE,
+                                                         'contrastive'),
+    # The released ModernBERT's network (configs/modernbert_base.py) at the preset's size:
+    # RoPE 160k/10k, every third layer global, a 128-token window on the others (local at
+    # the accelerator preset's lengths only from 129 tokens), eps 1e-5; otherwise the
+    # recipe's training (MLM at 30%, its peak rate, warmup-stable-decay).
+    'modernbert_published': dict(
+        model=modernbert.PUBLISHED, objective=dict(names=('mlm',), mask_rate=0.3),
+        data=dict(pair_kind='full_sentences'),
+        optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2)),
 }
+# Former row names, still accepted by --only, --set and the functions here (the recipe's
+# rows were named 'crammed' while its network was the bert kind's).
+ROW_ALIASES = {'crammed': 'modernbert', 'crammed_contrastive': 'modernbert_contrastive'}
 
 # Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run
 # (the first row's always is; a network already baselined is not again): a row is compared
 # with the best of them.
-SCRATCH_BASELINES: tuple[str, ...] = ('crammed', 'crammed_contrastive')
+SCRATCH_BASELINES: tuple[str, ...] = ('modernbert', 'modernbert_contrastive')
+
+
+def row_name(name: str) -> str:
+  """The row ``name`` stands for (itself, or the row a former name in
+  :data:`ROW_ALIASES` became); an unknown name is an error listing the rows."""
+  name = ROW_ALIASES.get(name, name)
+  if name not in ROWS:
+    raise ValueError(f'unknown bake-off row {name!r}; expected one of {list(ROWS)} (or a '
+                     f'former name: {sorted(ROW_ALIASES)})')
+  return name
 
 
 @dataclasses.dataclass
@@ -167,8 +185,9 @@ def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
     parts = key.strip().split('.')
     if not sep or len(parts) != 3:
       raise ValueError(f'--set {item!r}: expected ROW.section.field=value, e.g. '
-                       "'crammed_contrastive.objective.contrastive_weight=1.0'")
+                       "'modernbert_contrastive.objective.contrastive_weight=1.0'")
     row, section, field = parts
+    row = _run_as(row, names)
     if row not in names:
       raise ValueError(f'--set {item!r}: row {row!r} is not run; expected one of {list(names)}')
     if section not in declared or field not in declared[section]:
@@ -179,6 +198,13 @@ def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
       value = raw.strip()
     out.setdefault(row, {}).setdefault(section, {})[field] = value
   return out
+
+
+def _run_as(row: str, names) -> str:
+  """The name in ``names`` that ``row`` (a row or a former name of one) is run under;
+  ``row`` itself when none is."""
+  same = [n for n in names if ROW_ALIASES.get(n, n) == ROW_ALIASES.get(row, row)]
+  return same[0] if same else row
 
 
 def overrides_text(overrides: dict[str, dict]) -> str:
@@ -203,7 +229,7 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   c.optim.update(learning_rate=preset.learning_rate,
                  warmup_steps=min(preset.warmup_steps, steps))
   c.checkpoint.update(every_steps=max(1, steps // 2), keep=3, async_save=False)  # Half, end.
-  config_base.apply_recipe(c, ROWS[name])
+  config_base.apply_recipe(c, ROWS[row_name(name)])
   if overrides:
     config_base.apply_recipe(c, overrides)
   if c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
@@ -247,9 +273,11 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
   overrides = overrides or {}
   names = list(names or ROWS)
-  unknown = [n for n in names if n not in ROWS]
+  unknown = [n for n in names if ROW_ALIASES.get(n, n) not in ROWS]
   if unknown:
     raise ValueError(f'--only has unknown rows {unknown}; expected some of {list(ROWS)}')
+  names = [row_name(n) for n in names]
+  overrides = {row_name(n): fields for n, fields in overrides.items()}
   os.makedirs(out, exist_ok=True)
   if probe_specs is None:
     probe_specs = probe.bbc_specs(out, preset.probe.train_examples)
@@ -470,7 +498,7 @@ if __name__ == '__main__':
                       'fine-tuning rate is chosen (default BBC News).')
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
   flags.DEFINE_multi_string('set', [], 'ROW.section.field=value: a config field of one row '
-                            "changed (repeatable), e.g. 'crammed_contrastive.objective."
-                            "contrastive_weight=1.0'; shown beside the row's name.")
+                            "changed (repeatable), e.g. 'modernbert_contrastive."
+                            "objective.contrastive_weight=1.0'; shown beside the row's name.")
   flags.mark_flags_as_required(['out'])
   cli.run(main)

@@ -81,14 +81,35 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json',
 
 def _check_exportable(spec: hf_table.HfSpec, config: config_lib.EncoderConfig) -> None:
   """Refuses a config the kind's HF architecture cannot represent: the table's own check,
-  and any shared block option (pre-LN, GLU, bias-free) the architecture does not have."""
+  and any shared block option (pre-LN, GLU, bias-free) the architecture does not have,
+  naming the nearest configuration that exports one (:func:`exporting_alternatives`)."""
   for f in config_lib.BLOCK_OPTIONS:
     value = getattr(config, f.name)
     if f.name not in spec.block_options and value != f.default:
+      others = exporting_alternatives(spec.kind, f.name, value)
+      nearest = (f'; the nearest configuration that exports: {" or ".join(others)}' if others
+                 else '; such a checkpoint stays an encoder_jax workdir')
       raise ValueError(f'config.model.{f.name}={value!r} has no Hugging Face '
-                       f'{spec.export_architecture} equivalent (expected {f.default!r}); '
-                       'such a checkpoint stays an encoder_jax workdir')
+                       f'{spec.export_architecture} equivalent (expected {f.default!r})'
+                       + nearest)
   spec.check_exportable(config)
+
+
+def exporting_alternatives(kind: str, option: str, value) -> list[str]:
+  """The kinds other than ``kind`` whose Hugging Face class computes block option
+  ``option`` at ``value``, each with the options it requires and its example config."""
+  out = []
+  for other in registry.HF_SPECS.values():
+    requires = registry.KINDS[other.kind].requires
+    if (other.kind == kind or option not in other.block_options
+        or requires.get(option, value) != value):
+      continue
+    defaults = {f.name: f.default for f in config_lib.BLOCK_OPTIONS}
+    implied = [f'{k}={v!r}' for k, v in requires.items() if k in defaults and v != defaults[k]]
+    where = f' ({other.example_config})' if other.example_config else ''
+    out.append(f"kind={other.kind!r} with {', '.join(implied)}{where}, computed by "
+               f'{other.export_architecture}')
+  return out
 
 
 def hf_config_from(config: config_lib.EncoderConfig, pad_token_id: int = 0) -> dict[str, Any]:

@@ -147,6 +147,11 @@ def _config_from_hf(hf) -> dict:
     if list(types) != expected:
       raise ValueError(f'layer_types={types}: encoder_jax computes a global layer every n-th '
                        f'from layer 0 (global_attn_every_n_layers={n}: {expected})')
+  if fields['global_attn_every_n_layers'] == 1 or not fields['local_attention']:
+    # Every layer global: the window and the local RoPE base are read by no layer, and are
+    # kept as the config that computes this writes them (no window, one base), so that
+    # configs/crammed_small.py's network imports back to the same config.
+    fields.update(global_attn_every_n_layers=1, local_attention=0, local_rope_theta=0.0)
   return fields
 
 
@@ -179,4 +184,5 @@ SPEC = T.HfSpec(
     base_prefix='model.', base_parts=('embeddings', 'layers', 'final_norm'),
     layer_prefix='model.layers.', tied=TIED, config_from_hf=_config_from_hf,
     config_to_hf=_config_to_hf, check_exportable=_check_exportable,
-    block_options=config_lib.BLOCK_OPTION_NAMES)  # The kind's requires pin them.
+    block_options=config_lib.BLOCK_OPTION_NAMES,  # The kind's requires pin them.
+    example_config='configs/crammed_small.py')

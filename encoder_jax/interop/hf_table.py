@@ -124,6 +124,9 @@ class HfSpec:
   block_options: tuple[str, ...] = ()
   # Key spellings of older checkpoints -> ours, applied after the prefix is added.
   key_renames: tuple[tuple[str, str], ...] = ()
+  # A config file whose network this table exports (named when another kind's export
+  # refuses a block option this one represents).
+  example_config: str = ''
 
   @property
   def export_architecture(self) -> str:

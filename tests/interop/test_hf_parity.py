@@ -19,6 +19,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
+from encoder_jax import config_base
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 
@@ -203,10 +204,10 @@ def _our_config(kind, shape):
   return hf.config_from_hf(dict(hf_config, model_type=kind))
 
 
-@pytest.mark.parametrize('shape', SHAPES[:2], ids=SHAPE_IDS[:2])
-@pytest.mark.parametrize('kind', KINDS)
-def test_export_loads_in_transformers_with_same_logits(tmp_path, kind, shape):
-  config = _our_config(kind, shape)
+def _check_export(tmp_path, kind, config, shape, case):
+  """``config`` with random params exports to ``kind``'s HF class: loads with every key,
+  computes the same hidden states and logits, and imports back to the same config and
+  tensors."""
   params = _random_params(config)
   hf.save_hf(str(tmp_path), config, params, pad_token_id=PAD_IDS[kind])
   cls = hf_fixtures.HF_CLASSES[kind][0]
@@ -220,7 +221,7 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, kind, shape):
   ids, segments, mask = _inputs(kind, shape)
   ours = _ours(config, params, ids, segments, mask)
   theirs = _theirs(model, kind, ids, segments, mask)
-  diff = MAX_DIFF['export', kind, SHAPE_IDS[SHAPES.index(shape)]] = _compare_pretraining(
+  diff = MAX_DIFF[case, kind, SHAPE_IDS[SHAPES.index(shape)]] = _compare_pretraining(
       kind, mask, ours, theirs)
   assert diff < ATOLS.get(kind, ATOL)
   # The tied decoder really is the word embedding in the loaded model.
@@ -231,6 +232,24 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, kind, shape):
   assert config2 == config and report.initialised_groups == [] and not report.ignored_keys
   assert jax.tree.structure(params2) == jax.tree.structure(params)
   jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+@pytest.mark.parametrize('shape', SHAPES[:2], ids=SHAPE_IDS[:2])
+@pytest.mark.parametrize('kind', KINDS)
+def test_export_loads_in_transformers_with_same_logits(tmp_path, kind, shape):
+  _check_export(tmp_path, kind, _our_config(kind, shape), shape, 'export')
+
+
+@pytest.mark.parametrize('shape', SHAPES, ids=SHAPE_IDS)
+def test_small_budget_recipe_exports_to_modernbert(tmp_path, shape):
+  """The quickstart's network (``config_base.SMALL_BUDGET_RECIPE``: a ModernBERT with every
+  layer global, RoPE base 10,000, no biases) is ``ModernBertForMaskedLM``'s computation."""
+  model = dict(config_base.SMALL_BUDGET_RECIPE['model'],
+               **{k: v for k, v in _model_shape(shape).items() if k != 'max_positions'},
+               max_position_embeddings=shape['max_positions'])
+  config = registry.make_config(model)
+  assert config.kind == 'modernbert' and not config.has_local_layers
+  _check_export(tmp_path, 'modernbert', config, shape, 'recipe export')
 
 
 @pytest.mark.parametrize('kind', KINDS)
