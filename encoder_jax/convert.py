@@ -4,7 +4,11 @@ Every registered model kind converts: BERT (``BertForPreTraining``), RoBERTa
 (``RobertaForMaskedLM``), ALBERT (``AlbertForPreTraining``), ELECTRA (the discriminator as
 ``ElectraForPreTraining`` in OUT, the generator as ``ElectraForMaskedLM`` in OUT/generator;
 importing OUT takes the generator back when its shapes match the config's
-``objective.generator_*_fraction``); import also takes their masked-LM and bare base models.
+``objective.generator_*_fraction``), DeBERTa, XLNet and ModernBERT
+(``ModernBertForMaskedLM``: also the small-budget recipe of ``configs/crammed_small.py``);
+import also takes their masked-LM and bare base models. A network no Hugging Face class
+computes (e.g. the bert kind with pre-LN blocks) is refused, naming the option and the
+nearest configuration that exports.
 
   # HF (config.json + model.safetensors | pytorch_model.bin; vocab.txt | tokenizer.json, or
   # the tokenizer.model of an encoder_jax export) -> a workdir with config.json, config.py,
@@ -17,6 +21,15 @@ importing OUT takes the generator back when its shapes match the config's
   # (WordPiece: vocab.txt; SentencePiece: tokenizer.json + tokenizer.model) for
   # transformers.BertForPreTraining / AutoTokenizer .from_pretrained(OUT):
   python -m encoder_jax.convert workdir_to_hf --workdir=DIR [--config=...] [--step=N] --out=OUT
+
+  # A workdir checkpoint -> a sentence-transformers directory (the HF export above as its
+  # Transformer module, 1_Pooling, 2_Normalize, modules.json, sentence_bert_config.json):
+  # SentenceTransformer(OUT).encode(texts) == encoder_jax.load(DIR).embed(texts). Mean
+  # pooling and L2 normalisation (what the span contrastive objective trains, and embed's
+  # defaults), cut at the model's position limit; a workdir imported from a
+  # sentence-transformers model keeps its own settings. --pooling=cls|max overrides.
+  python -m encoder_jax.convert workdir_to_sentence_transformers --workdir=DIR [--step=N] \
+      --out=OUT [--pooling=mean]
 
   # A workdir from before tokenizers were pinned: pin the one its run trained with.
   python -m encoder_jax.convert pin_tokenizer --workdir=DIR --tokenizer=PREPARED/tokenizer.model
@@ -34,9 +47,11 @@ from encoder_jax import loading
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
+from encoder_jax.interop import sentence_transformers_dir
 from encoder_jax.interop import tokenizer as tokenizer_io
 
-COMMANDS = ('hf_to_workdir', 'workdir_to_hf', 'pin_tokenizer')
+COMMANDS = ('hf_to_workdir', 'workdir_to_hf', 'workdir_to_sentence_transformers',
+            'pin_tokenizer')
 
 # A config.py beside config.json, so main can be pointed at the workdir's own config
 # (and command-line overrides such as --config.data.sources=... still work).
@@ -76,6 +91,21 @@ def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) 
   return '\n'.join(lines)
 
 
+def workdir_to_sentence_transformers(workdir: str, out: str, config=None,
+                                     step: int | None = None,
+                                     pooling: str | None = None) -> str:
+  """Writes ``out``, a directory ``SentenceTransformer(out)`` loads and embeds with as
+  ``encoder_jax.load(workdir, step).embed`` does; returns a description."""
+  loaded = loading.load_workdir(workdir, config, step)
+  written = sentence_transformers_dir.write_loaded(loaded, out, pooling=pooling)
+  names = list(loaded.run_config.objective.names) if loaded.run_config else []
+  note = ('' if 'contrastive' in names or loaded.sentence_settings else
+          f'. Note: the run trained {names}, not the contrastive objective; its pooled '
+          'states were not trained as sentence embeddings')
+  return (f'Wrote {out}: a sentence-transformers directory from {loaded.source}; {written}'
+          + note)
+
+
 def pin_tokenizer(workdir: str, tokenizer_path: str, config=None) -> str:
   """Pins ``tokenizer_path`` in a workdir that has none (runs from before pinning)."""
   config = config if config is not None else loading.read_run_config(workdir)
@@ -109,6 +139,10 @@ def main(argv):
     if not f.workdir or not f.out:
       raise app.UsageError('workdir_to_hf needs --workdir and --out')
     print(workdir_to_hf(f.workdir, f.out, f.config, f.step))
+  elif argv[1] == 'workdir_to_sentence_transformers':
+    if not f.workdir or not f.out:
+      raise app.UsageError('workdir_to_sentence_transformers needs --workdir and --out')
+    print(workdir_to_sentence_transformers(f.workdir, f.out, f.config, f.step, f.pooling))
   else:
     if not f.workdir or not f.tokenizer:
       raise app.UsageError('pin_tokenizer needs --workdir and --tokenizer')
@@ -117,7 +151,11 @@ def main(argv):
 
 if __name__ == '__main__':
   cli.define_source_flags()
-  flags.DEFINE_string('out', None, 'workdir_to_hf: the Hugging Face directory to write.')
+  flags.DEFINE_string('out', None, 'workdir_to_hf / workdir_to_sentence_transformers: the '
+                      'directory to write.')
+  flags.DEFINE_enum('pooling', None, list(sentence_transformers_dir.POOLINGS),
+                    "workdir_to_sentence_transformers: the pooling (default: the model's "
+                    'sentence-transformers pooling, else mean).')
   flags.DEFINE_string('tokenizer', None, 'pin_tokenizer: the tokenizer.model (SentencePiece) '
                       'or vocab.txt (WordPiece) the run trained with.')
   cli.run(main)

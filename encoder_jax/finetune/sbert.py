@@ -35,7 +35,6 @@ label -1, are skipped and counted) or JSONL/TSV with the fields named by ``--fie
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import ml_collections
@@ -45,9 +44,8 @@ from encoder_jax import loading
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.finetune.tasks.sentence_embedding import OBJECTIVES
-from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
-from encoder_jax.interop import tokenizer as tokenizer_io
+from encoder_jax.interop import sentence_transformers_dir
 
 
 @dataclasses.dataclass
@@ -121,32 +119,9 @@ def export_sentence_transformers(pretrained: loading.Loaded, params: dict, out: 
   for part, value in params.items():
     if part in full:
       full[part] = value
-  tok = pretrained.tokenizer
-  hf.save_hf(out, network.config, full, pad_token_id=tok.pad_id)
-  tokenizer_io.export_hf_tokenizer(tok, out, pretrained.max_length)
-  modules = [{'idx': 0, 'name': '0', 'path': '',
-              'type': 'sentence_transformers.models.Transformer'},
-             {'idx': 1, 'name': '1', 'path': '1_Pooling',
-              'type': 'sentence_transformers.models.Pooling'}]
-  if normalize:
-    modules.append({'idx': 2, 'name': '2', 'path': '2_Normalize',
-                    'type': 'sentence_transformers.models.Normalize'})
-    os.makedirs(os.path.join(out, '2_Normalize'), exist_ok=True)
-  os.makedirs(os.path.join(out, '1_Pooling'), exist_ok=True)
-  files = {
-      'modules.json': modules,
-      'sentence_bert_config.json': {'max_seq_length': int(max_len), 'do_lower_case': False},
-      os.path.join('1_Pooling', 'config.json'): {
-          'word_embedding_dimension': int(network.config.hidden_size),
-          'pooling_mode_cls_token': pooling == 'cls',
-          'pooling_mode_mean_tokens': pooling == 'mean',
-          'pooling_mode_max_tokens': pooling == 'max',
-          'pooling_mode_mean_sqrt_len_tokens': False},
-      'config_sentence_transformers.json': {'similarity_fn_name': 'cosine'},
-  }
-  for name, value in files.items():
-    with open(os.path.join(out, name), 'w', encoding='utf-8') as f:
-      json.dump(value, f, indent=2)
+  sentence_transformers_dir.write(out, network.config, full, pretrained.tokenizer,
+                                  pretrained.max_length, pooling=pooling, normalize=normalize,
+                                  max_seq_length=max_len)
 
 
 def main(argv):
