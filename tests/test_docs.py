@@ -186,6 +186,9 @@ def module_flags(module: str) -> frozenset[str]:
     seen.add((mod, function))
     if function is None:  # The whole file for the command, module level for what it imports.
       nodes = [tree] if mod == module else _module_level(tree)
+      if mod == module:  # Options a module parses by hand: a literal '--name=' in its source.
+        flags |= {m.group(1) for c in ast.walk(tree) if isinstance(c, ast.Constant)
+                  and isinstance(c.value, str) and (m := re.fullmatch(r'--(\w+)=?', c.value))}
     else:
       nodes = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == function]
     imported = _imports(tree, mod)
