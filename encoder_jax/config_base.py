@@ -106,12 +106,26 @@ CHECKPOINT: dict[str, fields_lib.Field] = fields_lib.section(
       'Write in the background while training continues.'),
 )
 
+# Continued pretraining: the model a new run starts from (fine-tuning's ``init`` names). The
+# run takes the source's weights, network (config.model) and tokenizer, and keeps its own
+# corpus, objectives, schedule and a fresh optimizer (train_state.adopt, start_params).
+INIT: dict[str, fields_lib.Field] = fields_lib.section(
+    F('workdir', '', fields_lib.string(),
+      'Start from this encoder_jax workdir (its config.json, pinned tokenizer, checkpoint); '
+      "'' = from scratch."),
+    F('step', -1, fields_lib.integer(0, also=(-1,)),
+      'With init.workdir: its checkpoint step; -1 = the latest.'),
+    F('hf_dir', '', fields_lib.string(),
+      'Or start from a Hugging Face directory (config.json, weights, tokenizer); at most one '
+      'of the two.'),
+)
+
 
 def schema() -> dict[str, dict[str, fields_lib.Field]]:
   """Every section of a pretraining config ('' = the top level) and its declared fields."""
   return {'': TOP, 'model': models.model_fields(), 'objective': objectives.objective_fields(),
           'data': data_config.DATA, 'tokenizer': data_config.TOKENIZER, 'train': TRAIN,
-          'optim': OPTIM, 'mesh': MESH, 'checkpoint': CHECKPOINT}
+          'optim': OPTIM, 'mesh': MESH, 'checkpoint': CHECKPOINT, 'init': INIT}
 
 
 def base_config() -> ml_collections.ConfigDict:

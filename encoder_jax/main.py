@@ -5,7 +5,10 @@ r"""Pretrains a BERT-family encoder.
       --config.train.batch_size=512
 
 Configs are locked: overriding a key that does not exist (a typo) is an error. Starting
-on a workdir that holds checkpoints resumes from the newest restorable one. Every process of
+on a workdir that holds checkpoints resumes from the newest restorable one.
+``--config.init.workdir=W`` (with ``--config.init.step``) or ``--config.init.hf_dir=D`` starts
+a new run from that model's weights, network and tokenizer (continued pretraining,
+``encoder_jax.pretrain``). Every process of
 a multi-host run runs the same command; how it joins the others (TPU VM, SLURM, or explicit
 --coordinator_address / --num_processes / --process_id) is ``encoder_jax.distributed``'s
 business, see launch/README.md.
@@ -20,7 +23,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from encoder_jax import distributed
-from encoder_jax import train
+from encoder_jax import pretrain
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
                                           lock_config=True)
@@ -49,7 +52,7 @@ def main(argv):
     logging.info('%s', where)
   else:  # Every process says how it joined: the first thing to read when a launch hangs.
     print(where, flush=True)
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  pretrain.run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == '__main__':

@@ -6,11 +6,17 @@ into a pretraining setup (``objectives.build``) that owns the networks, their in
 born sharded (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), masks are
 drawn on device from ``fold_in(key, step)``, and every ``checkpoint.every_steps`` the
 params, optimizer state and data-iterator state are saved together.
+
+A run whose ``config.init`` names a model (continued pretraining) starts from its weights,
+network and tokenizer (``train_state.Source``, resolved by ``encoder_jax.pretrain.run``)
+with a fresh optimizer, and says what it took in ``<workdir>/init_report.json``; once it
+has a checkpoint of its own it resumes from that, like any run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import time
 from typing import Any
@@ -38,6 +44,7 @@ from encoder_jax import workdir as workdir_lib
 from encoder_jax.objectives import masking
 
 PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
+INIT_REPORT = 'init_report.json'  # What a run started from a source took and initialised.
 TrainState = train_state.TrainState
 state_shardings = train_state.state_shardings
 abstract_state = train_state.abstract_state
@@ -190,19 +197,28 @@ class Preempted:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       source: train_state.Source | None = None) -> dict[str, float]:
   """Pretrains (or resumes) in ``workdir``; returns the last logged training metrics.
 
   Every config value and the workdir are checked before any work; the workdir is locked
   against a second run; a resume whose config changes what a checkpoint depends on is
-  refused before anything in the workdir is written.
+  refused before anything in the workdir is written. ``source``: the model ``config.init``
+  names (``encoder_jax.pretrain.run`` loads it); its network and tokenizer replace the
+  config's (``train_state.adopt``: a conflicting network field is refused by name).
   """
+  named = (config.init.workdir or config.init.hf_dir) if 'init' in config else ''
+  if bool(named) != (source is not None):
+    raise ValueError(f'config.init names {named!r} but no source was loaded: start the run '
+                     'with encoder_jax.main or encoder_jax.pretrain.run, which load it' if named
+                     else 'a source was given but config.init names none')
+  config = train_state.adopt(config, source)  # First: a conflict is named as such.
   validation.validate(config)
   workdir_lib.check_workdir_writable(workdir)
   # SIGTERM (preemption) is heard from the start: during preparation, restore or compile
   # it ends the run cleanly before its first step instead of killing it.
   with workdir_lib.run_lock(workdir), Preempted() as preempted:
-    return _train_and_evaluate(config, workdir, preempted)
+    return _train_and_evaluate(config, workdir, preempted, source)
 
 
 @dataclasses.dataclass
@@ -224,11 +240,12 @@ class _Run:
   lead: bool  # Process 0: prints and writes the workdir.
   table: str  # The parameter table (parameters.txt).
   n_params: int
+  source: train_state.Source | None = None  # What config.init names (continued pretraining).
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        preempted: 'Preempted') -> dict[str, float]:
-  run = _setup(config, workdir)
+                        preempted: 'Preempted', source=None) -> dict[str, float]:
+  run = dataclasses.replace(_setup(config, workdir), source=source)
   restored = _restore(run)
   _header(run, restored)
   state = _state(run, restored)
@@ -305,12 +322,26 @@ def _header(run: _Run, restored) -> None:
           f'{prepared.tokenizer.vocab_size:,} pieces')
   for step_aside, reason, where in getattr(run.ckpt, 'set_aside', []):
     out.say(f'  checkpoint step {step_aside} is damaged ({reason}); set aside in {where}')
-  out.say('  starting from scratch' if restored is None else
-          f'  resuming from checkpoint step {restored[3]}')
+  if restored is not None:
+    out.say(f'  resuming from checkpoint step {restored[3]}' + (
+        f' (the run started from {run.source.description}: {INIT_REPORT})'
+        if run.source is not None else ''))
+  elif run.source is None:
+    out.say('  starting from scratch')
 
 
 def _state(run: _Run, restored) -> TrainState:
-  """A fresh sharded state, or the restored one (with the setup's extra state)."""
+  """A fresh sharded state (from the source's weights when there is one), or the restored
+  one (with the setup's extra state)."""
+  if restored is None and run.source is not None:
+    params, report = train_state.start_params(run.config, run.objective, run.source)
+    for line in train_state.report_lines(report):
+      run.console.say('  ' + line)
+    run.console.say(f'  report in {workdir_lib.path(run.workdir, INIT_REPORT)}')
+    if run.lead:
+      workdir_lib.path(run.workdir, INIT_REPORT).write_text(json.dumps(report, indent=2) + '\n')
+    return create_train_state(run.config, run.mesh, params=params, setup=run.objective,
+                              tx=run.tx)
   if restored is None:
     return create_train_state(run.config, run.mesh, setup=run.objective, tx=run.tx)
   params, opt_state, _, step = restored

@@ -4,11 +4,17 @@ Separate from the training loop (``train.py``, which pulls in the input pipeline
 loading a checkpoint (``encoder_jax.load``, the CLIs) and importing Hugging Face weights
 never import the loop. The params tree is the pretraining setup's
 (``objectives.build(config).init``): one network, or several in one tree.
+
+A run may also start from another model (continued pretraining, ``config.init``): a
+:class:`Source` (built above this layer, by ``encoder_jax.pretrain``, from a workdir or a
+Hugging Face directory) gives its network and tokenizer to the config (:func:`adopt`) and
+its weights to the new params tree (:func:`start_params`), part by part.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
@@ -16,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from encoder_jax import config_base
 from encoder_jax import objectives
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import sharding
@@ -91,3 +98,115 @@ def initial_extra(config: ml_collections.ConfigDict, mesh, setup, shards=None):
     return None
   make = lambda: nn.unbox(setup.init_extra(int(config.train.batch_size)))
   return jax.jit(make, out_shardings=shards.extra)()
+
+
+# --------------------------------------------------------------- continued pretraining
+
+# Model fields a run started from a source may set apart from the source's: how the network
+# runs, not what its parameters are. Every other field of config.model is the source's.
+RUN_MODEL_FIELDS = ('hidden_dropout_rate', 'attention_dropout_rate', 'dtype', 'remat',
+                    'scan_unroll', 'attention_implementation')
+
+
+@dataclasses.dataclass
+class Source:
+  """The model a pretraining run starts from (``config.init``): what it gives the run."""
+  key: str  # The config key that names it, for messages: "config.init.hf_dir='...'".
+  description: str  # Where the weights come from, e.g. 'WORKDIR step 40'.
+  model: dict  # Its config.model (every field).
+  tokenizer: Any  # Its tokenizer (data.tokenizer.Tokenizer): the new corpus is prepared with it.
+  # () -> (host params tree of its pretraining setup, the top-level parts the source holds
+  # untrained, e.g. the MLM head an import of a sentence-transformers model initialised, and
+  # why). Called only for a fresh start (a resume reads the run's own checkpoint).
+  load: Callable[[], tuple[Any, dict[str, str]]]
+  step: int | None = None  # Its checkpoint step (None: a Hugging Face directory).
+
+
+def _plain(value):
+  return tuple(value) if isinstance(value, list) else value
+
+
+def adopt(config: ml_collections.ConfigDict, source: Source | None
+          ) -> ml_collections.ConfigDict:
+  """``config`` with the source's network (``config.model``) and tokenizer (its file
+  prepares the new corpus); ``config`` itself when ``source`` is None. A network field the
+  config sets (apart from its default) to another value than the source's is refused by
+  name, before any work; :data:`RUN_MODEL_FIELDS` the config sets are kept. Idempotent."""
+  if source is None:
+    return config
+  defaults = config_base.base_config()
+  out = ml_collections.ConfigDict(config.to_dict())
+  conflicts = []
+  for key, theirs in source.model.items():
+    if key not in out.model:
+      continue
+    mine, default, theirs = (_plain(v) for v in (config.model[key], defaults.model[key], theirs))
+    if key in RUN_MODEL_FIELDS:
+      if mine == default:
+        out.model[key] = theirs
+    elif mine not in (default, theirs):
+      conflicts.append(f'config.model.{key}={mine!r} (the source has {theirs!r})')
+    else:
+      out.model[key] = theirs
+  tok, t = source.tokenizer, config.tokenizer
+  if str(t.path) and str(t.path) != str(tok.path):
+    conflicts.append(f'config.tokenizer.path={str(t.path)!r} (the source\'s is {tok.path!r})')
+  if str(t.kind) not in (defaults.tokenizer.kind, str(tok.kind)):
+    conflicts.append(f'config.tokenizer.kind={str(t.kind)!r} (the source\'s is {tok.kind!r})')
+  if conflicts:
+    raise ValueError(
+        f'{source.key}: the run takes its network and tokenizer from {source.description}; '
+        'the config sets ' + '; '.join(conflicts) + '. Leave these fields unset (or equal to '
+        "the source's); only " + ', '.join(RUN_MODEL_FIELDS) + ' of config.model may differ.')
+  out.tokenizer.update(kind=str(tok.kind), path=str(tok.path), lowercase=bool(tok.lowercase))
+  return out
+
+
+def _shapes(tree):
+  return jax.tree.map(lambda x: tuple(x.shape), tree)
+
+
+def start_params(config: ml_collections.ConfigDict, setup, source: Source
+                 ) -> tuple[Any, dict]:
+  """(host params, report): the setup's params tree (the run's objectives) with every
+  top-level part the source holds trained, at the same shapes, taken from it; the others
+  (an objective's head the source lacks, a head it holds untrained) freshly initialised
+  from the run's seed, as a run from scratch would be. The report says which, and why."""
+  rng = jax.random.fold_in(jax.random.key(config.seed), INIT)
+  params = dict(jax.device_get(nn.unbox(jax.jit(setup.init)(rng))))
+  theirs, untrained = source.load()
+  theirs = jax.device_get(theirs)
+  taken, fresh = [], {}
+  for part in sorted(params):
+    if part not in theirs:
+      fresh[part] = 'not in the source'
+    elif part in untrained:
+      fresh[part] = f'untrained in the source ({untrained[part]})'
+    elif _shapes(theirs[part]) != _shapes(params[part]):
+      fresh[part] = 'other shapes in the source'
+    else:
+      params[part] = theirs[part]
+      taken.append(part)
+  report = dict(source=source.description, init=source.key, source_step=source.step,
+                taken=taken, initialised=fresh,
+                unused=sorted(set(theirs) - set(params)),
+                network=dict(config.model.to_dict()),
+                tokenizer=dict(kind=str(source.tokenizer.kind), path=str(source.tokenizer.path),
+                               vocab_size=int(source.tokenizer.vocab_size)),
+                optimizer='fresh (step 0): the source\'s optimizer state is not taken')
+  return params, report
+
+
+def report_lines(report: dict) -> list[str]:
+  """The console's lines for a :func:`start_params` report."""
+  m = report['network']
+  lines = [f'starting from {report["source"]} ({report["init"]}): its network '
+           f'({m["kind"]}, {m["num_layers"]} x {m["hidden_size"]}) and '
+           f'{report["tokenizer"]["kind"]} tokenizer; a fresh optimizer',
+           '  taken from the source: ' + (', '.join(report['taken']) or 'nothing')]
+  if report['initialised']:
+    lines.append('  freshly initialised: ' + ', '.join(
+        f'{part} ({why})' for part, why in report['initialised'].items()))
+  if report['unused']:
+    lines.append('  in the source, not used: ' + ', '.join(report['unused']))
+  return lines

@@ -175,9 +175,23 @@ def _packing(c) -> str | None:
   return None
 
 
+def _init(c) -> str | None:
+  """Continued pretraining starts from one source: a workdir (and its step) or an HF
+  directory."""
+  workdir, hf_dir, step = (_get(c, f'init.{k}', d) for k, d in
+                           (('workdir', ''), ('hf_dir', ''), ('step', -1)))
+  if workdir and hf_dir:
+    return (f'config.init.workdir={workdir!r} and config.init.hf_dir={hf_dir!r}: expected at '
+            'most one source to start from')
+  if step != -1 and not workdir:
+    return (f'config.init.step={step}: expected -1 unless config.init.workdir names the '
+            'workdir whose checkpoint step it is')
+  return None
+
+
 CROSS_RULES: tuple[CrossRule, ...] = (
     _phases, _warmup, _batch, _positions, _eval, _mesh, _sources, _model, _objectives,
-    _packing)
+    _packing, _init)
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:
