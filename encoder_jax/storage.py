@@ -153,6 +153,15 @@ def explain(path: str, error: BaseException) -> StorageError:
   return StorageError(f'{path}: {name}: {text}')
 
 
+def _failures() -> tuple[type[BaseException], ...]:
+  """What google-cloud-storage raises once its retries are spent: API errors, credentials
+  errors, and connection errors."""
+  import requests  # pylint: disable=g-import-not-at-top
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  return exceptions.GoogleAPIError, auth.GoogleAuthError, requests.ConnectionError
+
+
 @dataclasses.dataclass(frozen=True)
 class Version:
   """An object as read: its text, generation (Cloud Storage's version number) and mtime."""
@@ -191,7 +200,7 @@ class Blob:
         continue  # That generation was replaced or deleted meanwhile.
       except exceptions.PreconditionFailed:
         continue
-      except exceptions.GoogleAPIError as e:
+      except _failures() as e:
         raise explain(self.url, e) from e
       return Version(data.decode('utf-8', 'replace'), int(meta.generation),
                      meta.updated.timestamp())
@@ -201,15 +210,15 @@ class Blob:
     """Writes ``text`` only if the object's generation is ``if_generation`` now (0: only if
     there is no object). Returns the new generation, or None if the precondition failed."""
     exceptions = self._exceptions()
-    blob = self._blob()
     try:  # A precondition makes the upload idempotent, so the client retries it on 5xx.
+      blob = self._blob()
       blob.upload_from_string(text, if_generation_match=if_generation)
     except exceptions.PreconditionFailed:
       now = self.read()  # A retried upload of ours whose first try did land reads as ours.
       if now is not None and now.text == text:
         return now.generation
       return None
-    except exceptions.GoogleAPIError as e:
+    except _failures() as e:
       raise explain(self.url, e) from e
     return int(blob.generation)
 
@@ -220,7 +229,7 @@ class Blob:
       self._blob().delete(if_generation_match=if_generation)
     except (exceptions.PreconditionFailed, exceptions.NotFound):
       return False
-    except exceptions.GoogleAPIError as e:
+    except _failures() as e:
       raise explain(self.url, e) from e
     return True
 
@@ -262,8 +271,8 @@ class Appender:
       return
     data, self._pending = ''.join(self._pending), []
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    bucket = client().bucket(self.bucket)
     try:
+      bucket = client().bucket(self.bucket)
       if self._generation is None:
         current = bucket.get_blob(self.name)
         self._generation = 0 if current is None else int(current.generation)
@@ -281,7 +290,7 @@ class Appender:
     except exceptions.PreconditionFailed as e:
       raise StorageError(f'{self.url} was changed by another writer while this one appended '
                          'to it; is another run using the same workdir?') from e
-    except exceptions.GoogleAPIError as e:
+    except _failures() as e:
       raise explain(self.url, e) from e
 
   def close(self) -> None:

@@ -90,8 +90,16 @@ def check_workdir_writable(workdir: str) -> None:
   if '://' in workdir:
     probe = path(workdir, f'.write_test-{os.getpid()}-{uuid.uuid4().hex[:8]}')
     try:
+      if str(probe).startswith('gs://'):  # Cloud Storage's own errors, each with its fix.
+        blob = storage.Blob(str(probe))
+        generation = blob.write('probe', if_generation=0)
+        if generation is not None:
+          blob.delete(if_generation=generation)
+        return
       probe.write_text('probe')
       probe.unlink()
+    except storage.StorageError as e:
+      raise WorkdirError(f'--workdir={workdir}: cannot write there: {e}') from e
     except Exception as e:  # pylint: disable=broad-except  (each file system raises its own)
       raise WorkdirError(f'--workdir={workdir}: cannot write there ({type(e).__name__}: {e}); '
                          'expected a bucket path this machine may write') from e
