@@ -149,7 +149,7 @@ class Preset:
 
 
 PRESETS = {
-    # Under 45 minutes on 2 CPU cores for all rows (the README has the measured figure);
+    # Under 45 minutes on 2 CPU cores for all rows (docs/results/bakeoff_cpu.md has the figure);
     # the grid: no row or baseline chose 3e-4 when it was in it.
     'cpu': Preset(model=dict(vocab_size=8000, hidden_size=128, num_layers=2, num_heads=2,
                              intermediate_size=512, max_position_embeddings=130),

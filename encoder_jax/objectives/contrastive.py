@@ -13,7 +13,7 @@ the spans of each row,
     L = contrastive_weight * (CE(z1 z2^T / t, I) + CE(z2 z1^T / t, I)) / 2
 
 (``contrastive_weight`` 0.3 by default: at the bake-off's CPU budget it fine-tuned better
-than 1 and kept more of MLM's accuracy; the README has the rows.)
+than 1 and kept more of MLM's accuracy; docs/results/bakeoff_cpu.md has the rows.)
 
 over the rows with at least ``MIN_SPAN`` tokens in each half (``contrastive_rows``
 counts them). In-batch negatives, so the batch is the number of candidates: the global
@@ -44,7 +44,7 @@ MIN_SPAN = 4  # Tokens each half needs for its row to count.
 FIELDS: tuple[fields_lib.Field, ...] = (
     fields_lib.Field('contrastive_weight', 0.3, fields_lib.number(0, lo_open=True),
                      'Weight of the span contrastive loss (added to the other objectives; '
-                     "the bake-off's measured choice, README)."),
+                     "the bake-off's measured choice, docs/results/bakeoff_cpu.md)."),
     fields_lib.Field('contrastive_temperature', 0.05, fields_lib.number(0, lo_open=True),
                      'Temperature t of the span contrastive softmax (SimCSE: 0.05).'),
 )
