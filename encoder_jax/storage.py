@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import os
 import shutil
 import socket
@@ -232,6 +233,31 @@ class Blob:
     except _failures() as e:
       raise explain(self.url, e) from e
     return True
+
+
+def _gcsfs(path: str):
+  require(path)
+  import fsspec  # pylint: disable=g-import-not-at-top
+  return fsspec.filesystem('gs')
+
+
+def glob(pattern: str) -> list[str]:
+  """The ``gs://`` objects matching ``pattern`` (``*``, ``?``, ``[...]``, ``**``), sorted."""
+  try:
+    found = _gcsfs(pattern).glob(pattern)
+  except FileNotFoundError:
+    return []
+  return sorted(f'gs://{p}' for p in found)
+
+
+def open_read(path: str):
+  """A binary reader of a ``gs://`` object, as ``open(path, 'rb')`` gives (gcsfs's ranged
+  reads, seekable; wrapped for ``readline(size)``, which gcsfs's file lacks)."""
+  return io.BufferedReader(_gcsfs(path).open(path, 'rb', block_size=4 << 20), 1 << 20)
+
+
+def size(path: str) -> int:
+  return int(_gcsfs(path).size(path))
 
 
 def open_append(path):

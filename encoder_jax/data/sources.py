@@ -7,7 +7,7 @@ Spec grammar (several specs are separated by commas)::
   embedded                            stdlib docstrings (``embedded.py``), already in sentences
   text:GLOB                           google-research/bert layout: one sentence (or line) per
                                       line, a blank line between documents; each file is also
-                                      a document boundary. ``gs://`` globs go through tf.io.gfile.
+                                      a document boundary. ``gs://`` globs go through gcsfs.
   jsonl:GLOB[;field=text]             one JSON object per line; its ``field`` string is one
                                       document (lines are paragraphs, split into sentences)
   tfds:NAME[:SPLIT][;data_dir=DIR][;field=text]
@@ -45,6 +45,7 @@ import zlib
 from typing import Iterator
 
 from encoder_jax import extras
+from encoder_jax import storage
 from encoder_jax.data import embedded
 
 _KINDS = ('embedded', 'text', 'jsonl', 'tfds')
@@ -141,8 +142,7 @@ class Source:
       raise ValueError(f'config.data.sources: {self.spec!r} needs a file glob after '
                        f"'{self.kind}:'")
     if pattern.startswith('gs://'):
-      tf = _import_optional('tensorflow', self.spec, 'tensorflow')  # Slow; only for gs://.
-      paths = sorted(tf.io.gfile.glob(pattern))
+      paths = storage.glob(pattern)  # gcsfs (encoder_jax.storage says why).
     else:
       paths = sorted(p for p in glob_lib.glob(os.path.expanduser(pattern), recursive=True)
                      if os.path.isfile(p))
@@ -341,7 +341,7 @@ def _import_optional(module: str, spec: str, package: str):
 
 def _open_raw(path: str):
   if path.startswith('gs://'):
-    return _import_optional('tensorflow', path, 'tensorflow').io.gfile.GFile(path, 'rb')
+    return storage.open_read(path)
   return open(path, 'rb')
 
 
@@ -374,7 +374,7 @@ def _open(path: str, spec: str = ''):
 def _file_size(path: str) -> int:
   """Bytes of text: a local gzip file's is in its last 4 bytes (mod 4 GiB); else the size."""
   if path.startswith('gs://'):
-    return _import_optional('tensorflow', path, 'tensorflow').io.gfile.stat(path).length
+    return storage.size(path)
   size = os.path.getsize(path)
   if size >= 18:
     with open(path, 'rb') as f:

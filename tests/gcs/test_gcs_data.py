@@ -1,0 +1,57 @@
+"""Corpus globs on a bucket: ``text:gs://...`` and ``jsonl:gs://...`` sources prepare the
+same data as the same files on a local disk (gcsfs: glob, ranged reads, gzip)."""
+
+import gzip
+import json
+import os
+
+from encoder_jax import config_base
+from encoder_jax import data as data_lib
+from encoder_jax import storage
+from encoder_jax.data import embedded
+
+
+def _config(prepared_dir: str, sources: str):
+  c = config_base.base_config()
+  config_base.shrink_for_local_run(c)
+  c.model.vocab_size = 400
+  c.data.update(sources=sources, prepared_dir=prepared_dir, num_workers=1,
+                held_out_fraction=0.1)
+  c.tokenizer.train_sentences = 5_000
+  return c
+
+
+def _files(directory: str) -> dict[str, bytes]:
+  out = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      if name.endswith(('.npy', '.bin', '.model', '.idx')):
+        with open(os.path.join(root, name), 'rb') as f:
+          out[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+  return out
+
+
+def test_text_and_jsonl_globs_on_a_bucket_prepare_what_local_files_do(bucket, tmp_path):
+  docs = embedded.embedded_corpus()[:120]
+  files = {
+      'a.txt': ('\n\n'.join('\n'.join(d) for d in docs[:60]) + '\n').encode(),
+      'b.txt.gz': gzip.compress(('\n\n'.join('\n'.join(d) for d in docs[60:]) + '\n').encode()),
+      'c.jsonl': ''.join(json.dumps({'text': '\n'.join(d)}) + '\n' for d in docs[:40]).encode(),
+  }
+  local = tmp_path / 'corpus'
+  local.mkdir()
+  client = storage.client()
+  for name, data in files.items():
+    (local / name).write_bytes(data)
+    bucket_name, prefix = storage.split(f'{bucket}/corpus/{name}')
+    client.bucket(bucket_name).blob(prefix).upload_from_string(data)
+  assert storage.glob(f'{bucket}/corpus/*.txt*') == [f'{bucket}/corpus/a.txt',
+                                                     f'{bucket}/corpus/b.txt.gz']
+  prepared = {}
+  for where, root in (('local', str(local)), ('bucket', f'{bucket}/corpus')):
+    c = _config(str(tmp_path / where), f'text:{root}/*.txt*,jsonl:{root}/*.jsonl')
+    if 'local' in prepared:  # The same tokenizer: its training samples by path.
+      c.tokenizer.path = os.path.join(prepared['local'].directory, 'tokenizer.model')
+    prepared[where] = data_lib.load_or_prepare(c)
+  local_files = _files(prepared['local'].directory)
+  assert len(local_files) > 2 and _files(prepared['bucket'].directory) == local_files
