@@ -90,14 +90,14 @@ class MetricWriter:
 
 def _summary_writer(logdir: str, purge_step: int | None = None):
   """TensorBoard event files: tensorboardX locally and on gs:// (there through
-  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage);
-  TensorFlow's writer for other remote file systems.
+  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage); TensorFlow's
+  writer for other remote file systems.
 
   ``purge_step``: TensorBoard hides this run's earlier events at steps >= it (redone after
   a resume). tf.summary has no such flag; TensorBoard drops the out-of-order steps itself.
   """
   if logdir.startswith('gs://'):
-    storage.require(logdir)  # The gcs extra, or one line naming it.
+    storage.tensorboardx(logdir)  # Appends by compose; the gcs extra, or one line naming it.
   if '://' not in logdir or logdir.startswith('gs://'):
     import tensorboardX  # pylint: disable=g-import-not-at-top
     return tensorboardX.SummaryWriter(logdir, purge_step=purge_step)

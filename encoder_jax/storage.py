@@ -3,9 +3,10 @@
 A TPU VM's disk goes away with its worker, so a pod run keeps its workdir in a bucket.
 Three client libraries reach it, each where it is the one that can:
 
-  etils.epath on fsspec's gcsfs    every file the package reads or writes by path: config,
-                                   pinned tokenizer, metrics.jsonl, checkpoint metadata
-                                   (Orbax uses epath too), corpus globs, plots. epath would
+  etils.epath on fsspec's gcsfs    every file the package reads or writes whole by path:
+                                   config, pinned tokenizer, checkpoint metadata (Orbax uses
+                                   epath too), corpus globs (:func:`glob`, ranged reads),
+                                   plots, evaluation reports. epath would
                                    pick TensorFlow's tf.io.gfile whenever TensorFlow is
                                    installed; :func:`configure_environment` turns that off
                                    (``EPATH_USE_TF=false``), because tf.io.gfile cannot be
@@ -18,7 +19,8 @@ Three client libraries reach it, each where it is the one that can:
                                    if it is absent (``if_generation_match=0``) and replacing
                                    it only if it is the generation that was read are what
                                    make a lock on a bucket atomic; epath has no such call.
-                                   tensorboardX writes TensorBoard events to ``gs://`` with it.
+                                   Appending (``metrics.jsonl``, TensorBoard's event files
+                                   through tensorboardX: :class:`Appender`) composes objects.
 
 All three retry transient failures (HTTP 408/429/5xx, dropped connections) with backoff.
 
@@ -269,55 +271,74 @@ def open_append(path):
 
 
 class Appender:
-  """A text object on Cloud Storage opened for appending (objects cannot be appended to).
+  """An object on Cloud Storage opened for appending (objects cannot be appended to): text
+  or bytes, as written.
 
-  Each ``flush`` uploads what was written since as a temporary object and composes the
-  object and it into the object (Cloud Storage's compose: a constant number of requests
-  whatever the size), conditional on the generation last written, so a concurrent writer
-  is an error rather than lost lines. A writer killed between flushes loses only the
-  unflushed lines, as a local file's would.
+  Each ``flush`` uploads what was written since as a new object and composes the object and
+  it into the object (Cloud Storage's compose: a constant number of requests whatever the
+  size), conditional on the generation last written, so a concurrent writer is an error
+  rather than lost lines; every request is conditional, so the client retries it on
+  transient errors. A writer killed between flushes loses only the unflushed part, as a
+  local file's would. Also TensorBoard's event files on ``gs://`` (:func:`tensorboardx`).
   """
 
   def __init__(self, url: str):
     self.url = url
     self.bucket, self.name = split(url)
-    self._pending: list[str] = []
-    self._generation: int | None = None  # Of the object as we last wrote it.
+    self._pending: list[bytes] = []
+    self._generation: int | None = None  # Of the object as we last wrote it...
+    self._size = 0  # ...and its size then.
     self.closed = False
 
-  def write(self, text: str) -> int:
-    self._pending.append(text)
-    return len(text)
+  def write(self, data) -> int:
+    self._pending.append(data.encode('utf-8') if isinstance(data, str) else bytes(data))
+    return len(data)
 
   def writelines(self, lines) -> None:
-    self._pending.extend(lines)
+    for line in lines:
+      self.write(line)
 
   def flush(self) -> None:
     if not self._pending:
       return
-    data, self._pending = ''.join(self._pending), []
+    data, self._pending = b''.join(self._pending), []
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     try:
       bucket = client().bucket(self.bucket)
       if self._generation is None:
         current = bucket.get_blob(self.name)
         self._generation = 0 if current is None else int(current.generation)
-      target = bucket.blob(self.name)
-      if self._generation == 0:
-        target.upload_from_string(data, if_generation_match=0)
-      else:
-        part = bucket.blob(f'{self.name}.append-{os.getpid()}-{time.time_ns()}')
-        part.upload_from_string(data)
-        try:
-          target.compose([bucket.blob(self.name), part], if_generation_match=self._generation)
-        finally:
-          part.delete()
-      self._generation = int(target.generation)
+        self._size = 0 if current is None else int(current.size)
+      self._append(bucket, data, exceptions)
     except exceptions.PreconditionFailed as e:
       raise StorageError(f'{self.url} was changed by another writer while this one appended '
                          'to it; is another run using the same workdir?') from e
     except _failures() as e:
       raise explain(self.url, e) from e
+
+  def _append(self, bucket, data: bytes, exceptions) -> None:
+    target = bucket.blob(self.name)
+    try:
+      if self._generation == 0:
+        target.upload_from_string(data, if_generation_match=0)
+      else:
+        part = bucket.blob(f'{self.name}.append-{os.getpid()}-{time.time_ns()}')
+        part.upload_from_string(data, if_generation_match=0)
+        try:
+          target.compose([bucket.blob(self.name), part], if_generation_match=self._generation)
+        finally:
+          try:
+            part.delete(if_generation_match=part.generation)
+          except exceptions.NotFound:
+            pass  # A retried delete whose first try did land.
+    except exceptions.PreconditionFailed:
+      # A retried request whose first try did land reads as done: the object has grown by
+      # exactly this part since our last write.
+      current = bucket.get_blob(self.name)
+      if current is None or int(current.size) != self._size + len(data):
+        raise
+      target = current
+    self._generation, self._size = int(target.generation), self._size + len(data)
 
   def close(self) -> None:
     if not self.closed:
@@ -329,6 +350,26 @@ class Appender:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+class _EventFiles:
+  """tensorboardX's writer factory for ``gs://``: event files appended by :class:`Appender`
+  (tensorboardX's own uploads the whole file again at every flush, unconditionally, so a
+  transient error there is not retried)."""
+
+  def open(self, path: str) -> Appender:
+    return Appender(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # A bucket has no directories to create.
+
+
+def tensorboardx(logdir: str) -> None:
+  """Makes tensorboardX write ``gs://`` event files through :class:`Appender`; a one-line
+  MissingExtra if the gcs extra is not installed."""
+  require(logdir)
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  record_writer.register_writer_factory('gs', _EventFiles())
 
 
 # ---------------------------------------------------------------------------------------
