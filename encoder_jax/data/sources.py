@@ -142,6 +142,7 @@ class Source:
       raise ValueError(f'config.data.sources: {self.spec!r} needs a file glob after '
                        f"'{self.kind}:'")
     if pattern.startswith('gs://'):
+      _import_optional('gcsfs', self.spec, 'gcsfs')  # The gcs extra, or one line naming it.
       paths = storage.glob(pattern)  # gcsfs (encoder_jax.storage says why).
     else:
       paths = sorted(p for p in glob_lib.glob(os.path.expanduser(pattern), recursive=True)
