@@ -173,23 +173,27 @@ def start_params(config: ml_collections.ConfigDict, setup, source: Source
   (an objective's head the source lacks, a head it holds untrained) freshly initialised
   from the run's seed, as a run from scratch would be. The report says which, and why."""
   rng = jax.random.fold_in(jax.random.key(config.seed), INIT)
-  params = dict(jax.device_get(nn.unbox(jax.jit(setup.init)(rng))))
+  shapes = _shapes(nn.unbox(jax.eval_shape(setup.init, rng)))
   theirs, untrained = source.load()
   theirs = jax.device_get(theirs)
   taken, fresh = [], {}
-  for part in sorted(params):
+  for part in sorted(shapes):
     if part not in theirs:
       fresh[part] = 'not in the source'
     elif part in untrained:
       fresh[part] = f'untrained in the source ({untrained[part]})'
-    elif _shapes(theirs[part]) != _shapes(params[part]):
+    elif _shapes(theirs[part]) != shapes[part]:
       fresh[part] = 'other shapes in the source'
     else:
-      params[part] = theirs[part]
       taken.append(part)
+  # The fresh parts only: the same values as the whole init's (one key, split the same
+  # way); the taken parts' initialisation is never computed.
+  params = dict(jax.device_get(jax.jit(
+      lambda r: {k: v for k, v in nn.unbox(setup.init(r)).items() if k in fresh})(rng)))
+  params.update({part: theirs[part] for part in taken})
   report = dict(source=source.description, init=source.key, source_step=source.step,
                 taken=taken, initialised=fresh,
-                unused=sorted(set(theirs) - set(params)),
+                unused=sorted(set(theirs) - set(shapes)),
                 network=dict(config.model.to_dict()),
                 tokenizer=dict(kind=str(source.tokenizer.kind), path=str(source.tokenizer.path),
                                vocab_size=int(source.tokenizer.vocab_size)),

@@ -160,7 +160,7 @@ def test_a_run_from_a_workdir_starts_from_it_and_resumes_from_its_own_checkpoint
 def test_a_run_from_minilm_takes_its_encoder_and_initialises_the_mlm_head(tmp_path):
   """all-MiniLM-L6-v2 (a BertModel: no MLM head) continued with MLM for two steps: the
   report names what was taken and what was initialised, and the taken params are the
-  source's at step 0."""
+  source's at the start (step 1's update is zero: the rate warms up from 0)."""
   hf_dir = _minilm_dir()
   c = config_base.base_config()
   c.init.hf_dir = hf_dir
@@ -169,17 +169,21 @@ def test_a_run_from_minilm_takes_its_encoder_and_initialises_the_mlm_head(tmp_pa
   c.train.update(num_steps=2, batch_size=8, seq_lens=(32,), max_predictions=(5,),
                  phase_fractions=(1.0,), log_every_steps=1, eval_every_steps=0)
   c.optim.update(learning_rate=1e-4, warmup_steps=1)
-  c.checkpoint.update(every_steps=2, async_save=False)
-  pretrain.run(c, str(tmp_path / 'w'))
+  c.checkpoint.update(every_steps=1, keep=2, async_save=False)
+  workdir = str(tmp_path / 'w')
+  pretrain.run(c, workdir)
   report = json.loads((tmp_path / 'w' / train.INIT_REPORT).read_text())
   assert report['taken'] == ['embeddings', 'encoder', 'pooler']
   assert sorted(report['initialised']) == ['mlm_head', 'pair_head']
   assert 'BertModel has none' in report['initialised']['mlm_head']
   assert report['network']['hidden_size'] == 384 and report['tokenizer']['kind'] == 'wordpiece'
-  # Step 0: the taken params are MiniLM's own.
-  adopted = pretrain.adopted(c)
-  params, _ = train_state.start_params(adopted, objectives.build(adopted),
-                                       pretrain.resolve(c))
-  theirs = pretrain.hf_import.load_hf_dir(hf_dir).params
+  config = loading.read_run_config(workdir)
+  start = loading.to_host(loading.restore_params(config, workdir, 1)[0])
+  trained = loading.to_host(loading.restore_params(config, workdir, 2)[0])
+  theirs = loading.to_host(pretrain.hf_import.load_hf_dir(hf_dir).params)
   for part in report['taken']:
-    jax.tree.map(np.testing.assert_array_equal, params[part], loading.to_host(theirs[part]))
+    jax.tree.map(np.testing.assert_array_equal, start[part], theirs[part])
+  assert not np.array_equal(start['mlm_head']['transform']['kernel'],
+                            theirs['mlm_head']['transform']['kernel'])  # The run's own init.
+  assert not np.array_equal(start['encoder']['layers']['query']['kernel'],
+                            trained['encoder']['layers']['query']['kernel'])
