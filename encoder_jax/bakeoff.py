@@ -7,6 +7,8 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
   python -m encoder_jax.bakeoff --out=/tmp/b --corpus='jsonl:/data/news/*.jsonl' \
       --probe_train=jsonl:train.jsonl --probe_validation=jsonl:dev.jsonl \
       --probe_test=jsonl:test.jsonl
+  python -m encoder_jax.bakeoff --out=/tmp/c --only=bert --references=all-MiniLM-L6-v2 \
+      --set=bert.init.hf_dir=/path/to/all-MiniLM-L6-v2
 
 Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
 MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
@@ -33,6 +35,17 @@ checkpoint and every baseline network is also scored **frozen** (``probe.frozen`
 pooled features, logistic regression with C chosen on validation): what pretraining put
 into the features, beside what fine-tuning recovers from the labels.
 
+**A row may start from a checkpoint** (continued pretraining): a row whose config sets
+``init.workdir`` or ``init.hf_dir`` (in :data:`ROWS`, or ``--set=ROW.init.hf_dir=DIR``)
+takes the source's network and tokenizer (``encoder_jax.pretrain``; the preset's size is
+not applied to it) and runs its own steps; its FLOPs are those steps' only (the source's
+own pretraining is not counted), so it gets the budget every row gets. **Public encoders
+are reference lines** of the table (``--references``, default every one of
+``probe.REFERENCES`` whose package is installed, e.g. all-MiniLM-L6-v2 from its PyPI
+wheel): fine-tuned and scored frozen through the same probe, at the rate grid that suits
+each (``probe.Reference.learning_rates``) chosen on validation; marked as references, not
+pretrained here.
+
 Writes into ``--out``: ``bakeoff.md`` and ``bakeoff.json`` (per row: steps, FLOPs, wall
 time, final pretraining loss, held-out metrics, probe accuracy and macro-F1 mean and spread
 over seeds at each checkpoint, the chosen rate and every candidate's validation scores, the
@@ -46,6 +59,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -59,7 +73,8 @@ from encoder_jax import extras
 from encoder_jax import metrics_log as metrics
 from encoder_jax import objectives
 from encoder_jax import length_phases
-from encoder_jax import train
+from encoder_jax import pretrain
+from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.finetune import probe
 from encoder_jax.models import modernbert
@@ -216,10 +231,16 @@ def overrides_text(overrides: dict[str, dict]) -> str:
 def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps: int,
                seed: int = 0, overrides: dict | None = None) -> ml_collections.ConfigDict:
   """The config of row ``name`` at ``preset``'s size for ``steps`` steps; ``overrides``
-  (section -> fields, ``--set``) on top of the row's recipe."""
+  (section -> fields, ``--set``) on top of the row's recipe. A row that starts from a
+  checkpoint (``init``) has the source's network and tokenizer instead of the preset's
+  size (the preset's ``train_state.RUN_MODEL_FIELDS`` still apply)."""
+  recipe = ROWS[row_name(name)]
+  init = {**recipe.get('init', {}), **(overrides or {}).get('init', {})}
+  starts = bool(init.get('workdir') or init.get('hf_dir'))
   c = config_base.base_config()
   c.seed = seed
-  c.model.update(preset.model)
+  c.model.update({k: v for k, v in preset.model.items()
+                  if not starts or k in train_state.RUN_MODEL_FIELDS})
   c.data.update(sources=corpus)
   c.train.update(num_steps=steps, batch_size=preset.batch_size, seq_lens=(preset.seq_len,),
                  max_predictions=(preset.max_predictions,), phase_fractions=(1.0,),
@@ -229,13 +250,26 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   c.optim.update(learning_rate=preset.learning_rate,
                  warmup_steps=min(preset.warmup_steps, steps))
   c.checkpoint.update(every_steps=max(1, steps // 2), keep=3, async_save=False)  # Half, end.
-  config_base.apply_recipe(c, ROWS[row_name(name)])
+  config_base.apply_recipe(c, recipe)
   if overrides:
     config_base.apply_recipe(c, overrides)
-  if c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
+  if starts:  # The source's network and tokenizer file.
+    c = pretrain.adopted(c)
+  elif c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
     c.model.max_position_embeddings = preset.seq_len + c.model.position_offset
-  c.data.prepared_dir = os.path.join(prepared_root, f'{c.tokenizer.kind}-{c.model.vocab_size}')
+  prepared = f'{c.tokenizer.kind}-{c.model.vocab_size}'
+  if starts:  # One prepared corpus per source tokenizer.
+    prepared += '-' + hashlib.sha256(str(c.tokenizer.path).encode()).hexdigest()[:12]
+  c.data.prepared_dir = os.path.join(prepared_root, prepared)
   return c
+
+
+def starts_from(config: ml_collections.ConfigDict) -> str:
+  """The checkpoint a row's config starts from ('' = from scratch)."""
+  i = config.init
+  if i.hf_dir:
+    return str(i.hf_dir)
+  return f'{i.workdir} step {i.step}' if int(i.step) >= 0 else str(i.workdir)
 
 
 def flops_per_step(config: ml_collections.ConfigDict) -> float:
@@ -266,11 +300,14 @@ def _fmt(summary: dict) -> str:
 
 def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
         probe_specs: dict | None = None, budget_steps: int | None = None, log=print,
-        overrides: dict[str, dict] | None = None) -> dict:
-  """Pretrains, scores and probes the rows ``names`` (default all) and the from-scratch
-  baselines; ``overrides``: row -> section -> fields on top of the row's recipe
-  (:func:`parse_overrides`)."""
+        overrides: dict[str, dict] | None = None, references=()) -> dict:
+  """Pretrains, scores and probes the rows ``names`` (default all), the from-scratch
+  baselines and the public ``references`` (names of ``probe.REFERENCES``, or
+  ``probe.Reference`` values); ``overrides``: row -> section -> fields on top of the row's
+  recipe (:func:`parse_overrides`)."""
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
+  references = [probe.reference(r) if isinstance(r, str) else r for r in references]
+  reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}
   names = list(names or ROWS)
   unknown = [n for n in names if ROW_ALIASES.get(n, n) not in ROWS]
@@ -296,10 +333,12 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     config = row_config(name, preset, corpus, prepared_root, n, overrides=overrides.get(name))
     workdir = os.path.join(out, 'runs', name)
     changed = overrides_text(overrides.get(name, {}))
-    log(f'bake-off: pretraining {name} for {n} steps ({n * per_step:.3g} FLOPs)'
+    source = starts_from(config)
+    log(f'bake-off: pretraining {name} for {n} steps ({n * per_step:.3g} FLOPs'
+        + (f' of its own, from {source}' if source else '') + ')'
         + (f' with {changed}' if changed else ''))
     start = time.perf_counter()
-    last = train.train_and_evaluate(config, workdir)
+    last = pretrain.run(config, workdir)
     wall = time.perf_counter() - start
     # The full budget first: its rate, chosen on the validation split, is also the half
     # budget's (one curve at one rate).
@@ -322,7 +361,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
                     mlm_loss_15=float(at_15['mlm_loss']))
     results['rows'][name] = dict(steps=n, flops=n * per_step, wall_s=wall, overrides=changed,
                                  final_loss=float(last.get('loss', float('nan'))),
-                                 heldout=scores, points=points)
+                                 heldout=scores, points=points, starts_from=source)
     _write(out, results)
   results['from_scratch'] = {}
   networks = []
@@ -341,8 +380,26 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
             dict(workdir=os.path.join(out, 'runs', name), from_scratch=True), probe_specs,
             preset.probe, log))
     _write(out, results)
+  results['references'] = {}
+  for ref, hf_dir in zip(references, reference_dirs):
+    results['references'][ref.name] = reference_row(ref, hf_dir, out, preset, probe_specs, log)
+    _write(out, results)
   log(table(results))
   return results
+
+
+def reference_row(ref, hf_dir: str, out: str, preset: Preset, probe_specs: dict, log) -> dict:
+  """A public checkpoint through the rows' probe, at its own rate grid chosen on the
+  validation split, and frozen: the reference line of the table."""
+  log(f'bake-off: fine-tuning the reference {ref.name} (a public checkpoint, not pretrained '
+      f'here) at the rates {list(ref.learning_rates)}, chosen on validation')
+  init = dict(hf_dir=hf_dir)
+  start = time.perf_counter()
+  summary = probe.run(init, os.path.join(out, 'probe', 'reference', ref.name),
+                      ref.settings(preset.probe), probe_specs, log, reference_name=ref.name)
+  return dict(_brief(summary), about=ref.about, hf_dir=hf_dir,
+              probe_wall_s=time.perf_counter() - start,
+              frozen=_frozen(init, probe_specs, preset.probe, log))
 
 
 def heldout(workdir: str) -> dict[str, float]:
@@ -384,9 +441,9 @@ def best_baseline(results: dict) -> tuple[str, dict] | None:
 
 
 def table(results: dict) -> str:
-  """The Markdown table: every row, then every from-scratch baseline; each row's gain is
-  against the best baseline (the bar a pretrained row has to clear). The half-budget
-  column is there when some row was probed half-way."""
+  """The Markdown table: every row, then every from-scratch baseline, then every public
+  reference; each line's gain is against the best baseline (the bar a pretrained row has
+  to clear). The half-budget column is there when some row was probed half-way."""
   best = best_baseline(results)
   base = best[1] if best else None
   halves = any(len(r['points']) > 1 for r in results['rows'].values())
@@ -404,14 +461,10 @@ def table(results: dict) -> str:
     mlm = '-' if mlm is None else f'{mlm:.1%}'
     if 'mlm_accuracy_15' in held:
       mlm += f' ({held["mlm_accuracy_15"]:.1%} at 15%)'
-    gain = ''
-    if base:
-      delta = full['accuracy'] - base['accuracy']
-      spread = max(full['accuracy_std'], base['accuracy_std'])
-      gain = f'{delta:+.1%} ' + ('(within the seed spread)' if abs(delta) <= spread else
-                                 f'({"better" if delta > 0 else "worse"}, beyond the seed '
-                                 'spread)')
+    gain = _gain(full, base)
     label = f'{name} ({r["overrides"]})' if r.get('overrides') else name
+    if r.get('starts_from'):
+      label += f' [from {"/".join(r["starts_from"].rstrip("/").split("/")[-2:])}]'
     cells = [label, str(r['steps']), f'{r["flops"]:.3g}', f'{r["wall_s"]:.0f} s',
              f'{r["final_loss"]:.3f}', mlm, *half, _fmt(full), _rate(full), gain,
              _frozen_fmt(full)]
@@ -420,7 +473,23 @@ def table(results: dict) -> str:
     cells = [f'from scratch ({name} network)', '0', '0', '-', '-', '-',
              *(['-'] if halves else []), _fmt(b), _rate(b), '', _frozen_fmt(b)]
     lines.append('| ' + ' | '.join(cells) + ' |')
+  for name, ref in (results.get('references') or {}).items():
+    cells = [f'reference: {name} (public checkpoint, not pretrained here)', '-', '-', '-', '-',
+             '-', *(['-'] if halves else []), _fmt(ref), _rate(ref), _gain(ref, base),
+             _frozen_fmt(ref)]
+    lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
+
+
+def _gain(summary: dict, base: dict | None) -> str:
+  """A line's probe accuracy against the best from-scratch baseline, and whether the
+  difference is beyond the seed spread ('' without a baseline)."""
+  if not base:
+    return ''
+  delta = summary['accuracy'] - base['accuracy']
+  spread = max(summary['accuracy_std'], base['accuracy_std'])
+  return f'{delta:+.1%} ' + ('(within the seed spread)' if abs(delta) <= spread else
+                             f'({"better" if delta > 0 else "worse"}, beyond the seed spread)')
 
 
 def _rate(summary: dict) -> str:
@@ -455,6 +524,8 @@ def plot(results: dict, path: str) -> None:
   if base:
     ax.axhline(base['accuracy'], color='gray', linestyle='--',
                label=f'best from scratch ({best[0]} network)')
+  for name, ref in (results.get('references') or {}).items():
+    ax.axhline(ref['accuracy'], linestyle=':', color='black', label=f'reference: {name}')
   ax.set_xlabel('pretraining FLOPs (as MFU counts them)')
   ax.set_ylabel('probe test accuracy')
   ax.set_title('What each objective buys at equal compute')
@@ -480,8 +551,14 @@ def main(argv):
     if f.probe_validation:
       specs['validation'] = f.probe_validation
   names = [n.strip() for n in f.only.split(',') if n.strip()] or list(ROWS)
+  references = [n.strip() for n in f.references.split(',') if n.strip()]
+  if f.references == 'installed':
+    references = probe.installed_references()
+    for missing in sorted(set(probe.REFERENCES) - set(references)):
+      print(f'bake-off: reference {missing} left out: {probe.REFERENCES[missing].pip} is not '
+            'installed')
   run(f.out, names, f.preset, f.corpus, specs, f.budget_steps or None,
-      overrides=parse_overrides(f.set or (), names))
+      overrides=parse_overrides(f.set or (), names), references=references)
 
 
 if __name__ == '__main__':
@@ -497,6 +574,9 @@ if __name__ == '__main__':
   flags.DEFINE_string('probe_validation', '', "Probe validation spec, where each row's "
                       'fine-tuning rate is chosen (default BBC News).')
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
+  flags.DEFINE_string('references', 'installed', 'Comma-separated public checkpoints of '
+                      f'{list(probe.REFERENCES)} probed as reference lines; '
+                      "'installed' (default) = those whose package is installed, '' = none.")
   flags.DEFINE_multi_string('set', [], 'ROW.section.field=value: a config field of one row '
                             "changed (repeatable), e.g. 'modernbert_contrastive."
                             "objective.contrastive_weight=1.0'; shown beside the row's name.")

