@@ -363,29 +363,35 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
                                  final_loss=float(last.get('loss', float('nan'))),
                                  heldout=scores, points=points, starts_from=source)
     _write(out, results)
-  results['from_scratch'] = {}
-  networks = []
+  results['from_scratch'], networks = {}, []
   for name in [n for n in names if n == names[0] or n in SCRATCH_BASELINES]:
     c = row_config(name, preset, corpus, prepared_root, 1, overrides=overrides.get(name))
-    network = (c.model.to_dict(), c.tokenizer.to_dict())
-    if network in networks:  # E.g. the recipe's, with or without the contrastive loss.
-      continue
-    networks.append(network)
-    log(f'bake-off: fine-tuning the from-scratch baseline of the {name} network')
-    summary = probe.run(dict(workdir=os.path.join(out, 'runs', name), from_scratch=True),
-                        os.path.join(out, 'probe', 'from_scratch', name), preset.probe,
-                        probe_specs, log)
-    results['from_scratch'][name] = dict(
-        _brief(summary), frozen=_frozen(
-            dict(workdir=os.path.join(out, 'runs', name), from_scratch=True), probe_specs,
-            preset.probe, log))
-    _write(out, results)
+    _scratch_baseline(name, c, networks, out, preset, probe_specs, results, log)
   results['references'] = {}
   for ref, hf_dir in zip(references, reference_dirs):
     results['references'][ref.name] = reference_row(ref, hf_dir, out, preset, probe_specs, log)
     _write(out, results)
   log(table(results))
   return results
+
+
+def _scratch_baseline(name: str, config: ml_collections.ConfigDict, networks: list,
+                      out: str, preset: Preset, probe_specs: dict, results: dict, log) -> None:
+  """Row ``name``'s network (``config``'s), randomly initialised, through the probe and
+  frozen, into ``results['from_scratch']``; skipped when ``networks`` (those baselined so
+  far, to which it is added) has the same network and tokenizer (e.g. the recipe's, with
+  or without the contrastive loss)."""
+  network = (config.model.to_dict(), config.tokenizer.to_dict())
+  if network in networks:
+    return
+  networks.append(network)
+  log(f'bake-off: fine-tuning the from-scratch baseline of the {name} network')
+  init = dict(workdir=os.path.join(out, 'runs', name), from_scratch=True)
+  summary = probe.run(init, os.path.join(out, 'probe', 'from_scratch', name), preset.probe,
+                      probe_specs, log)
+  results['from_scratch'][name] = dict(_brief(summary), frozen=_frozen(
+      init, probe_specs, preset.probe, log))
+  _write(out, results)
 
 
 def reference_row(ref, hf_dir: str, out: str, preset: Preset, probe_specs: dict, log) -> dict:
