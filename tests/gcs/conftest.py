@@ -8,6 +8,7 @@ use a bucket of their own (``bucket``) so they can share it.
 """
 
 import os
+import threading
 import uuid
 
 import pytest
@@ -44,3 +45,99 @@ def bucket(gcs_emulator) -> str:
   name = f'test-{uuid.uuid4().hex[:12]}'
   gcs_emulator.create_bucket(name)
   return f'gs://{name}'
+
+
+class FaultyProxy:
+  """An HTTP proxy in front of the emulator that answers every ``every``-th request with
+  503 Service Unavailable instead of forwarding it: a transient server error, which every
+  storage client must retry. ``injected`` counts them, ``forwarded`` the others."""
+
+  def __init__(self, target: str, every: int):
+    import http.server  # pylint: disable=g-import-not-at-top
+    self.target, self.every = target, every
+    self.forwarded = self.injected = 0
+    self._lock = threading.Lock()
+    proxy = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      protocol_version = 'HTTP/1.1'
+
+      def log_message(self, *args):
+        del args
+
+      def _handle(self):
+        proxy.handle(self)
+
+      do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
+
+    self._server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    self._server.daemon_threads = True
+    self._server.handle_error = lambda *args: None  # A client that hung up: nothing to do.
+    self.url = f'http://127.0.0.1:{self._server.server_address[1]}'
+    self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    self._thread.start()
+
+  def _body(self, handler) -> bytes:
+    if 'Content-Length' in handler.headers:
+      return handler.rfile.read(int(handler.headers['Content-Length']))
+    if handler.headers.get('Transfer-Encoding', '').lower() != 'chunked':
+      return b''
+    chunks = []
+    while True:
+      size = int(handler.rfile.readline().split(b';')[0], 16)
+      chunks.append(handler.rfile.read(size))
+      handler.rfile.readline()
+      if not size:
+        return b''.join(chunks)
+
+  def handle(self, handler) -> None:
+    import http.client  # pylint: disable=g-import-not-at-top
+    body = self._body(handler)
+    with self._lock:
+      fail = (self.forwarded + self.injected + 1) % self.every == 0
+      self.injected += fail
+      self.forwarded += not fail
+    if fail:
+      _reply(handler, 503, [('Content-Type', 'application/json')],
+             b'{"error": {"code": 503, "message": "injected by the test proxy"}}')
+      return
+    host, port = self.target.removeprefix('http://').split(':')
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    skip = ('host', 'connection', 'transfer-encoding', 'content-length', 'expect')
+    conn.request(handler.command, handler.path, body=body,
+                 headers={k: v for k, v in handler.headers.items() if k.lower() not in skip})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    headers = [(k, v.replace(self.target, self.url)) for k, v in response.getheaders()
+               if k.lower() not in ('connection', 'transfer-encoding', 'content-length',
+                                    'date', 'server')]
+    _reply(handler, response.status, headers, data)
+
+  def close(self) -> None:
+    self._server.shutdown()
+    self._server.server_close()
+
+
+def _reply(handler, status: int, headers, data: bytes) -> None:
+  handler.send_response(status)
+  for key, value in headers:
+    handler.send_header(key, value)
+  handler.send_header('Content-Length', str(len(data)))
+  handler.end_headers()
+  if handler.command != 'HEAD':
+    handler.wfile.write(data)
+
+
+@pytest.fixture
+def faulty_proxy(gcs_emulator):
+  """``make(every)``: a FaultyProxy in front of the session's emulator."""
+  proxies = []
+
+  def make(every: int) -> FaultyProxy:
+    proxies.append(FaultyProxy(gcs_emulator.url, every))
+    return proxies[-1]
+
+  yield make
+  for proxy in proxies:
+    proxy.close()

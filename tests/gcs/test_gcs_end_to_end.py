@@ -1,8 +1,8 @@
 """A run whose workdir is a bucket, end to end against the emulator: ``main`` trains and
 writes its config, tokenizer, metrics, TensorBoard events and Orbax checkpoints there; a
 rerun resumes from them and appends to the metrics; a refused resume changes no object;
-the reading commands (evaluate, fill_mask, embed, plot) read the bucket. Tiny config, one
-trained workdir per module."""
+the reading commands (evaluate, fill_mask, embed, plot, encoder_jax.load) read the bucket;
+a run through a proxy that answers some requests with 503 is the same run. Tiny config."""
 
 import json
 import os
@@ -22,14 +22,19 @@ import tiny_config  # pylint: disable=wrong-import-position
 pytestmark = pytest.mark.slow
 
 
-def _run(module: str, *flags: str) -> subprocess.CompletedProcess:
+def _run(module: str, *flags: str, endpoint: str | None = None) -> subprocess.CompletedProcess:
+  env = dict(os.environ)
+  if endpoint:  # Everything derived from STORAGE_EMULATOR_HOST follows it.
+    env[storage.EMULATOR_HOST] = endpoint
+    env.pop('TENSORSTORE_GCS_HTTP_URL')
   return subprocess.run([sys.executable, '-m', f'encoder_jax.{module}', *flags], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600, check=False)
+                        env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-def _main(prepared: str, workdir: str, *flags: str) -> subprocess.CompletedProcess:
+def _main(prepared: str, workdir: str, *flags: str, endpoint: str | None = None):
   return _run('main', f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared}',
-              f'--workdir={workdir}', '--config.checkpoint.every_steps=4', *flags)
+              f'--workdir={workdir}', '--config.checkpoint.every_steps=4', *flags,
+              endpoint=endpoint)
 
 
 def _objects(url: str) -> dict[str, int]:
@@ -39,19 +44,26 @@ def _objects(url: str) -> dict[str, int]:
           for b in storage.client().list_blobs(bucket, prefix=prefix + '/')}
 
 
-def _metrics(workdir: str, split: str = 'train') -> list[int]:
+def _metrics(workdir: str, split: str = 'train', key: str = 'step') -> list:
   text = storage.Blob(f'{workdir}/metrics.jsonl').read().text
-  return [r['step'] for r in map(json.loads, text.splitlines()) if r['split'] == split]
+  return [r[key] for r in map(json.loads, text.splitlines()) if r['split'] == split]
 
 
-@pytest.fixture(scope='module')
-def trained(gcs_emulator, tmp_path_factory):
-  """(workdir on the bucket, prepared dir, the two runs' outputs): 8 steps, then resumed
-  to 12."""
-  prepared = str(tmp_path_factory.mktemp('prepared'))
+def test_a_run_in_a_bucket_end_to_end(gcs_emulator, faulty_proxy, tmp_path):
+  """One test (the runs are shared, so pytest-xdist must not split them): each check below
+  is a function."""
+  prepared = str(tmp_path / 'prepared')
   data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={prepared}'))
   gcs_emulator.create_bucket('e2e')
-  workdir = 'gs://e2e/run'
+  trained = _train(prepared, 'gs://e2e/run')
+  _check_the_run_was_written_and_resumed(trained)
+  _check_a_refused_resume_changes_no_object(trained)
+  _check_the_reading_commands_read_the_bucket(trained, tmp_path)
+  _check_transient_errors_are_retried(trained, faulty_proxy)
+
+
+def _train(prepared: str, workdir: str):
+  """(workdir, prepared dir, the two runs' outputs): 8 steps, then resumed to 12."""
   first = _main(prepared, workdir, '--config.train.num_steps=8')
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   after_first = _objects(workdir)
@@ -62,7 +74,7 @@ def trained(gcs_emulator, tmp_path_factory):
                                  second=second.stdout + second.stderr)
 
 
-def test_main_writes_the_run_to_the_bucket_and_a_rerun_resumes_there(trained):
+def _check_the_run_was_written_and_resumed(trained):
   workdir, _, runs = trained
   first = runs['after_first']
   assert json.loads(storage.Blob(f'{workdir}/config.json').read().text)['model'][
@@ -81,7 +93,7 @@ def test_main_writes_the_run_to_the_bucket_and_a_rerun_resumes_there(trained):
   assert now['checkpoints/8/_CHECKPOINT_METADATA'] == first['checkpoints/8/_CHECKPOINT_METADATA']
 
 
-def test_a_refused_resume_changes_no_object_in_the_bucket(trained):
+def _check_a_refused_resume_changes_no_object(trained):
   workdir, prepared, _ = trained
   before = _objects(workdir)
   refused = _main(prepared, workdir, '--config.train.num_steps=12',
@@ -91,7 +103,7 @@ def test_a_refused_resume_changes_no_object_in_the_bucket(trained):
   assert _objects(workdir) == before
 
 
-def test_the_reading_commands_read_a_workdir_in_the_bucket(trained, tmp_path):
+def _check_the_reading_commands_read_the_bucket(trained, tmp_path):
   workdir, _, _ = trained
   evaluated = _run('evaluate', f'--workdir={workdir}')
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -106,3 +118,22 @@ def test_the_reading_commands_read_a_workdir_in_the_bucket(trained, tmp_path):
   plotted = _run('plot', f'--workdir={workdir}')
   assert plotted.returncode == 0, plotted.stderr[-3000:]
   assert storage.Blob(f'{workdir}/loss.png').read() is not None
+
+
+def _check_transient_errors_are_retried(trained, faulty_proxy):
+  """Every 20th request answered 503 (not forwarded): the lock, config, metrics, events,
+  checkpoint metadata (gcsfs) and arrays (tensorstore) are all retried, and the run's
+  losses and parameters equal the undisturbed run's bit for bit."""
+  import encoder_jax  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  workdir, prepared, _ = trained
+  proxy = faulty_proxy(every=20)
+  faulty = 'gs://e2e/faulty'
+  run = _main(prepared, faulty, '--config.train.num_steps=8', endpoint=proxy.url)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  assert proxy.injected >= 10, (proxy.injected, proxy.forwarded)
+  assert _metrics(faulty, key='loss') == _metrics(workdir, key='loss')[:8]
+  ours, undisturbed = (jax.tree.leaves(encoder_jax.load(w, step=8).params)
+                       for w in (faulty, workdir))
+  assert len(ours) == len(undisturbed) > 10
+  assert all(np.array_equal(a, b) for a, b in zip(ours, undisturbed))
