@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 
 import ml_collections
@@ -24,6 +25,7 @@ from encoder_jax import checkpointing
 from encoder_jax import loading
 from encoder_jax import train
 from encoder_jax import train_state
+from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
@@ -68,6 +70,8 @@ def workdir_source(source: str, step: int | None = None) -> train_state.Source:
   except (FileNotFoundError, checkpointing.CheckpointError) as e:
     raise FileNotFoundError(f'{key}: {e}') from e
   tok = loading.tokenizer_for_workdir(source, config)
+  if '://' in source:  # Read through a fresh temporary copy: keep one a rerun names again.
+    tok = _stable_copy(tok, source)
 
   def load():
     params, _, _ = loading.restore_params(config, source, step)
@@ -106,13 +110,25 @@ def hf_source(hf_dir: str) -> train_state.Source:
       model=model.to_dict(), tokenizer=tok, load=load)
 
 
+def _stable_dir(source: str) -> str:
+  """A local directory named by ``source``, for its tokenizer file."""
+  digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+  out = os.path.join(tempfile.gettempdir(), 'encoder_jax_init_tokenizers', digest)
+  os.makedirs(out, exist_ok=True)
+  return out
+
+
+def _stable_copy(tok, source: str):
+  """``tok`` read from a copy of its file in :func:`_stable_dir` of ``source``."""
+  path = os.path.join(_stable_dir(source), os.path.basename(str(tok.path)))
+  shutil.copyfile(str(tok.path), path)
+  return tokenizer_lib.Tokenizer.from_file(str(tok.kind), path, bool(tok.lowercase))
+
+
 def _hf_tokenizer(hf_dir: str):
   """The directory's tokenizer, read in place where it can be; else converted once into a
   directory named by ``hf_dir``, so that a rerun's config names the same file."""
   tok = tokenizer_io.load_hf_tokenizer(hf_dir)
   if os.path.abspath(str(tok.path)).startswith(os.path.abspath(hf_dir) + os.sep):
     return tok
-  digest = hashlib.sha256(os.path.abspath(hf_dir).encode()).hexdigest()[:16]
-  out = os.path.join(tempfile.gettempdir(), 'encoder_jax_init_tokenizers', digest)
-  os.makedirs(out, exist_ok=True)
-  return tokenizer_io.import_hf_tokenizer(hf_dir, out)
+  return tokenizer_io.import_hf_tokenizer(hf_dir, _stable_dir(os.path.abspath(hf_dir)))
