@@ -1,7 +1,7 @@
 r"""The small-budget recipe on the quickstart's network: a ModernBERT with every layer global
 (pre-LN, GeGLU, fused QKV, rotary positions, no biases, no dropout), MLM only, a higher peak
-rate with warmup-stable-decay (``config_base.SMALL_BUDGET_RECIPE``; what each choice bought
-is in the README, "Pretraining that pays"). ``:contrastive=True`` adds the span contrastive
+rate with warmup-stable-decay (``config_base.SMALL_BUDGET_RECIPE``; what each choice buys is
+in docs/results/recipe_ablation.md). ``:contrastive=True`` adds the span contrastive
 objective beside MLM (the bake-off's ``modernbert_contrastive`` row: features that
 fine-tune better than a random network's, for a lower MLM accuracy).
 

@@ -231,9 +231,12 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
 
   Heads the checkpoint does not have get a fresh initialisation from ``seed``.
   """
-  state = dict(state)
   spec = registry.hf_spec(config.kind)
   _check_exportable(spec, config)  # A layout the table cannot represent cannot be imported.
+  try:
+    state = dict(spec.state_from_hf(dict(state), config))
+  except ValueError as e:
+    raise ValueError(f'{source}: {e}') from e
   report = loading.ImportReport(source, architectures)
   used = set(spec.buffers) & set(state)
   by_group: dict[str, list[hf_table.Entry]] = {g: [] for g in spec.groups}
@@ -309,6 +312,7 @@ def params_to_hf(params: Params, config: config_lib.EncoderConfig) -> dict[str, 
         out[entry.hf.format(i=i)] = entry.transform.to_hf(value[i], config)
     else:
       out[entry.hf] = entry.transform.to_hf(value, config)
+  out = spec.state_to_hf(out, config)
   return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

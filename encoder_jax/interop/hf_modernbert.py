@@ -6,7 +6,12 @@ the fused ``attn.Wqkv`` [3 * heads * head_dim, hidden] (rows ordered q, k, v, th
 and ``attn.Wo``, ``mlp_norm``, the GLU ``mlp.Wi`` [2 * d_ff, hidden] (its first half the
 activated input, the second the gate: ``act(input) * gate``) and ``mlp.Wo``; ``final_norm``.
 The MLM head is ``head.dense``, ``head.norm`` and ``decoder``, whose weight is the token
-table (tied; written by neither side) and whose bias is ours.
+table (tied; written by neither side) and whose bias is ours. With ``type_vocab_size=1``
+(our shared embedding offset, ``models.modernbert``) the export folds the offset into
+``tok_embeddings`` and writes the decoder untied (``decoder.weight``: our token table,
+``tie_word_embeddings=False``), which computes the same logits; an untied checkpoint whose
+two tables differ by one shared row imports as such (the offset within float32 rounding of
+the difference), any other untied one is refused.
 
 Config: the attention, MLP and head biases are one option of ours (``dense_bias``) and the
 activations one (``activation``): a checkpoint where they differ is refused. The layer
@@ -18,6 +23,8 @@ embeddings'); the same computation without dropout (inference, and ModernBERT's 
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from encoder_jax.interop import hf_table as T
 from encoder_jax.models import config as config_lib
@@ -48,9 +55,16 @@ def _layer(ours, hf, transform, when=None, **kw) -> T.Entry:
                  when=when, **kw)
 
 
+TOKENS = 'model.embeddings.tok_embeddings.weight'
+# Our shared embedding offset [1, hidden] (type_vocab_size=1): no HF tensor of its own, it is
+# folded into TOKENS on export and taken out of it on import (_fold, _unfold).
+OFFSET = 'model.embeddings.token_offset'
+_offset = lambda c: c.type_vocab_size == 1
+
 PARAMS: tuple[T.Entry, ...] = (
-    T.Entry('embeddings/word_embeddings/embedding', 'model.embeddings.tok_embeddings.weight',
-            T.IDENTITY, ENCODER),
+    T.Entry('embeddings/word_embeddings/embedding', TOKENS, T.IDENTITY, ENCODER),
+    T.Entry('embeddings/token_type_embeddings/embedding', OFFSET, T.IDENTITY, ENCODER,
+            when=_offset),
     T.Entry('embeddings/layer_norm/scale', 'model.embeddings.norm.weight', T.IDENTITY, ENCODER),
     T.Entry('embeddings/layer_norm/bias', 'model.embeddings.norm.bias', T.IDENTITY, ENCODER,
             when=_norm_bias),
@@ -78,7 +92,7 @@ PARAMS: tuple[T.Entry, ...] = (
             when=_norm_bias),
     T.Entry('mlm_head/output_bias', 'decoder.bias', T.IDENTITY, MLM_HEAD),
 )
-TIED = {'decoder.weight': 'model.embeddings.tok_embeddings.weight'}
+TIED = {'decoder.weight': TOKENS}
 
 CONFIG_FIELDS: tuple[tuple[str, str], ...] = T.SHAPE_FIELDS
 # ModernBertConfig's defaults of the fields read in _config_from_hf (a config.json may
@@ -126,11 +140,12 @@ def _config_from_hf(hf) -> dict:
     raise ValueError(f"classifier_activation={hf['classifier_activation']!r} differs from "
                      f'hidden_activation={activation!r}; encoder_jax uses one activation '
                      '(config.model.activation) for both')
-  if not hf.get('decoder_bias', True) or not hf.get('tie_word_embeddings', True):
-    raise ValueError('decoder_bias=False or tie_word_embeddings=False is not supported (our MLM '
-                     'decoder is the token table, with a bias)')
+  if not hf.get('decoder_bias', True):
+    raise ValueError('decoder_bias=False is not supported (our MLM decoder has a bias)')
   fields = dict(
       models_registry.get('modernbert').requires,
+      # Untied: the token table is the decoder's plus a shared offset (checked on the weights).
+      type_vocab_size=0 if hf.get('tie_word_embeddings', True) else 1,
       max_position_embeddings=int(g('max_position_embeddings')),
       initializer_range=float(g('initializer_range')), layer_norm_eps=float(g('norm_eps')),
       norm_bias=bool(g('norm_bias')), dense_bias=biases['attention_bias'], activation=activation,
@@ -170,7 +185,39 @@ def _config_to_hf(c, pad_token_id: int) -> dict:
       # Only the padding id is known here (it is the embedding's padding_idx in HF); the
       # others are left unset rather than ModernBERT's vocabulary's.
       pad_token_id=pad_token_id, bos_token_id=None, eos_token_id=None, cls_token_id=None,
-      sep_token_id=None, tie_word_embeddings=True, decoder_bias=True)
+      sep_token_id=None, tie_word_embeddings=not _offset(c), decoder_bias=True)
+
+
+def _fold(state: dict, c) -> dict:
+  """Export: our offset added to every row of the token table; the decoder, untied, is the
+  table without it (so the logits are ours)."""
+  if not _offset(c):
+    return state
+  state = dict(state)
+  offset = state.pop(OFFSET)
+  state['decoder.weight'] = state[TOKENS]
+  state[TOKENS] = state[TOKENS] + offset
+  return state
+
+
+def _unfold(state: dict, c) -> dict:
+  """Import of an untied checkpoint: the decoder's table is our token table, and the
+  difference to the embedding's, one row shared by every token, our offset."""
+  if not _offset(c):
+    return state
+  if 'decoder.weight' not in state or TOKENS not in state:
+    raise ValueError(f'tie_word_embeddings=False: expected both {TOKENS} and decoder.weight')
+  state = dict(state)
+  table = state.pop('decoder.weight')
+  difference = state[TOKENS].astype(np.float64) - table
+  offset = difference.mean(axis=0, keepdims=True)
+  scale = float(np.abs(state[TOKENS]).max()) or 1.0
+  if float(np.abs(difference - offset).max()) > 1e-6 * scale:
+    raise ValueError('tie_word_embeddings=False with a decoder that is not the token table '
+                     'less one row shared by every token: encoder_jax ties its MLM decoder to '
+                     'the token table (type_vocab_size=1 adds a shared offset, no more)')
+  state[TOKENS], state[OFFSET] = table, offset.astype(np.float32)
+  return state
 
 
 def _check_exportable(c) -> None:
@@ -183,6 +230,7 @@ SPEC = T.HfSpec(
     params=PARAMS, groups=GROUPS, config_fields=CONFIG_FIELDS, required_hf_values={},
     base_prefix='model.', base_parts=('embeddings', 'layers', 'final_norm'),
     layer_prefix='model.layers.', tied=TIED, config_from_hf=_config_from_hf,
-    config_to_hf=_config_to_hf, check_exportable=_check_exportable,
+    config_to_hf=_config_to_hf, check_exportable=_check_exportable, state_from_hf=_unfold,
+    state_to_hf=_fold,
     block_options=config_lib.BLOCK_OPTION_NAMES,  # The kind's requires pin them.
     example_config='configs/crammed_small.py')

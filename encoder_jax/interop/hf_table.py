@@ -124,6 +124,11 @@ class HfSpec:
   block_options: tuple[str, ...] = ()
   # Key spellings of older checkpoints -> ours, applied after the prefix is added.
   key_renames: tuple[tuple[str, str], ...] = ()
+  # Rewrites of the state dict around the table, for a tensor of one side that is two of the
+  # other's (ModernBERT's token table with our shared offset folded in): on import, the
+  # (normalised) HF state -> the keys the table reads; on export, the table's -> HF's.
+  state_from_hf: Callable[[dict, Config], dict] = lambda state, c: state
+  state_to_hf: Callable[[dict, Config], dict] = lambda state, c: state
   # A config file whose network this table exports (named when another kind's export
   # refuses a block option this one represents).
   example_config: str = ''

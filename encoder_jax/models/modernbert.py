@@ -7,7 +7,11 @@ what Hugging Face's ``ModernBertForMaskedLM`` computes (``interop.hf_modernbert`
 ``configs/modernbert_base.py`` sets them from :data:`PUBLISHED`):
 
 * embeddings: the token table, LayerNorm, dropout; no positions, no segments
-  (``rotary=True``, ``type_vocab_size=0``);
+  (``rotary=True``, ``type_vocab_size=0``); or ``type_vocab_size=1``: one learned row added
+  to every token's embedding before the LayerNorm (a shared offset, as RoBERTa's single
+  token type; segment ids are not read). Hugging Face computes it with the offset folded
+  into its token table and the MLM decoder untied (the table without the offset), so it
+  exports (``interop.hf_modernbert``); the small-budget recipe trains with it;
 * pre-LN blocks with a final LayerNorm, the first layer's attention without its LayerNorm
   (``pre_norm=True``, ``first_attention_norm=False``);
 * one fused query/key/value projection (``fused_qkv=True``), rotary positions with a base
@@ -34,12 +38,14 @@ from encoder_jax.models import trunk
 # The trunk options that make the trunk ModernBERT's (``ModelKind.requires``: refused
 # otherwise; set on import from Hugging Face).
 REQUIRED = dict(pre_norm=True, gated_ffn=True, rotary=True, fused_qkv=True,
-                first_attention_norm=False, type_vocab_size=0, position_offset=0,
-                share_layers='none', attention_kind='dot_product')
+                first_attention_norm=False, position_offset=0, share_layers='none',
+                attention_kind='dot_product')
+# type_vocab_size: 0 (ModernBERT's) or 1 (a shared embedding offset; see the docstring).
+TOKEN_TYPES = (0, 1)
 # The released models' settings (answerdotai/ModernBERT-base's config.json), without the
 # shape: ``config.model`` fields for configs, the bake-off row and the benchmarks.
-PUBLISHED = dict(REQUIRED, kind='modernbert', rope_theta=160_000.0, local_rope_theta=10_000.0,
-                 local_attention=128, global_attn_every_n_layers=3, dense_bias=False,
+PUBLISHED = dict(REQUIRED, kind='modernbert', type_vocab_size=0, rope_theta=160_000.0,
+                 local_rope_theta=10_000.0, local_attention=128, global_attn_every_n_layers=3, dense_bias=False,
                  norm_bias=False, layer_norm_eps=1e-5, hidden_dropout_rate=0.0,
                  attention_dropout_rate=0.0)
 
@@ -53,6 +59,10 @@ def ModernBertModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # p
 
 
 def _check(c: config_lib.EncoderConfig) -> None:
+  if c.type_vocab_size not in TOKEN_TYPES:
+    raise ValueError(f'config.model.kind=modernbert has no segments: type_vocab_size='
+                     f'{c.type_vocab_size}; expected 0 (ModernBERT) or 1 (a shared embedding '
+                     'offset)')
   if c.embedding_size not in (0, c.hidden_size):
     raise ValueError('config.model.kind=modernbert has no factorized embedding '
                      f'(embedding_size={c.embedding_size})')

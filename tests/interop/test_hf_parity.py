@@ -224,13 +224,24 @@ def _check_export(tmp_path, kind, config, shape, case):
   diff = MAX_DIFF[case, kind, SHAPE_IDS[SHAPES.index(shape)]] = _compare_pretraining(
       kind, mask, ours, theirs)
   assert diff < ATOLS.get(kind, ATOL)
-  # The tied decoder really is the word embedding in the loaded model.
+  # The decoder really is our word embedding in the loaded model (tied, or untied beside a
+  # token table with the shared offset folded in).
   np.testing.assert_array_equal(model.get_output_embeddings().weight.detach().numpy(),
                                 params['embeddings']['word_embeddings']['embedding'])
-  # And importing the export gives back our config and every tensor, bit for bit.
+  # And importing the export gives back our config and every tensor, bit for bit (but a
+  # shared embedding offset folded into the token table: within float32 rounding).
   config2, params2, report = hf.load_hf(str(tmp_path))
   assert config2 == config and report.initialised_groups == [] and not report.ignored_keys
   assert jax.tree.structure(params2) == jax.tree.structure(params)
+  offset = params2['embeddings'].pop('token_type_embeddings', None)
+  if offset is not None:  # The rounding of table + offset: an ulp of the folded table.
+    expected = params['embeddings']['token_type_embeddings']['embedding']
+    folded = np.abs(params['embeddings']['word_embeddings']['embedding']).max() + np.abs(
+        expected).max()
+    np.testing.assert_allclose(offset['embedding'], expected, rtol=0,
+                               atol=2.0 ** -23 * folded)
+    params = dict(params, embeddings={k: v for k, v in params['embeddings'].items()
+                                      if k != 'token_type_embeddings'})
   jax.tree.map(np.testing.assert_array_equal, params2, params)
 
 
@@ -243,13 +254,18 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, kind, shape):
 @pytest.mark.parametrize('shape', SHAPES, ids=SHAPE_IDS)
 def test_small_budget_recipe_exports_to_modernbert(tmp_path, shape):
   """The quickstart's network (``config_base.SMALL_BUDGET_RECIPE``: a ModernBERT with every
-  layer global, RoPE base 10,000, no biases) is ``ModernBertForMaskedLM``'s computation."""
+  layer global, RoPE base 10,000, no biases, a shared embedding offset) is
+  ``ModernBertForMaskedLM``'s computation (the offset folded into its token table, the
+  decoder untied)."""
   model = dict(config_base.SMALL_BUDGET_RECIPE['model'],
                **{k: v for k, v in _model_shape(shape).items() if k != 'max_positions'},
                max_position_embeddings=shape['max_positions'])
   config = registry.make_config(model)
   assert config.kind == 'modernbert' and not config.has_local_layers
+  assert config.type_vocab_size == 1
   _check_export(tmp_path, 'modernbert', config, shape, 'recipe export')
+  with open(tmp_path / 'config.json') as f:
+    assert json.load(f)['tie_word_embeddings'] is False
 
 
 @pytest.mark.parametrize('kind', KINDS)

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import transformers
 
 import encoder_jax
 from encoder_jax import config_base
@@ -17,6 +18,8 @@ from encoder_jax import convert
 from encoder_jax import train
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
+
+import hf_fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -109,3 +112,13 @@ def test_refusal_names_the_option_and_the_configuration_that_exports(tmp_path):
   recipe = registry.make_config(dict(config_base.SMALL_BUDGET_RECIPE['model'], **shape))
   hf.save_hf(str(tmp_path / 'recipe'), recipe, hf.init_params(recipe))
   assert hf.load_hf(str(tmp_path / 'recipe'))[0] == recipe
+
+
+def test_an_untied_decoder_other_than_the_table_less_a_shared_row_is_refused(tmp_path):
+  config = hf_fixtures.hf_config('modernbert', vocab_size=61, hidden_size=30, num_layers=1,
+                                 num_heads=3, intermediate_size=38)
+  config.tie_word_embeddings = False
+  model = hf_fixtures.randomize_(transformers.ModernBertForMaskedLM(config), seed=0)
+  model.save_pretrained(tmp_path)
+  with pytest.raises(ValueError, match='not the token table less one row shared by every token'):
+    hf.load_hf(str(tmp_path))
