@@ -340,6 +340,9 @@ def _state(run: _Run, restored) -> TrainState:
     run.console.say(f'  report in {workdir_lib.path(run.workdir, INIT_REPORT)}')
     if run.lead:
       workdir_lib.path(run.workdir, INIT_REPORT).write_text(json.dumps(report, indent=2) + '\n')
+    # Global arrays from the host copy every process holds (any mesh, any process count).
+    params = jax.tree.map(lambda x, s: jax.make_array_from_callback(
+        np.shape(x), s, lambda index, x=x: np.asarray(x)[index]), params, run.shards.params)
     return create_train_state(run.config, run.mesh, params=params, setup=run.objective,
                               tx=run.tx)
   if restored is None:
