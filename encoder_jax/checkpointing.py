@@ -119,14 +119,16 @@ def _move_aside(workdir: str, step_dir: epath.Path, step: int, reason: str) -> e
   target, n = root / f'{step}-{stamp}', 1
   while target.exists() or target.with_name(target.name + '.txt').exists():
     target, n = root / f'{step}-{stamp}-{n}', n + 1
+  note = target.with_name(target.name + '.txt')  # Written first: on a bucket it also makes
+  note.write_text(  # `root` exist (a bucket has no empty directories to rename into).
+      f'step: {step}\nfrom: {step_dir}\nset aside: {stamp}\nreason: {reason}\n')
   try:
     step_dir.rename(target)
   except OSError as e:
+    note.unlink(missing_ok=True)
     raise CheckpointError(
         f'Checkpoint step {step} cannot be restored ({reason}) and moving {step_dir} aside to '
         f'{target} failed ({e}); move it out of {step_dir.parent} by hand, then rerun.') from e
-  target.with_name(target.name + '.txt').write_text(
-      f'step: {step}\nfrom: {step_dir}\nset aside: {stamp}\nreason: {reason}\n')
   return target
 
 

@@ -60,6 +60,7 @@ def test_a_run_in_a_bucket_end_to_end(gcs_emulator, faulty_proxy, tmp_path):
   _check_a_refused_resume_changes_no_object(trained)
   _check_the_reading_commands_read_the_bucket(trained, tmp_path)
   _check_transient_errors_are_retried(trained, faulty_proxy)
+  _check_a_garbled_newest_checkpoint_is_set_aside(trained)
 
 
 def _train(prepared: str, workdir: str):
@@ -137,3 +138,26 @@ def _check_transient_errors_are_retried(trained, faulty_proxy):
                        for w in (faulty, workdir))
   assert len(ours) == len(undisturbed) > 10
   assert all(np.array_equal(a, b) for a, b in zip(ours, undisturbed))
+
+
+def _check_a_garbled_newest_checkpoint_is_set_aside(trained):
+  """Every object of step 12's params truncated: step 8 restores, step 12 is moved to
+  checkpoints_damaged/ on the bucket with its reason beside it."""
+  from encoder_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  from encoder_jax import sharding  # pylint: disable=g-import-not-at-top
+  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  workdir, prepared, _ = trained
+  bucket, prefix = storage.split(workdir)
+  for blob in storage.client().list_blobs(bucket, prefix=f'{prefix}/checkpoints/12/params/'):
+    blob.upload_from_string(b'')
+  c = tiny_config.get_config(f'prepared_dir={prepared}')
+  c.train.num_steps, c.checkpoint.every_steps = 12, 4
+  ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
+  step = ckpt.restore(train.abstract_state(c, sharding.make_mesh(c.mesh)))[3]
+  ckpt.close()
+  assert step == 8 and [s for s, _, _ in ckpt.set_aside] == [12]
+  names = set(_objects(workdir))
+  assert not any(n.startswith('checkpoints/12/') for n in names)
+  aside = ckpt.set_aside[0][2][len(workdir) + 1:]
+  assert f'{aside}/params/_METADATA' in names and f'{aside}.txt' in names
+  assert 'not valid JSON' in storage.Blob(f'{workdir}/{aside}.txt').read().text
