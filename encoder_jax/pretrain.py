@@ -78,7 +78,7 @@ def workdir_source(source: str, step: int | None = None) -> train_state.Source:
     report = loading.read_import_report(source)
     untrained = {}
     if report is not None and step == loading.IMPORTED_STEP:  # An import, not trained since.
-      untrained = {g: f'{report.source} has none; its import initialised it at random'
+      untrained = {g: f'its import from {report.source}, which has none'
                    for g in report.initialised_groups}
     return params, untrained
 
@@ -102,8 +102,7 @@ def hf_source(hf_dir: str) -> train_state.Source:
 
   def load():
     loaded = hf_import.load_hf_dir(hf_dir)
-    return loaded.params, {g: f'{architectures} has none; the import initialised it at random'
-                           for g in loaded.report.initialised_groups}
+    return loaded.params, {g: f'{architectures} has none' for g in loaded.report.initialised_groups}
 
   return train_state.Source(
       key=key, description=f'{hf_dir} (Hugging Face directory, {architectures})',
