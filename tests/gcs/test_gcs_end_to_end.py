@@ -2,12 +2,14 @@
 writes its config, tokenizer, metrics, TensorBoard events and Orbax checkpoints there; a
 rerun resumes from them and appends to the metrics; a refused resume changes no object;
 the reading commands (evaluate, fill_mask, embed, plot, encoder_jax.load) read the bucket;
-a run through a proxy that answers some requests with 503 is the same run. Tiny config."""
+a run SIGKILLed and rerun through a proxy that answers some requests with 503 ends as the
+undisturbed run; a garbled newest checkpoint is set aside on the bucket. Tiny config."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -59,7 +61,8 @@ def test_a_run_in_a_bucket_end_to_end(gcs_emulator, faulty_proxy, tmp_path):
   _check_the_run_was_written_and_resumed(trained)
   _check_a_refused_resume_changes_no_object(trained)
   _check_the_reading_commands_read_the_bucket(trained, tmp_path)
-  _check_transient_errors_are_retried(trained, faulty_proxy)
+  _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, faulty_proxy,
+                                                                tmp_path)
   _check_a_garbled_newest_checkpoint_is_set_aside(trained)
 
 
@@ -121,18 +124,60 @@ def _check_the_reading_commands_read_the_bucket(trained, tmp_path):
   assert storage.Blob(f'{workdir}/loss.png').read() is not None
 
 
-def _check_transient_errors_are_retried(trained, faulty_proxy):
-  """Every 20th request answered 503 (not forwarded): the lock, config, metrics, events,
-  checkpoint metadata (gcsfs) and arrays (tensorstore) are all retried, and the run's
-  losses and parameters equal the undisturbed run's bit for bit."""
+HANG_AT_STEP_6 = """
+import os, runpy, sys, time
+from encoder_jax import metrics_log
+MARKER = sys.argv.pop(1)
+_write = metrics_log.MetricWriter.write
+
+
+def write(self, step, scalars, prefix='train'):
+  if step == 6 and prefix == 'train':  # Step 6 trained, not logged: wait to be killed.
+    open(MARKER, 'w').close()
+    while True:
+      time.sleep(1)
+  return _write(self, step, scalars, prefix)
+
+
+metrics_log.MetricWriter.write = write
+runpy.run_module('encoder_jax.main', run_name='__main__')
+"""
+
+
+def _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, faulty_proxy,
+                                                                  tmp_path):
+  """Through a proxy that answers every 20th request with 503 (not forwarded), a run is
+  SIGKILLed at step 6 and rerun: the lock, config, metrics, events, checkpoint metadata
+  (gcsfs) and arrays (tensorstore) are all retried, the rerun takes over the dead run's
+  lock and resumes from step 4, and its losses and parameters equal the undisturbed run's
+  bit for bit."""
   import encoder_jax  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
-  proxy = faulty_proxy(every=20)
-  faulty = 'gs://e2e/faulty'
-  run = _main(prepared, faulty, '--config.train.num_steps=8', endpoint=proxy.url)
-  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  proxy, faulty = faulty_proxy(every=20), 'gs://e2e/faulty'
+  flags = (f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared}',
+           f'--workdir={faulty}', '--config.checkpoint.every_steps=4',
+           '--config.train.num_steps=8')
+  env = dict(os.environ, **{storage.EMULATOR_HOST: proxy.url})
+  env.pop('TENSORSTORE_GCS_HTTP_URL')
+  marker = tmp_path / 'at_step_6'
+  killed = subprocess.Popen([sys.executable, '-c', HANG_AT_STEP_6, str(marker), *flags],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 300
+    while not (marker.exists() and 'checkpoints/4/commit_success.txt' in _objects(faulty)):
+      assert killed.poll() is None and time.time() < deadline, 'the run stopped early'
+      time.sleep(0.2)
+  finally:
+    killed.kill()
+    killed.wait()
+  rerun = _main(prepared, faulty, '--config.train.num_steps=8', endpoint=proxy.url)
+  out = rerun.stdout + rerun.stderr
+  assert rerun.returncode == 0, out[-5000:]
+  assert f'pid {killed.pid}' in out and 'resuming from checkpoint step 4' in out
   assert proxy.injected >= 10, (proxy.injected, proxy.forwarded)
+  assert _metrics(faulty) == list(range(1, 9))
   assert _metrics(faulty, key='loss') == _metrics(workdir, key='loss')[:8]
   ours, undisturbed = (jax.tree.leaves(encoder_jax.load(w, step=8).params)
                        for w in (faulty, workdir))
