@@ -102,6 +102,14 @@ def link_problems(path: pathlib.Path, text: str) -> list[str]:
   return problems
 
 
+def table_problems(path: pathlib.Path, text: str) -> list[str]:
+  """A table row must stay on one line: a line after a row is a row or blank."""
+  lines = [ln for ln in _FENCE.sub('', text).splitlines() if not ln.startswith('    ')]
+  return [f'{path.name}: a table row continues on the next line: {nxt[:60]!r}'
+          for row, nxt in zip(lines, lines[1:])
+          if row.startswith('|') and nxt.strip() and not nxt.startswith('|')]
+
+
 def commands(text: str, pattern: re.Pattern[str] = _COMMAND) -> list[str]:
   """Every command ``pattern`` starts that is quoted in code, continuation lines joined; a
   command ends at the end of its line, at ``&&``, `` | ``, `` -- `` or the next ``python``."""
@@ -284,7 +292,7 @@ def snippet_problems(text: str) -> list[str]:
 
 @pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(path):
-  assert link_problems(path, path.read_text()) == []
+  assert link_problems(path, path.read_text()) + table_problems(path, path.read_text()) == []
 
 
 @pytest.mark.parametrize('path', DOCS, ids=lambda p: str(p.relative_to(REPO)))
@@ -340,6 +348,8 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
           '    python -c "from encoder_jax import config_base; print(config_base.fields_table())"\n'
           '    python -c "from encoder_jax import config_base; print(config_base.no_table())"\n')
   doc.write_text(text)
+  assert table_problems(doc, '| a | b |\n|---|---|\n| x | y\nz |\n') != []
+  assert table_problems(doc, '| a | b |\n|---|---|\n| x | y |\n\nz\n') == []
   links = link_problems(doc, text)
   assert len(links) == 2 and 'missing.md' in links[0] and '#nowhere' in links[1], links
   problems = [p for c in commands(text) for p in command_problems(c)]
