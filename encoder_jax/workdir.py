@@ -139,58 +139,6 @@ STALE_AFTER_S = 15 * 60.0  # ...so a lock from another host not rewritten for th
 LockInfo = filelock.LockInfo  # Who holds a workdir: written as JSON into <workdir>/.lock.
 
 
-class _BucketLock(filelock.FileLock):
-  """The lock of a ``gs://`` workdir, atomic through Cloud Storage's generation numbers.
-
-  Every write names the generation it expects (``storage.Blob``): creating the lock only
-  succeeds while there is none (generation 0), so of runs started together exactly one
-  gets it; a stale lock is taken over by replacing the generation that was judged stale
-  (of several runs taking over, one succeeds); the heartbeat rewrites only our own
-  generation and release deletes only it, so neither touches a successor's lock.
-  """
-
-  def __init__(self, path_: str, **kwargs):
-    super().__init__(path_, **kwargs)
-    self._blob = storage.Blob(path_)
-    self._generation: int | None = None  # Of our lock, while we hold it.
-    self._seen: storage.Version | None = None  # The lock as last read.
-    self._adopted: int | None = None  # The generation a take-over wrote, to claim as ours.
-
-  def _create(self, text: str) -> bool:
-    expected, self._adopted = self._adopted or 0, None
-    self._generation = self._blob.write(text, if_generation=expected)
-    return self._generation is not None
-
-  def _read_text(self) -> str | None:
-    self._seen = self._blob.read()
-    return None if self._seen is None else self._seen.text
-
-  def _mtime(self) -> float | None:
-    return None if self._seen is None else self._seen.mtime
-
-  def take_over(self, holder: filelock.Holder) -> bool:
-    """Replaces the stale lock, if it is still the generation read, by a placeholder that
-    the next ``try_acquire`` (its ``_create``) replaces with our lock."""
-    seen = self._seen
-    if seen is None or seen.text != holder.text:
-      return False
-    placeholder = filelock.LockInfo.new().to_text()
-    self._adopted = self._blob.write(placeholder, if_generation=seen.generation)
-    return self._adopted is not None
-
-  def _rewrite(self, text: str) -> None:
-    generation = self._blob.write(text, if_generation=self._generation)
-    if generation is None:
-      raise OSError(f'{self.path} was replaced by another run')
-    self._generation = generation
-
-  def _remove_if(self, text: str) -> bool:
-    now = self._blob.read()
-    if now is None or now.text != text:
-      return False
-    return self._blob.delete(if_generation=now.generation)
-
-
 class WorkdirLock:
   """``with WorkdirLock(workdir): ...``: only one run uses a workdir at a time.
 
@@ -204,7 +152,7 @@ class WorkdirLock:
   multi-host run) does nothing, so a run holds the lock once.
 
   ``gs://`` workdirs have no O_EXCL: there the lock is created, taken over and refreshed
-  with Cloud Storage's generation preconditions (``_BucketLock``), which are as atomic.
+  with Cloud Storage's generation preconditions (``storage.BucketLock``), which are as atomic.
   """
 
   def __init__(self, workdir: str, enabled: bool = True, heartbeat_s: float = HEARTBEAT_S,
@@ -215,7 +163,7 @@ class WorkdirLock:
     self.heartbeat_s = heartbeat_s
     self.stale_after_s = stale_after_s
     self.took_over: LockInfo | None = None  # The dead run's lock, if one was taken over.
-    kind = _BucketLock if '://' in workdir else filelock.FileLock
+    kind = storage.BucketLock if '://' in workdir else filelock.FileLock
     self._lock = kind(str(self.path), heartbeat_s=heartbeat_s, horizon_s=stale_after_s,
                       on_lost=self._lost, thread_name='workdir-lock-heartbeat')
 

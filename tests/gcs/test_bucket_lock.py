@@ -15,8 +15,8 @@ from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 
 
-def _lock(url: str, heartbeat_s: float = 0.0) -> workdir_lib._BucketLock:
-  return workdir_lib._BucketLock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)
+def _lock(url: str, heartbeat_s: float = 0.0) -> storage.BucketLock:
+  return storage.BucketLock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)
 
 
 def test_the_bucket_lock_is_created_once_refreshed_and_released(bucket):
@@ -50,7 +50,7 @@ def test_a_stale_lock_is_taken_over_by_exactly_one_of_two(bucket):
 def test_the_heartbeat_never_overwrites_a_successor(bucket):
   url = f'{bucket}/run/{workdir_lib.LOCK_FILE}'
   lost = []
-  ours = workdir_lib._BucketLock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
+  ours = storage.BucketLock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
   assert ours.try_acquire()
   version = storage.Blob(url).read()
   successor = filelock.LockInfo.new()
