@@ -210,6 +210,12 @@ class Blob:
                      meta.updated.timestamp())
     return None
 
+  def exists(self) -> bool:
+    try:
+      return client().bucket(self.bucket).get_blob(self.name) is not None
+    except _failures() as e:
+      raise explain(self.url, e) from e
+
   def write(self, text: str, if_generation: int) -> int | None:
     """Writes ``text`` only if the object's generation is ``if_generation`` now (0: only if
     there is no object). Returns the new generation, or None if the precondition failed."""
@@ -314,6 +320,44 @@ def open_read(path: str):
 
 def size(path: str) -> int:
   return int(_gcsfs(path).size(path))
+
+
+def exists(path: str) -> bool:
+  """Whether the file (local) or object (``gs://``) ``path`` exists."""
+  return Blob(path).exists() if str(path).startswith('gs://') else os.path.exists(path)
+
+
+def upload_tree(local_dir: str, url: str, last: str) -> None:
+  """Copies every file under ``local_dir`` to objects under ``url``, the file ``last``
+  (a manifest: its presence says the copy is complete) after all the others."""
+  names = sorted(os.path.relpath(os.path.join(root, f), local_dir)
+                 for root, _, files in os.walk(local_dir) for f in files)
+  bucket_name, prefix = split(url.rstrip('/'))
+  try:
+    bucket = client().bucket(bucket_name)
+    for name in sorted(names, key=lambda n: n == last):  # Conditional: retried on 5xx.
+      blob = bucket.blob(f'{prefix}/{name}')
+      blob.upload_from_filename(os.path.join(local_dir, name), if_generation_match=0)
+  except _failures() as e:
+    raise explain(url, e) from e
+
+
+def download_tree(url: str, local_dir: str, last: str) -> int:
+  """Copies every object under ``url`` into ``local_dir`` (made), ``last`` after all the
+  others; returns the bytes copied."""
+  bucket_name, prefix = split(url.rstrip('/'))
+  total = 0
+  try:
+    blobs = sorted(client().list_blobs(bucket_name, prefix=prefix + '/'),
+                   key=lambda b: b.name == f'{prefix}/{last}')
+    for blob in blobs:
+      target = os.path.join(local_dir, blob.name[len(prefix) + 1:])
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      blob.download_to_filename(target)  # Checksummed; retried on 5xx.
+      total += int(blob.size or 0)
+  except _failures() as e:
+    raise explain(url, e) from e
+  return total
 
 
 def open_append(path):

@@ -552,6 +552,9 @@ def load_or_prepare(config) -> PreparedData:
   """
   fields = content_fields(config)
   directory = prepared_directory(config, fields)
+  if directory.startswith('gs://'):  # Prepared once for every host, copied to each.
+    return load(config, prepare_once.through_bucket(directory, MANIFEST,
+                                                    lambda local: prepare(config, local)))
   manifest = os.path.join(directory, MANIFEST)
   if not prepare_once.prepare_once(directory, manifest, lambda: prepare(config, directory)):
     logging.info('Using prepared data in %s', directory)

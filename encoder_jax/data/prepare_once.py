@@ -3,8 +3,11 @@
 Every process of a multi-host run calls ``load_or_prepare`` with the same config, and
 preparing is minutes to hours of work. The first process to create ``<directory>.lock``
 (an atomic exclusive create on the file system that holds the directory) prepares; the
-others wait for the manifest. So a shared file system prepares once, and hosts with local
-disks (TPU VM workers) each prepare once, which each of them needs. No JAX is involved: the
+others wait for the manifest. So a shared file system prepares once. Hosts with local
+disks (TPU VM workers) share prepared data through a bucket instead (``through_bucket``,
+for a ``gs://`` config.data.prepared_dir): one process of all of them prepares and uploads
+it, under a lock object made atomic by Cloud Storage's generation preconditions
+(``storage.BucketLock``), and each host copies it once to its disk. No JAX is involved: the
 lock also serialises unrelated runs (or test workers) that share a prepared directory.
 
 The lock is encoder_jax.filelock's (the package's one lock helper; WorkdirLock uses it
@@ -18,12 +21,16 @@ instead of repeating the failure one after another. A waiter gives up after ``ti
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from typing import Callable
 
 from encoder_jax import filelock
+from encoder_jax import storage
 
 HEARTBEAT_S = 10.0
 STALE_S = 180.0  # Several missed heartbeats, with room for slow network file systems.
@@ -44,14 +51,17 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
   Returns True if this process prepared, False if it waited for (or found) ``manifest``.
   """
   path = lock_path(directory)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  on_bucket = directory.startswith('gs://')
+  if not on_bucket:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
   def lost(holder):
     logging.warning('The lock %s is no longer ours (now: %s): %s may be preparing %s too '
                     '(the first complete directory wins).', path,
                     holder.describe() if holder else 'missing', _who(holder), directory)
 
-  lock = filelock.FileLock(path, heartbeat_s=heartbeat_s, horizon_s=stale_s,
+  kind = storage.BucketLock if on_bucket else filelock.FileLock
+  lock = kind(path, heartbeat_s=heartbeat_s, horizon_s=stale_s,
                            horizon_on_this_host=True, on_lost=lost,
                            thread_name='prepare-heartbeat')
   idle = filelock.IdleClock()  # Host clocks may disagree: staleness is timed with ours.
@@ -59,11 +69,11 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
   seen = None  # The lock as last observed.
   told = ()  # The owner last reported as being waited for (none yet).
   while True:
-    if os.path.exists(manifest):
+    if storage.exists(manifest):
       return False
-    if seen is not None and not os.path.exists(path):  # Released: done, failed or taken over.
+    if seen is not None and not storage.exists(path):  # Released: done, failed or taken over.
       time.sleep(1.0)  # A take-over recreates the lock at once.
-      if not os.path.exists(manifest) and not os.path.exists(path):
+      if not storage.exists(manifest) and not storage.exists(path):
         raise FileNotFoundError(
             f'{_who(seen.info)} stopped preparing {directory} without writing {manifest} '
             "(its preparation failed: see that process's log). Fix the cause and rerun.")
@@ -105,3 +115,49 @@ def _who(owner: filelock.LockInfo | None) -> str:
   if owner is None:
     return 'another process'
   return f'process {owner.pid} on {owner.host}'
+
+
+CACHE_ENV = 'ENCODER_JAX_PREPARED_CACHE'  # Where hosts keep their copy of bucket data.
+
+
+def cache_root() -> str:
+  return os.environ.get(CACHE_ENV) or os.path.expanduser('~/.cache/encoder_jax/prepared')
+
+
+def through_bucket(url: str, manifest_name: str, prepare: Callable[[str], object]) -> str:
+  """Prepared data shared through a bucket; returns this host's local copy of it.
+
+  One process of all the hosts prepares (under the lock object ``<url>.lock``, atomic by
+  generation preconditions) into a local staging directory and uploads it to ``url``,
+  the manifest last; every host then downloads it once into ``cache_root()`` (processes of
+  one host share that copy under a local lock) and memory-maps it there, as it would a
+  local directory. A new slice of another size resumes from the same ``url``. A local copy
+  whose manifest is not the bucket's (the data was prepared again) is replaced.
+  """
+  url = url.rstrip('/')
+
+  def prepare_and_upload():
+    with tempfile.TemporaryDirectory(prefix='prepared_upload_') as staging:
+      local = os.path.join(staging, 'prepared')
+      prepare(local)
+      storage.upload_tree(local, url, last=manifest_name)
+
+  if prepare_once(url, f'{url}/{manifest_name}', prepare_and_upload):
+    logging.info('Prepared %s once for every host.', url)
+  shared = storage.Blob(f'{url}/{manifest_name}').read().text
+  local = os.path.join(cache_root(), hashlib.sha256(url.encode()).hexdigest()[:16])
+  manifest = os.path.join(local, manifest_name)
+  if os.path.exists(manifest):
+    with open(manifest, encoding='utf-8') as f:
+      if f.read() != shared:
+        logging.warning('%s was prepared again; replacing the copy in %s.', url, local)
+        shutil.rmtree(local, ignore_errors=True)
+
+  def download():
+    start = time.monotonic()
+    size = storage.download_tree(url, local, last=manifest_name)
+    logging.info('Copied %s to %s: %.1f MB in %.1f s.', url, local, size / 1e6,
+                 time.monotonic() - start)
+
+  prepare_once(local, manifest, download)
+  return local

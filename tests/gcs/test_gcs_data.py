@@ -1,14 +1,20 @@
-"""Corpus globs on a bucket: ``text:gs://...`` and ``jsonl:gs://...`` sources prepare the
-same data as the same files on a local disk (gcsfs: glob, ranged reads, gzip)."""
+"""Data on a bucket: ``text:gs://...`` and ``jsonl:gs://...`` sources prepare the same data
+as the same files on a local disk (gcsfs: glob, ranged reads, gzip); a ``gs://`` prepared
+directory is prepared once for all hosts and copied to each."""
 
 import gzip
 import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 from encoder_jax import config_base
 from encoder_jax import data as data_lib
 from encoder_jax import storage
 from encoder_jax.data import embedded
+from encoder_jax.data import prepare_once
 
 
 def _config(prepared_dir: str, sources: str):
@@ -55,3 +61,37 @@ def test_text_and_jsonl_globs_on_a_bucket_prepare_what_local_files_do(bucket, tm
     prepared[where] = data_lib.load_or_prepare(c)
   local_files = _files(prepared['local'].directory)
   assert len(local_files) > 2 and _files(prepared['bucket'].directory) == local_files
+
+
+_HOST = '''
+import sys
+sys.path.insert(0, sys.argv[2])
+import test_gcs_data
+from encoder_jax import data as data_lib
+config = test_gcs_data._config(sys.argv[1], 'embedded;max_documents=150')
+prepared = data_lib.load_or_prepare(config)
+print('directory', prepared.directory, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_hosts_prepare_once_through_the_bucket_and_each_reads_its_copy(bucket, tmp_path):
+  """Three processes, each a host with its own disk (cache), ask for the same gs://
+  prepared_dir at once: one prepares and uploads, every host copies it and loads it."""
+  url = f'{bucket}/prepared'
+  hosts = [subprocess.Popen(
+      [sys.executable, '-c', _HOST, url, os.path.dirname(os.path.abspath(__file__))],
+      env=dict(os.environ, **{prepare_once.CACHE_ENV: str(tmp_path / f'host{i}')}),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+  outputs = [h.communicate(timeout=300) for h in hosts]
+  assert all(h.returncode == 0 for h in hosts), [err[-3000:] for _, err in outputs]
+  assert sum(out.count('Prepared ') for out, _ in outputs) == 1, [o for o, _ in outputs]
+  directories = [out.split('directory ')[1].split()[0] for out, _ in outputs]
+  assert sorted(os.path.dirname(d) for d in directories) == [
+      str(tmp_path / f'host{i}') for i in range(3)]
+  copies = [_files(d) for d in directories]
+  assert len(copies[0]) > 2 and copies[0] == copies[1] == copies[2]
+  objects = {b.name.split('/', 1)[1] for b in storage.client().list_blobs(
+      storage.split(url)[0], prefix='prepared/')}
+  assert 'manifest.json' in objects and set(copies[0]) <= objects
+  assert not storage.exists(prepare_once.lock_path(url))  # Released.
