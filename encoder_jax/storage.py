@@ -422,7 +422,10 @@ class Appender:
       else:
         part = bucket.blob(f'{self.name}.append-{os.getpid()}-{time.time_ns()}')
         part.upload_from_string(data, if_generation_match=0)
-        try:
+        try:  # Checked here too: emulators ignore compose's precondition.
+          now = bucket.get_blob(self.name)
+          if now is None or int(now.generation) != self._generation:
+            raise exceptions.PreconditionFailed(f'{self.url} is not the one last written')
           target.compose([bucket.blob(self.name), part], if_generation_match=self._generation)
         finally:
           try:
@@ -433,7 +436,8 @@ class Appender:
       # A retried request whose first try did land reads as done: the object has grown by
       # exactly this part since our last write.
       current = bucket.get_blob(self.name)
-      if current is None or int(current.size) != self._size + len(data):
+      if current is None or int(current.size) != self._size + len(data) or (
+          current.download_as_bytes(start=self._size) != data):
         raise
       target = current
     self._generation, self._size = int(target.generation), self._size + len(data)
