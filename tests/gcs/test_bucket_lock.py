@@ -103,3 +103,42 @@ def test_of_runs_started_together_on_a_bucket_exactly_one_gets_the_lock(bucket, 
   assert refusals == {f'{bucket}/race/round{r} is in use by another run' for r in range(ROUNDS)}
   for r in range(ROUNDS):  # Every winner released its lock.
     assert storage.Blob(f'{bucket}/race/round{r}/{workdir_lib.LOCK_FILE}').read() is None
+
+
+_PREPARER = '''
+import os, sys, time
+from encoder_jax import storage
+from encoder_jax.data import prepare_once
+root, flags, n, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+def barrier(name):
+  open(os.path.join(flags, f'{name}-{os.getpid()}'), 'w').close()
+  while sum(f.startswith(name + '-') for f in os.listdir(flags)) < n:
+    time.sleep(0.005)
+
+for r in range(rounds):
+  barrier(f'start{r}')
+  directory = f'{root}/round{r}'
+  manifest = f'{directory}/manifest.json'
+  def prepare():
+    time.sleep(0.3)  # The others arrive meanwhile and wait.
+    storage.Blob(manifest).write(str(os.getpid()), if_generation=0)
+  print(r, 'prepared' if prepare_once.prepare_once(directory, manifest, prepare) else 'waited',
+        flush=True)
+'''
+
+
+def test_of_processes_asking_at_once_for_data_on_a_bucket_exactly_one_prepares(bucket,
+                                                                                tmp_path):
+  processes, rounds = 4, 4
+  racers = [subprocess.Popen([sys.executable, '-c', _PREPARER, f'{bucket}/prepared',
+                              str(tmp_path), str(processes), str(rounds)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(processes)]
+  outputs = [r.communicate(timeout=120) for r in racers]
+  assert all(r.returncode == 0 for r in racers), [err[-2000:] for _, err in outputs]
+  lines = [line.split() for out, _ in outputs for line in out.splitlines()]
+  for r in range(rounds):
+    outcomes = sorted(line[1] for line in lines if line[0] == str(r))
+    assert outcomes == ['prepared'] + ['waited'] * (processes - 1), (r, outcomes)
+    assert not storage.exists(f'{bucket}/prepared/round{r}.lock')  # Released.
