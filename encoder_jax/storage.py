@@ -43,6 +43,7 @@ Cloud Storage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import io
@@ -327,19 +328,35 @@ def exists(path: str) -> bool:
   return Blob(path).exists() if str(path).startswith('gs://') else os.path.exists(path)
 
 
-def upload_tree(local_dir: str, url: str, last: str) -> None:
+def upload_tree(local_dir: str, url: str, last: str = '', overwrite: bool = False) -> None:
   """Copies every file under ``local_dir`` to objects under ``url``, the file ``last``
-  (a manifest: its presence says the copy is complete) after all the others."""
+  (a manifest: its presence says the copy is complete) after all the others. Existing
+  objects are an error unless ``overwrite``."""
+  from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
   names = sorted(os.path.relpath(os.path.join(root, f), local_dir)
                  for root, _, files in os.walk(local_dir) for f in files)
   bucket_name, prefix = split(url.rstrip('/'))
   try:
     bucket = client().bucket(bucket_name)
-    for name in sorted(names, key=lambda n: n == last):  # Conditional: retried on 5xx.
-      blob = bucket.blob(f'{prefix}/{name}')
-      blob.upload_from_filename(os.path.join(local_dir, name), if_generation_match=0)
+    for name in sorted(names, key=lambda n: n == last):  # Idempotent: retried on 5xx.
+      bucket.blob(f'{prefix}/{name}').upload_from_filename(
+          os.path.join(local_dir, name), if_generation_match=None if overwrite else 0,
+          retry=retry.DEFAULT_RETRY)
   except _failures() as e:
     raise explain(url, e) from e
+
+
+@contextlib.contextmanager
+def staged(out: str):
+  """A directory to write ``out`` into with local file functions: ``out`` itself when it is
+  local; for ``gs://``, a temporary directory uploaded to ``out`` when the block succeeds
+  (for writers that only know local files: the Hugging Face export)."""
+  if not str(out).startswith('gs://'):
+    yield out
+    return
+  with tempfile.TemporaryDirectory(prefix='staged_') as local:
+    yield local
+    upload_tree(local, out, overwrite=True)
 
 
 def download_tree(url: str, local_dir: str, last: str) -> int:

@@ -316,7 +316,7 @@ def _train(s: _Session, preempted) -> dict:
   state, shards, parts = _state(s)
   _header(s, parts, state)
   if s.workdir and s.lead:
-    os.makedirs(s.workdir, exist_ok=True)
+    workdir_lib.path(s.workdir).mkdir(parents=True, exist_ok=True)
   writer = metrics_log.MetricWriter(s.workdir or '', enabled=bool(s.workdir) and s.lead,
                                     resume_step=int(jax.device_get(state.step)))
   flusher = engine.MetricsFlusher(s.ec.train, s.task, s.console, writer, s.ckpt, s.workdir,
@@ -351,15 +351,14 @@ def read_final_params(workdir: str) -> dict:
   """The params a finished fine-tuning saved in ``<workdir>/params`` (host arrays)."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   with ocp.StandardCheckpointer() as ckpt:
-    return ckpt.restore(os.path.join(os.path.abspath(workdir), 'params'))
+    return ckpt.restore(workdir_lib.path(workdir, 'params'))
 
 
 def _save(workdir: str, params, config: ml_collections.ConfigDict, names) -> None:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.abspath(workdir), 'params')
+  path = workdir_lib.path(workdir, 'params')  # A local directory or gs:// alike.
   with ocp.StandardCheckpointer() as ckpt:
     ckpt.save(path, params, force=True)
-  with open(os.path.join(workdir, 'finetune_config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  with open(os.path.join(workdir, 'labels.json'), 'w', encoding='utf-8') as f:
-    json.dump(list(names), f)
+  workdir_lib.path(workdir, 'finetune_config.json').write_text(
+      config.to_json_best_effort(indent=2))
+  workdir_lib.path(workdir, 'labels.json').write_text(json.dumps(list(names)))

@@ -122,6 +122,29 @@ def _check_the_reading_commands_read_the_bucket(trained, tmp_path):
   plotted = _run('plot', f'--workdir={workdir}')
   assert plotted.returncode == 0, plotted.stderr[-3000:]
   assert storage.Blob(f'{workdir}/loss.png').read() is not None
+  _check_fine_tuning_from_and_into_the_bucket(workdir, tmp_path)
+
+
+def _check_fine_tuning_from_and_into_the_bucket(workdir: str, tmp_path):
+  from encoder_jax.finetune import config as finetune_config  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune import train as finetune  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'sst.tsv').write_text('sentence\tlabel\n' + ''.join(
+      f'{s}\t{l}\n' for s, l in [('a good film.', 1), ('a bad film.', 0)] * 4))
+  c = finetune_config.base_config()
+  c.task, c.init.workdir = 'sequence_classification', workdir
+  c.data.update(train=f'tsv:{tmp_path / "sst.tsv"}', eval=f'tsv:{tmp_path / "sst.tsv"}',
+                max_len=32)
+  c.optim.update(epochs=1, batch_size=8, eval_batch_size=8)
+  out = 'gs://e2e/finetuned'
+  assert finetune.finetune(c, out)['step'] == 1
+  assert len(jax_leaves(finetune.read_final_params(out))) > 10
+  assert json.loads(storage.Blob(f'{out}/labels.json').read().text) == ['0', '1']
+  assert _metrics(out, split='eval')
+
+
+def jax_leaves(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree.leaves(tree)
 
 
 HANG_AT_STEP_6 = """
