@@ -44,6 +44,7 @@ from absl import flags
 
 from encoder_jax import cli
 from encoder_jax import loading
+from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
@@ -70,8 +71,7 @@ def get_config(arg=None):
 
 def hf_to_workdir(hf_dir: str, workdir: str, base_config=None) -> loading.ImportReport:
   report = hf_import.import_hf_to_workdir(hf_dir, workdir, base_config)
-  with open(os.path.join(workdir, 'config.py'), 'w', encoding='utf-8') as f:
-    f.write(WORKDIR_CONFIG_PY)
+  workdir_lib.path(workdir, 'config.py').write_text(WORKDIR_CONFIG_PY)
   return report
 
 
@@ -82,12 +82,13 @@ def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) 
   # The downstream network at the top; more networks in subdirectories (ELECTRA: the
   # generator as ElectraForMaskedLM in OUT/generator), each with the tokenizer.
   lines = []
-  for sub, (network, params) in loaded.setup.hf_exports(loaded.params).items():
-    where = os.path.join(out, sub) if sub else out
-    hf.save_hf(where, network.config, loading.to_host(params), pad_token_id=tok.pad_id)
-    written = tokenizer_io.export_hf_tokenizer(tok, where, loaded.max_length)
-    lines.append(f'Wrote {where}: config.json + model.safetensors from {loaded.source}; '
-                 f'{written}')
+  with storage.staged(out) as local:  # gs://: written here, then uploaded.
+    for sub, (network, params) in loaded.setup.hf_exports(loaded.params).items():
+      where = os.path.join(local, sub) if sub else local
+      hf.save_hf(where, network.config, loading.to_host(params), pad_token_id=tok.pad_id)
+      written = tokenizer_io.export_hf_tokenizer(tok, where, loaded.max_length)
+      lines.append(f'Wrote {os.path.join(out, sub) if sub else out}: config.json + '
+                   f'model.safetensors from {loaded.source}; {written}')
   return '\n'.join(lines)
 
 
@@ -97,7 +98,8 @@ def workdir_to_sentence_transformers(workdir: str, out: str, config=None,
   """Writes ``out``, a directory ``SentenceTransformer(out)`` loads and embeds with as
   ``encoder_jax.load(workdir, step).embed`` does; returns a description."""
   loaded = loading.load_workdir(workdir, config, step)
-  written = sentence_transformers_dir.write_loaded(loaded, out, pooling=pooling)
+  with storage.staged(out) as local:  # gs://: written here, then uploaded.
+    written = sentence_transformers_dir.write_loaded(loaded, local, pooling=pooling)
   names = list(loaded.run_config.objective.names) if loaded.run_config else []
   note = ('' if 'contrastive' in names or loaded.sentence_settings else
           f'. Note: the run trained {names}, not the contrastive objective; its pooled '

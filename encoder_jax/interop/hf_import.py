@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 
 import jax
 import ml_collections
@@ -150,7 +151,9 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
     raise FileExistsError(f'{ckpt_dir} already holds checkpoints; import into an empty workdir')
   seed = int(base.seed) if base is not None else 0
   model_config, params, report = hf.load_hf(hf_dir, seed)
-  tok = tokenizer_io.import_hf_tokenizer(hf_dir, workdir)
+  # The tokenizer libraries write and read local files: a bucket's copy is the pinned one.
+  tok = tokenizer_io.import_hf_tokenizer(
+      hf_dir, tempfile.mkdtemp(prefix='hf_tokenizer_') if '://' in workdir else workdir)
   if not tok.fits(model_config.vocab_size):
     raise ValueError(f'{hf_dir}: the tokenizer has {tok.vocab_size} pieces but config.json '
                      f'says vocab_size={model_config.vocab_size}; the input pipeline needs '
@@ -170,14 +173,13 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   lines = [report.summary()]
   settings = read_sentence_settings(hf_dir)
   if settings is not None:
-    with open(os.path.join(workdir, loading.SENTENCE_SETTINGS), 'w', encoding='utf-8') as f:
-      json.dump(dict(settings, source=os.path.abspath(hf_dir)), f, indent=2)
+    workdir_lib.path(workdir, loading.SENTENCE_SETTINGS).write_text(
+        json.dumps(dict(settings, source=os.path.abspath(hf_dir)), indent=2))
     lines.append(f'{describe_sentence_settings(settings)}; kept in {loading.SENTENCE_SETTINGS}, the '
                  'defaults of encoder_jax.embed.')
-  with open(os.path.join(workdir, loading.IMPORT_REPORT), 'w', encoding='utf-8') as f:
-    f.write('\n'.join(lines) + '\n')
-  with open(os.path.join(workdir, loading.IMPORT_REPORT_JSON), 'w', encoding='utf-8') as f:
-    json.dump(dict(dataclasses.asdict(report), step=loading.IMPORTED_STEP), f, indent=2)
+  workdir_lib.path(workdir, loading.IMPORT_REPORT).write_text('\n'.join(lines) + '\n')
+  workdir_lib.path(workdir, loading.IMPORT_REPORT_JSON).write_text(
+      json.dumps(dict(dataclasses.asdict(report), step=loading.IMPORTED_STEP), indent=2))
   return report
 
 

@@ -1,6 +1,6 @@
-"""The workdir lock on a bucket, against the emulator: generation preconditions make it
-atomic (create-if-absent, conditional take-over, heartbeat and release of our own
-generation only)."""
+"""Locks on a bucket, against the emulator: generation preconditions make them atomic
+(create-if-absent, conditional take-over, heartbeat and release of our own generation
+only). The workdir lock and the prepared-data lock, each raced by several processes."""
 
 import json
 import os

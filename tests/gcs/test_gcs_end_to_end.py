@@ -123,6 +123,25 @@ def _check_the_reading_commands_read_the_bucket(trained, tmp_path):
   assert plotted.returncode == 0, plotted.stderr[-3000:]
   assert storage.Blob(f'{workdir}/loss.png').read() is not None
   _check_fine_tuning_from_and_into_the_bucket(workdir, tmp_path)
+  _check_convert_both_ways(workdir, tmp_path)
+
+
+def _check_convert_both_ways(workdir: str, tmp_path):
+  """workdir_to_hf writes its export to the bucket; hf_to_workdir imports it into another
+  workdir on the bucket, which embeds as the original does."""
+  import encoder_jax  # pylint: disable=g-import-not-at-top
+  exported = _run('convert', 'workdir_to_hf', f'--workdir={workdir}', f'--out={workdir}/hf')
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  assert {'config.json', 'model.safetensors'} <= set(_objects(f'{workdir}/hf'))
+  storage.download_tree(f'{workdir}/hf', str(tmp_path / 'hf'), last='config.json')
+  imported = _run('convert', 'hf_to_workdir', f'--hf_dir={tmp_path / "hf"}',
+                  '--workdir=gs://e2e/imported')
+  assert imported.returncode == 0, imported.stderr[-3000:]
+  assert {'config.json', 'import_report.json', 'tokenizer/tokenizer.json'} <= set(
+      _objects('gs://e2e/imported'))
+  texts = ['a first sentence', 'and a second one']
+  np.testing.assert_allclose(encoder_jax.load('gs://e2e/imported').embed(texts),
+                             encoder_jax.load(workdir).embed(texts), rtol=1e-5, atol=1e-6)
 
 
 def _check_fine_tuning_from_and_into_the_bucket(workdir: str, tmp_path):
