@@ -263,7 +263,7 @@ class Source:
     if not builder.is_prepared():
       raise FileNotFoundError(
           f'config.data.sources: {self.spec!r}: dataset {name!r} is not prepared in {where} '
-          f'(looked in {builder.data_dir!r}). Prepare it first, see data/README.md.')
+          f'(looked in {builder.data_dir!r}). Prepare it first, see docs/configs_and_data.md.')
     return builder
 
   def _tfds(self, report: Report) -> Iterator[RawDocument]:
