@@ -582,7 +582,10 @@ class Emulator:
 
 
 def _serve(argv: list[str]) -> None:
-  """``python -m encoder_jax.storage [--bucket=NAME ...]``: runs an emulator until Ctrl-C."""
+  """``python -m encoder_jax.storage [--bucket=NAME ...]``: runs an emulator until Ctrl-C
+  or SIGTERM, then stops it and removes its objects."""
+  import signal  # pylint: disable=g-import-not-at-top
+  signal.signal(signal.SIGTERM, signal.default_int_handler)  # As Ctrl-C: clean up.
   buckets = tuple(a.split('=', 1)[1] for a in argv if a.startswith('--bucket='))
   with Emulator(buckets) as emulator:
     print(f'export {EMULATOR_HOST}={emulator.url}  # buckets: {", ".join(buckets) or "none"}',
