@@ -48,7 +48,7 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   shape (the training state holds it from step 0) and padding cached from a short row is
   never attended to; with an all-ones mask it is Hugging Face's memory.
 
-The attention is not an ``attention.REGISTRY`` kind: a registered kind maps one stream to
+The attention is not an ``attention_kinds.REGISTRY`` kind: a registered kind maps one stream to
 one stream (``(x, mask, context) -> x``), and two-stream attention needs the key/value and
 position projections of the content stream shared by both streams in one call (computing
 them per stream would add a third of the layer's projection FLOPs), so the layer owns it.
