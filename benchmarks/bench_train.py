@@ -26,7 +26,7 @@ logits only at the ``max_predictions`` positions (our design); HF's MLM heads ru
 position, so for BERT a second row runs our head at every position too, for a like-for-like
 view of the rest. Token ids are random: throughput does not depend on their values. On an
 accelerator the same command prints model TFLOP/s and MFU (peak from ``--peak_tflops`` or
-``metrics.PEAK_TFLOPS``); HF is skipped there unless ``--with_hf``.
+``metrics_log.PEAK_TFLOPS``); HF is skipped there unless ``--with_hf``.
 
 **FLOPs: our formula against XLA's count** (printed after the throughput for the timed shape,
 and for a table of shapes with ``--check_flops``, compile only). "ours" is what MFU divides

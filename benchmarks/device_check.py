@@ -16,7 +16,7 @@ Parts (``PARTS``; estimates are guesses for an H100, none measured yet):
 
   environment       device, driver, platform (CUDA / cuDNN), Python and package versions
   bert_base_128     BERT-base MLM + NSP, bf16, 128 tokens x 256: tokens/s, model TFLOP/s,
-                    MFU against the chip's bf16 peak (``metrics.PEAK_TFLOPS``), compiled and
+                    MFU against the chip's bf16 peak (``metrics_log.PEAK_TFLOPS``), compiled and
                     process peak device memory (bench_train's step, timing and FLOPs)
   hf_bert_128       the Hugging Face peer ``BertForPreTraining`` at the same shape, in this
                     process (sdpa attention, bf16 autocast, float32 weights and AdamW, as

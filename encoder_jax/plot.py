@@ -2,7 +2,7 @@ r"""Loss and accuracy curves of a run as a PNG, for machines without TensorBoard
 
   python -m encoder_jax.plot --workdir=DIR [--out=loss.png]
 
-Reads ``<workdir>/metrics.jsonl`` (one row per step and split; see ``metrics.read_metrics``)
+Reads ``<workdir>/metrics.jsonl`` (one row per step and split; see ``metrics_log.read_metrics``)
 and draws two panels: every ``*loss`` and every ``*accuracy`` metric, training as lines and
 held-out evaluation as dots. ``--out`` defaults to ``<workdir>/loss.png``; ``gs://`` paths
 work for both.
