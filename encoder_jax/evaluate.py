@@ -37,7 +37,8 @@ from encoder_jax import loading
 from encoder_jax import sharding
 from encoder_jax import workdir as workdir_lib
 
-def _phase(config: ml_collections.ConfigDict, step: int, seq_len: int | None) -> length_phases.Phase:
+def _phase(config: ml_collections.ConfigDict, step: int,
+           seq_len: int | None) -> length_phases.Phase:
   phases = length_phases.phases(config.train)
   if seq_len is None:
     return length_phases.phase_at(phases, step)

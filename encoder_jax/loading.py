@@ -393,7 +393,8 @@ def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
                  step: int | None = None, mesh=None, with_tokenizer: bool = True) -> Loaded:
   """A workdir's checkpoint and the tokenizer pinned in it (see ``tokenizer.for_workdir``)."""
   config = config if config is not None else read_run_config(workdir)
-  step = checkpointing.resolve_step(workdir, step)  # Cheap checks first: the checkpoint, then the tokenizer.
+  # Cheap checks first: the checkpoint, then the tokenizer.
+  step = checkpointing.resolve_step(workdir, step)
   tok = tokenizer_for_workdir(workdir, config) if with_tokenizer else None
   params, step, mesh = restore_params(config, workdir, step, mesh)
   setup = objectives.build(config)

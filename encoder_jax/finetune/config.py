@@ -56,7 +56,8 @@ TOP: dict[str, fields_lib.Field] = fields_lib.section(
 INIT: dict[str, fields_lib.Field] = fields_lib.section(
     F('workdir', '', fields_lib.string(),
       'A pretraining (or encoder_jax.convert) workdir; its config.json is used.'),
-    F('step', -1, fields_lib.integer(0, also=(-1,)), 'Checkpoint step in workdir; -1 = the latest.'),
+    F('step', -1, fields_lib.integer(0, also=(-1,)),
+      'Checkpoint step in workdir; -1 = the latest.'),
     F('hf_dir', '', fields_lib.string(),
       'Or a Hugging Face directory (config.json + weights + vocab); exactly one of the two.'),
     F('from_scratch', False, fields_lib.boolean(),

@@ -259,7 +259,8 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: config_lib.EncoderCo
     if absent:
       raise ValueError(f'{source}: the {group!r} parameters are incomplete; missing '
                        f'{absent[:5]}{" ..." if len(absent) > 5 else ""}; '
-                       f'expected a {spec.model_type} checkpoint with num_hidden_layers={config.num_layers}')
+                       f'expected a {spec.model_type} checkpoint with '
+                       f'num_hidden_layers={config.num_layers}')
     for entry in entries:
       expected_shape = _get(fresh, entry.ours).shape
       per_key = []

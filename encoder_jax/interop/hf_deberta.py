@@ -224,7 +224,8 @@ def _check_exportable(kind: str):
   def check(c) -> None:
     if c.kind != kind or c.attention_kind != 'disentangled':
       raise ValueError(f'config.model.kind={c.kind!r} attention_kind={c.attention_kind!r} has '
-                       f"no {kind} table; expected kind={kind!r} with attention_kind='disentangled'")
+                       f"no {kind} table; expected kind={kind!r} with "
+                       "attention_kind='disentangled'")
   return check
 
 

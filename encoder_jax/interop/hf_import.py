@@ -79,8 +79,8 @@ def read_sentence_settings(hf_dir: str) -> dict | None:
       if raw.get('max_seq_length'):
         settings['max_seq_length'] = int(raw['max_seq_length'])
       settings['do_lower_case'] = bool(raw.get('do_lower_case', False))
-  modules = loading.read_json_or_warn(modules_json, 'the sentence-transformers modules') if os.path.exists(
-      modules_json) else None
+  modules = (loading.read_json_or_warn(modules_json, 'the sentence-transformers modules')
+             if os.path.exists(modules_json) else None)
   if isinstance(modules, list):
     settings['files'].append('modules.json')
     for module in modules:
@@ -89,7 +89,8 @@ def read_sentence_settings(hf_dir: str) -> dict | None:
         settings['normalize'] = True
       elif kind.endswith('.Pooling'):
         where = os.path.join(module.get('path', ''), 'config.json')
-        pooling = loading.read_json_or_warn(os.path.join(hf_dir, where), 'the sentence-transformers pooling')
+        pooling = loading.read_json_or_warn(os.path.join(hf_dir, where),
+                                            'the sentence-transformers pooling')
         if isinstance(pooling, dict):
           settings['files'].append(where)
           settings['pooling'] = _pooling_mode(pooling) or 'mean'
@@ -175,8 +176,8 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   if settings is not None:
     workdir_lib.path(workdir, loading.SENTENCE_SETTINGS).write_text(
         json.dumps(dict(settings, source=os.path.abspath(hf_dir)), indent=2))
-    lines.append(f'{describe_sentence_settings(settings)}; kept in {loading.SENTENCE_SETTINGS}, the '
-                 'defaults of encoder_jax.embed.')
+    lines.append(f'{describe_sentence_settings(settings)}; kept in '
+                 f'{loading.SENTENCE_SETTINGS}, the defaults of encoder_jax.embed.')
   workdir_lib.path(workdir, loading.IMPORT_REPORT).write_text('\n'.join(lines) + '\n')
   workdir_lib.path(workdir, loading.IMPORT_REPORT_JSON).write_text(
       json.dumps(dict(dataclasses.asdict(report), step=loading.IMPORTED_STEP), indent=2))

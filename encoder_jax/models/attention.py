@@ -2,7 +2,8 @@
 softmax backends, key lengths for cuDNN).
 
 Attention kinds are looked up by ``config.model.attention_kind`` in
-``models.attention_kinds`` (the registry). An attention kind is a Flax module ``cls(config, deterministic)`` called as
+``models.attention_kinds`` (the registry). An attention kind is a Flax module
+``cls(config, deterministic)`` called as
 ``(x_BxLxE, mask_Bx1x1xL, context) -> BxLxE``: it owns its parameters (projections,
 and anything else it needs, e.g. DeBERTa's relative-position projections) and returns
 the attention block's output before dropout and the residual. ``context`` is a dict the

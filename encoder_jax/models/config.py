@@ -292,10 +292,10 @@ def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
   """Training FLOPs (forward + backward = 3x forward) of the encoder for one token.
 
   ``6*L*(4*d^2 + 2*d*d_ff) + 12*L*s*d``: the q/k/v/output projections and the
-  feed-forward block (2 FLOPs per multiply-add, 3 passes; ``3*d*d_ff`` gated), plus the attention scores and
-  weighted sum (a local layer's over the ``2 * (local_attention // 2) + 1`` keys of its
-  band, ``keys_per_query``). Sharing layers (ALBERT) saves parameters, not FLOPs; a factorized
-  embedding adds its E x d projection.
+  feed-forward block (2 FLOPs per multiply-add, 3 passes; ``3*d*d_ff`` gated), plus the
+  attention scores and weighted sum (a local layer's over the
+  ``2 * (local_attention // 2) + 1`` keys of its band, ``keys_per_query``). Sharing layers
+  (ALBERT) saves parameters, not FLOPs; a factorized embedding adds its E x d projection.
   """
   L, d = c.num_layers, c.hidden_size
   keys = sum(c.keys_per_query(i, seq_len) for i in range(L))  # L * seq_len if all global.

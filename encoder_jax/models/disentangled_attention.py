@@ -145,9 +145,9 @@ class DisentangledAttention(nn.Module):
 
     if v1:
       q_BxLxHxD, k_BxSxHxD, v_BxSxHxD = FusedQKV(c, name='in_proj')(x_BxLxE, kv_BxSxE)
-      zeros = nn.initializers.zeros
-      q_BxLxHxD = q_BxLxHxD + layers.param(self, 'q_bias', zeros, (h, d), ('heads', 'kv')).astype(dt)
-      v_BxSxHxD = v_BxSxHxD + layers.param(self, 'v_bias', zeros, (h, d), ('heads', 'kv')).astype(dt)
+      zeros, axes = nn.initializers.zeros, ('heads', 'kv')
+      q_BxLxHxD = q_BxLxHxD + layers.param(self, 'q_bias', zeros, (h, d), axes).astype(dt)
+      v_BxSxHxD = v_BxSxHxD + layers.param(self, 'v_bias', zeros, (h, d), axes).astype(dt)
       query = key = None
     else:
       query, key = dense('query'), dense('key')

@@ -45,7 +45,8 @@ TOKEN_TYPES = (0, 1)
 # The released models' settings (answerdotai/ModernBERT-base's config.json), without the
 # shape: ``config.model`` fields for configs, the bake-off row and the benchmarks.
 PUBLISHED = dict(REQUIRED, kind='modernbert', type_vocab_size=0, rope_theta=160_000.0,
-                 local_rope_theta=10_000.0, local_attention=128, global_attn_every_n_layers=3, dense_bias=False,
+                 local_rope_theta=10_000.0, local_attention=128, global_attn_every_n_layers=3,
+                 dense_bias=False,
                  norm_bias=False, layer_norm_eps=1e-5, hidden_dropout_rate=0.0,
                  attention_dropout_rate=0.0)
 

@@ -1,8 +1,8 @@
 """What a pretraining objective is, and how simple ones combine on one encoder pass.
 
-The training loop sees a :class:`Pretraining` (what it trains,
-``trainable.Trainable``, plus what evaluation and exports read): it owns the networks (one, or several in
-one params tree, e.g. ELECTRA's generator and discriminator), their initialisation, the
+The training loop sees a :class:`Pretraining` (what it trains, ``trainable.Trainable``,
+plus what evaluation and exports read): it owns the networks (one, or several in one
+params tree, e.g. ELECTRA's generator and discriminator), their initialisation, the
 whole ``loss_fn(params, batch, rng, phase, train)`` (forward passes included), the
 metrics and how to aggregate and report them, and the FLOPs of a training step (MFU).
 It also says which network and params serve downstream use (features, fine-tuning,
