@@ -92,7 +92,7 @@ def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | Non
                               eval_label_field=s.eval_label_field, normalize=bool(s.normalize),
                               scale=float(s.scale))
   workdir = os.path.join(out, 'finetune')
-  finetune_train.check_config(config)  # Before the encoder is loaded.
+  finetune_config.validate(config)  # Before the encoder is loaded.
   pretrained = finetune_train.load_pretrained(config)
   result = finetune_train.finetune(config, workdir, log, pretrained)
   if result.get('preempted'):

@@ -98,17 +98,6 @@ def engine_config(config: ml_collections.ConfigDict, total_steps: int,
                       async_save=False)))
 
 
-def make_optimizer(o: ml_collections.ConfigDict, total_steps: int):
-  """``optimizer.make`` on a fine-tuning ``optim`` section over ``total_steps``."""
-  return optimizer_lib.make(ml_collections.ConfigDict(dict(
-      optim=o.to_dict(), train=dict(num_steps=int(total_steps)))))
-
-
-def check_config(config: ml_collections.ConfigDict) -> None:
-  """Every field in its declared range, and the task's rules (``finetune.config``)."""
-  finetune_config.validate(config)
-
-
 def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=print,
              pretrained: loading.Loaded | None = None) -> dict:
   """Fine-tunes (or resumes fine-tuning) ``config.task`` into ``workdir`` (None: in memory,
@@ -117,7 +106,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
   Returns the last epoch's metrics (``eval_*`` from the eval split, ``NAME_*`` from
   ``data.more_evals``) and what the task's reader reports (truncation counts, label
   names...). ``pretrained``: the encoder ``config.init`` names, when already loaded."""
-  check_config(config)
+  finetune_config.validate(config)
   entry = tasks.get(config.task)
   if workdir:
     workdir_lib.check_workdir_writable(workdir)

@@ -7,9 +7,11 @@ import os
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
+from encoder_jax import optimizer
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import scores as metrics
@@ -182,7 +184,8 @@ def test_optimizer_is_pretrainings_schedule_and_decay_mask():
             'encoder': {'layers': {'attention_layer_norm': {'scale': ones(), 'bias': ones()},
                                    'intermediate': {'kernel': ones(), 'bias': ones()}}},
             'classifier': {'kernel': ones(), 'bias': ones()}}
-  tx = train.make_optimizer(o, 10)
+  tx = optimizer.make(ml_collections.ConfigDict(dict(optim=o.to_dict(),
+                                                     train=dict(num_steps=10))))
   zeros = jax.tree.map(np.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
   moved = {jax.tree_util.keystr(p): bool(np.abs(np.asarray(u)).max() > 0)
@@ -190,7 +193,7 @@ def test_optimizer_is_pretrainings_schedule_and_decay_mask():
   assert moved == {k: k.endswith("['kernel']") for k in moved}, moved  # Decay: kernels only.
   o.warmup_fraction = 1.5
   with pytest.raises(ValueError, match='config.optim.warmup_fraction=1.5'):
-    train.make_optimizer(o, 10)
+    optimizer.make(ml_collections.ConfigDict(dict(optim=o.to_dict(), train=dict(num_steps=10))))
 
 
 @pytest.mark.slow  # ~25 s on a loaded 2-core CPU: an import into a workdir, then a compile.

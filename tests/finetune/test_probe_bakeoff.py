@@ -155,11 +155,10 @@ def test_choosing_the_rate_needs_a_validation_split_never_the_test_split():
 
 def test_fine_tuning_encoder_dropout_is_checked_and_the_probe_sets_it():
   from encoder_jax.finetune import config as finetune_config  # pylint: disable=g-import-not-at-top
-  from encoder_jax.finetune import train as finetune_train  # pylint: disable=g-import-not-at-top
   c = finetune_config.base_config()
   c.encoder_dropout = 1.5
   with pytest.raises(ValueError, match='config.encoder_dropout=1.5'):
-    finetune_train.check_config(c)
+    finetune_config.validate(c)
   specs = {'train': 'jsonl:a', 'validation': 'jsonl:v', 'test': 'jsonl:t'}
   c = probe.probe_config({}, specs, probe.ProbeSettings(), 0, 'validation', 3e-3)
   assert (c.encoder_dropout, c.optim.learning_rate, c.data.eval) == (0.1, 3e-3, 'jsonl:v')
