@@ -92,10 +92,6 @@ def emulator_url(host: str) -> str:
   return host if host.startswith(('http://', 'https://')) else f'http://{host}'
 
 
-def is_remote(path) -> bool:
-  return '://' in str(path)
-
-
 def split(url: str) -> tuple[str, str]:
   """``gs://bucket/a/b`` -> ``('bucket', 'a/b')``; a clear error for anything else."""
   url = str(url)
@@ -480,6 +476,7 @@ class _EventFiles:
     return Appender(path)
 
   def directory_check(self, path: str) -> None:
+    """Called by tensorboardX's ``record_writer.directory_check`` before writing."""
     del path  # A bucket has no directories to create.
 
 
