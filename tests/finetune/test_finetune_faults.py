@@ -1,13 +1,14 @@
-"""Fine-tuning survives SIGKILL and SIGTERM mid-epoch: rerunning the same command ends with
+"""Fine-tuning survives SIGKILL and SIGTERM mid-epoch: rerunning the same config ends with
 the very params of a run never interrupted (bit for bit).
 
 The interrupted run is ``python -m encoder_jax.finetune.main`` in a subprocess (a tiny BERT,
 16 examples, 2 epochs of 2 steps, a checkpoint at each epoch's end); the uninterrupted
 reference and the rerun go through the same ``finetune.train.finetune`` in this process (the
-signal's target is the subprocess, not them), which saves a Python and JAX start each. The signal is not timed but injected: ``INJECT`` runs the command with
-the engine's preemption check of step ``STEP`` (mid-epoch 2) held until the signal comes;
-SIGKILL then loses the epoch's first step (the rerun resumes from epoch 1's checkpoint),
-SIGTERM is heard by the engine's handler (checkpoint at the step, exit, resume from it).
+signal's target is the subprocess, not them), which saves a Python and JAX start each. The
+signal is not timed but injected: ``INJECT`` runs the command with the engine's preemption
+check of step ``STEP`` (mid-epoch 2) held until the signal comes; SIGKILL then loses the
+epoch's first step (the rerun resumes from epoch 1's checkpoint), SIGTERM is heard by the
+engine's handler (checkpoint at the step, exit, resume from it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Every registered fine-tuning task trains, resumes exactly and evaluates, on tiny data.
 
 One test over ``finetune.tasks.REGISTRY``: a task registered without data here fails it.
-Each run is two epochs of two steps (16 examples, batches of 8); the second run is stopped in its second epoch (the
-SIGTERM path: checkpoint, exit) and rerun, and must end with the very params and scores of
+Each run is two epochs of two steps (16 examples, batches of 8); the second run is stopped in
+its second epoch (the SIGTERM path: checkpoint, exit) and rerun, and must end with the very params and scores of
 the run never stopped (dropout on: the resumed steps must redraw the same keys).
 """
 
