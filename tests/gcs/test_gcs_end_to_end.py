@@ -98,12 +98,17 @@ def _check_the_run_was_written_and_resumed(trained):
 
 
 def _check_a_refused_resume_changes_no_object(trained):
+  """In process: a fresh process would pay the imports again for one error (a user error,
+  WorkdirError among them, as one line with exit status 2: cli.run, tests/test_extras.py)."""
+  from encoder_jax import pretrain  # pylint: disable=g-import-not-at-top
+  from encoder_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
   before = _objects(workdir)
-  refused = _main(prepared, workdir, '--config.train.num_steps=12',
-                  '--config.model.intermediate_size=48')
-  assert refused.returncode != 0
-  assert 'config.model.intermediate_size: 64 -> 48' in refused.stdout + refused.stderr
+  c = tiny_config.get_config(f'prepared_dir={prepared}')
+  c.train.num_steps, c.checkpoint.every_steps = 12, 4
+  c.model.intermediate_size = 48
+  with pytest.raises(workdir_lib.WorkdirError, match='config.model.intermediate_size: 64 -> 48'):
+    pretrain.run(c, workdir)
   assert _objects(workdir) == before
 
 
