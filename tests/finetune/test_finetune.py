@@ -61,7 +61,8 @@ def test_sentence_classification_from_tsv_learns(hf_dir, tmp_path):
   assert result['eval_accuracy'] >= 0.9 and result['eval_f1'] >= 0.9, result
   history = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
   train_rows = [h for h in history if h['split'] == 'train']
-  assert len(train_rows) == 8 and train_rows[-1]['loss'] < train_rows[0]['loss']  # As pretraining's.
+  # Train rows as pretraining's.
+  assert len(train_rows) == 8 and train_rows[-1]['loss'] < train_rows[0]['loss']
   assert [h['step'] for h in history if h['split'] == 'eval'] == [5 * e for e in range(1, 9)]
   assert os.path.isdir(tmp_path / 'run' / 'params')
 

@@ -90,7 +90,8 @@ def _build_tiny_glue(data_dir: str):
     def _split_generators(self, dl_manager):
       del dl_manager
       if self.builder_config.name == 'mnli':
-        return {'train': self._generate_examples(3), 'validation_matched': self._generate_examples(1),
+        return {'train': self._generate_examples(3),
+                'validation_matched': self._generate_examples(1),
                 'validation_mismatched': self._generate_examples(1)}
       return {'train': self._generate_examples(3), 'validation': self._generate_examples(1)}
 

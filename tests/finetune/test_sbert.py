@@ -89,7 +89,7 @@ def test_contrastive_triples_loss_is_in_batch_cross_entropy(bert_dir, tmp_path):
   rows = [dict(anchor=a, positive=b, negative=NLI[(i + 2) % len(NLI)][1])
           for i, (a, b, y) in enumerate(NLI) if y == 'entailment'] * 3
   train = _jsonl(tmp_path / 'triples.jsonl', rows)
-  config = sbert.sbert_config(dict(hf_dir=bert_dir), train, epochs=2,
+  config = sbert.sbert_config(dict(hf_dir=bert_dir), train, epochs=1,
                               batch_size=8, learning_rate=1e-3)
   s = sbert.SbertSettings(objective='contrastive', fields=('anchor', 'positive', 'negative'),
                           max_len=32, pooling='max')
@@ -106,8 +106,9 @@ def test_contrastive_triples_loss_is_in_batch_cross_entropy(bert_dir, tmp_path):
                                         sentence_embedding.contrastive_loss(20.0, 3), 3)
   params = task.init(jax.random.PRNGKey(0))
   loss, _ = task.loss_fn(params, batch, None, None, False)
-  emb = np.asarray(inference.l2_normalize(model.apply({'params': params},
-                                                      *sentence_embedding._stack(batch, sentence_embedding.SIDES))))  # pylint: disable=protected-access
+  stack = sentence_embedding._stack  # pylint: disable=protected-access
+  sides = stack(batch, sentence_embedding.SIDES)
+  emb = np.asarray(inference.l2_normalize(model.apply({'params': params}, *sides)))
   scores = 20.0 * emb[:3] @ emb[3:].T
   logp = scores - np.log(np.exp(scores).sum(-1, keepdims=True))
   assert float(loss) == pytest.approx(-np.mean(np.diag(logp)), rel=1e-4)

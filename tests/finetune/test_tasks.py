@@ -2,8 +2,9 @@
 
 One test over ``finetune.tasks.REGISTRY``: a task registered without data here fails it.
 Each run is two epochs of two steps (16 examples, batches of 8); the second run is stopped in
-its second epoch (the SIGTERM path: checkpoint, exit) and rerun, and must end with the very params and scores of
-the run never stopped (dropout on: the resumed steps must redraw the same keys).
+its second epoch (the SIGTERM path: checkpoint, exit) and rerun, and must end with the very
+params and scores of the run never stopped (dropout on: the resumed steps must redraw the same
+keys).
 """
 
 from __future__ import annotations
