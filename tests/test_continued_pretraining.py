@@ -170,6 +170,9 @@ def test_a_run_from_minilm_takes_its_encoder_and_initialises_the_mlm_head(tmp_pa
                  phase_fractions=(1.0,), log_every_steps=1, eval_every_steps=0)
   c.optim.update(learning_rate=1e-4, warmup_steps=1)
   c.checkpoint.update(every_steps=1, keep=2, async_save=False)
+  # Params and optimizer state sharded over the 8 simulated devices, not replicated on each:
+  # a step of this 23M-parameter network takes a third of the time (10 s -> 3 s on 2 cores).
+  c.mesh.update(data=1, fsdp=8)
   workdir = str(tmp_path / 'w')
   pretrain.run(c, workdir)
   report = json.loads((tmp_path / 'w' / train.INIT_REPORT).read_text())
