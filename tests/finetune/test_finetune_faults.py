@@ -71,7 +71,7 @@ runpy.run_module('encoder_jax.finetune.main', run_name='__main__')
 
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
-  """(config file, environment with one compilation cache, reference workdir)."""
+  """(config file, the subprocesses' environment, reference workdir)."""
   root = tmp_path_factory.mktemp('finetune_faults')
   hf_dir = str(root / 'hf')
   os.makedirs(hf_dir)
@@ -86,9 +86,9 @@ def setup(tmp_path_factory):
   config = root / 'tiny_finetune.py'
   config.write_text(CONFIG.format(hf_dir=hf_dir, data=f'jsonl:{data}'))
   (root / 'inject.py').write_text(INJECT)
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(root / 'xla_cache'),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1')
+  # This process's XLA compilation cache (tests/conftest.py), which the in-process reference
+  # run fills, for the subprocesses too.
+  env = dict(os.environ)
   reference = str(root / 'reference')
   train.finetune(_load(config), reference)
   return root, config, env, reference
