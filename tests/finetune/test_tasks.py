@@ -113,13 +113,14 @@ def test_every_task_trains_resumes_and_evaluates(name, hf_dir, tmp_path, monkeyp
   c.data.max_len = 32
   c.optim.update(learning_rate=1e-3, epochs=2, batch_size=8, eval_batch_size=8)
   write(tmp_path, c)
-  whole = train.finetune(c, str(tmp_path / 'whole'))
+  pretrained = train.load_pretrained(c)  # Once for the three runs: the same encoder.
+  whole = train.finetune(c, str(tmp_path / 'whole'), pretrained=pretrained)
   real_at = engine.Preempted.at
   monkeypatch.setattr(engine.Preempted, 'at', lambda self, step: step == 3 or real_at(self, step))
-  stopped = train.finetune(c, str(tmp_path / 'split'))
+  stopped = train.finetune(c, str(tmp_path / 'split'), pretrained=pretrained)
   assert stopped['preempted'] and (stopped['epoch'], stopped['step']) == (2, 3), stopped
   monkeypatch.setattr(engine.Preempted, 'at', real_at)
-  resumed = train.finetune(c, str(tmp_path / 'split'))
+  resumed = train.finetune(c, str(tmp_path / 'split'), pretrained=pretrained)
   assert 'resuming from checkpoint step 3' in capsys.readouterr().out
   jax.tree.map(np.testing.assert_array_equal, train.read_final_params(str(tmp_path / 'whole')),
                train.read_final_params(str(tmp_path / 'split')))
