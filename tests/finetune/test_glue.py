@@ -122,7 +122,7 @@ def test_glue_runner_regression_and_matched_mismatched(tmp_path):
   data_dir = str(tmp_path / 'tfds')
   _build_tiny_glue(data_dir)
   out = str(tmp_path / 'glue')
-  s = glue.GlueSettings(epochs=3, batch_size=8, learning_rate=3e-3, max_len=32)
+  s = glue.GlueSettings(epochs=1, batch_size=8, learning_rate=3e-3, max_len=32)
   summary = glue.run(dict(hf_dir=hf_dir), out, ['stsb', 'mnli'], s, 'tiny_glue', data_dir)
   cols = summary['columns']
   assert set(cols) == {'stsb', 'mnli'}
