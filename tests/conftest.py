@@ -29,3 +29,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(tempfile.gettempdir(),
                                                          f'encoder_jax_test_xla_{os.getuid()}')
 
+
+# The Cloud Storage emulator fixtures (gcs_emulator, bucket, faulty_proxy): one emulator per
+# pytest worker, started by the first test that asks for it, shared by every gs:// test.
+pytest_plugins = ('gcs_emulator',)

@@ -1,10 +1,12 @@
 """One Cloud Storage emulator for the session (fake-gcs-server, from the test extra).
 
-Each pytest-xdist worker starts its own (a start takes a fraction of a second), on a free
-port with its objects in a temporary directory, removed at the end. The session's
-environment points every storage layer at it through ``STORAGE_EMULATOR_HOST`` alone
-(``encoder_jax.storage.configure_environment``), as a user rehearsing a pod run would; tests
-use a bucket of their own (``bucket``) so they can share it.
+A pytest plugin (``tests/conftest.py`` registers it), so every test directory can use it.
+Each pytest-xdist worker starts its own, lazily: only when a test asks for ``gcs_emulator``
+(a start takes a fraction of a second), on a free port with its objects in a temporary
+directory, removed at the end. The session's environment then points every storage layer at
+it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage.configure_environment``),
+as a user rehearsing a pod run would; tests use a bucket of their own (``bucket``) so they
+can share it.
 """
 
 import os
