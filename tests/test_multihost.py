@@ -1,8 +1,9 @@
 """Multi-process runs on localhost: the same run on any topology, and elastic resume.
 
 The end-to-end tests start ``launch/local_multiprocess.py`` (jax.distributed with the gloo CPU
-collectives) on the tiny config, unpatched: 2 processes x 2 CPU devices against 1 process x
-4, and a 2 x 2 run killed after a checkpoint and resumed by 1 process x 2 devices. The global
+collectives) on the tiny config, unpatched: 2 processes x 2 CPU devices, with the workdir on
+a bucket of the Cloud Storage emulator as on a pod, against 1 process x 1, and a 2 x 2 run
+killed after a checkpoint and resumed by 1 process x 2 devices. The global
 batch of a step depends on the config and the step only (each process builds the example
 streams of its rows), masks are drawn on device from the step over the global batch, so the
 runs must agree up to float reassociation in the collectives (another device count adds the
@@ -19,7 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
+from etils import epath
 import jax
 import numpy as np
 import pytest
@@ -29,6 +32,7 @@ from encoder_jax import data as data_lib
 from encoder_jax import distributed
 from encoder_jax import filelock
 from encoder_jax import sharding
+from encoder_jax import storage
 from encoder_jax import train
 from encoder_jax.data import prepare_once
 
@@ -235,8 +239,16 @@ def _finish(proc, log_path, timeout=400):
 
 
 def _metric_lines(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    return [json.loads(line) for line in f]
+  """metrics.jsonl's rows, of a local or ``gs://`` workdir."""
+  text = (epath.Path(workdir) / 'metrics.jsonl').read_text()
+  return [json.loads(line) for line in text.splitlines()]
+
+
+def _objects(url):
+  """The names of the objects under ``gs://`` ``url``, relative to it."""
+  bucket, prefix = storage.split(url)
+  return {b.name[len(prefix) + 1:]
+          for b in storage.client().list_blobs(bucket, prefix=prefix + '/')}
 
 
 def _final_params(workdir, config):
@@ -268,11 +280,13 @@ def _same_params(workdir, other, prepared_dir):
 
 
 @pytest.fixture(scope='module')
-def two_process_run(tmp_path_factory):
-  """A 2 x 2 run from scratch, preparing its data on the way: (workdir, prepared_dir, log,
-  compilation cache)."""
+def two_process_run(tmp_path_factory, gcs_emulator):
+  """A 2 x 2 run from scratch, preparing its data (locally) on the way, its workdir on a
+  bucket of the emulator as on a pod: (workdir, prepared_dir, log, compilation cache)."""
   base = tmp_path_factory.mktemp('multihost')
-  workdir, prepared_dir = str(base / 'run'), str(base / 'prepared')
+  bucket = f'multihost-{uuid.uuid4().hex[:12]}'
+  gcs_emulator.create_bucket(bucket)
+  workdir, prepared_dir = f'gs://{bucket}/run', str(base / 'prepared')
   log_path, cache = str(base / 'run.log'), str(base / 'jax_cache')
   start = time.time()
   log = _finish(_launch(workdir, prepared_dir, log_path, cache), log_path)
@@ -309,18 +323,21 @@ def test_written_once_prepared_once_and_one_global_data_state(two_process_run):
   other = '1' if preparer == '0' else '0'
   assert re.search(rf'^\[p{other}\] Waiting for process \d+ on .* to prepare', log, re.M)
   assert not os.path.exists(prepare_once.lock_path(prepared_dir))
-  # Checkpoints, metrics, TensorBoard, config: one copy (two writers would duplicate lines
-  # of metrics.jsonl and TensorBoard event files).
+  # Checkpoints, metrics, TensorBoard, config: one copy in the bucket (two writers would
+  # duplicate lines of metrics.jsonl and TensorBoard event files), the lock released.
+  objects = _objects(workdir)
   assert {'checkpoints', 'config.json', 'metrics.jsonl', 'tensorboard',
-          'tokenizer'} <= set(os.listdir(workdir))
-  assert sorted(os.listdir(checkpointing.checkpoint_dir(workdir))) == ['12', '4', '8']
-  assert len(os.listdir(os.path.join(workdir, 'tensorboard'))) == 1
+          'tokenizer'} <= {n.split('/')[0] for n in objects}, sorted(objects)
+  assert {n.split('/')[1] for n in objects if n.startswith('checkpoints/')} == {'4', '8', '12'}
+  assert len([n for n in objects if n.startswith('tensorboard/')]) == 1
+  assert '.lock' not in objects and not os.path.exists(os.path.join(ROOT, 'gs:'))
+  # Both processes wrote their part of the checkpoint to the bucket (tensorstore, epath).
+  assert {f'checkpoints/12/params/array_metadatas/process_{i}' for i in (0, 1)} <= objects
   lines = [(r['split'], r['step']) for r in _metric_lines(workdir)]
   assert sorted(lines) == sorted(set(lines)) and len(lines) == 12 + 2
   # The checkpoint holds one global data state: every stream, each process's 4 of 8 merged.
-  with open(os.path.join(checkpointing.checkpoint_dir(workdir), '12', 'data', 'metadata'),
-            encoding='utf-8') as f:
-    state = json.load(f)['global']
+  state = json.loads(storage.Blob(f'{workdir}/checkpoints/12/data/metadata').read().text)[
+      'global']
   assert state['step'] == 12 and sorted(map(int, state['streams'])) == list(range(8))
   config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
   prepared = data_lib.load_or_prepare(config)
