@@ -13,7 +13,7 @@ packed across documents, which then attend to each other) and ``packed_documents
 rows: documents back to back, each attending to itself, positions restarting; this is
 ModernBERT's unpadding as far as a fixed [B, L] batch goes). **Fine-tuning**: sequence
 classification (5 classes, mean pooling) of BBC News articles from their headline and first
-sentence (real, short texts of varied length; ``finetune.probe.bbc_news``), at ``max_len
+sentence (real, short texts of varied length; ``finetune.probe_data.bbc_news``), at ``max_len
 = seq_len``, padded rows against packed rows (``finetune.data.pack``), same batch shape.
 
 Every variant runs the same compiled shape, so the step time is nearly the same and the
@@ -49,7 +49,7 @@ from encoder_jax import train  # pylint: disable=wrong-import-position
 from encoder_jax import train_state  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import data as finetune_data  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import heads  # pylint: disable=wrong-import-position
-from encoder_jax.finetune import probe  # pylint: disable=wrong-import-position
+from encoder_jax.finetune import probe_data  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import task as task_lib  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import tasks  # pylint: disable=wrong-import-position
 from encoder_jax.models import registry  # pylint: disable=wrong-import-position
@@ -146,7 +146,7 @@ def _headline_and_lede(text: str) -> str:
 
 
 def finetuning(args, prepared) -> None:
-  splits = probe.bbc_news()
+  splits = probe_data.bbc_news()
   rows = splits['train']
   classes = sorted({r['label'] for r in rows})
   examples = finetune_data.Examples(

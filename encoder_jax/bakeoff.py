@@ -78,6 +78,7 @@ from encoder_jax import pretrain
 from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.finetune import probe
+from encoder_jax.finetune import probe_data
 from encoder_jax.models import modernbert
 
 # name -> config overrides (section -> fields) on the preset's base config.
@@ -325,10 +326,10 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   overrides = {row_name(n): fields for n, fields in overrides.items()}
   os.makedirs(out, exist_ok=True)
   if probe_specs is None:
-    probe_specs = probe.bbc_specs(out, preset.probe.train_examples)
+    probe_specs = probe_data.bbc_specs(out, preset.probe.train_examples)
   if not corpus:  # The BBC train split's text, labels unused (in-domain pretraining).
-    rows = probe.bbc_news()['train']
-    corpus = probe.write_jsonl([{'text': r['text']} for r in rows],
+    rows = probe_data.bbc_news()['train']
+    corpus = probe_data.write_jsonl([{'text': r['text']} for r in rows],
                                os.path.join(out, 'data', 'pretrain.jsonl'))
   prepared_root = os.path.join(out, 'prepared')
   steps = plan(names, preset, corpus, prepared_root, budget_steps or preset.budget_steps,

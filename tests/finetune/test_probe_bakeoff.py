@@ -14,21 +14,22 @@ import pytest
 
 from encoder_jax import bakeoff
 from encoder_jax.finetune import probe
+from encoder_jax.finetune import probe_data
 
 
 def test_bbc_news_split_is_fixed_stratified_and_whole():
-  splits = probe.bbc_news()
+  splits = probe_data.bbc_news()
   sizes = {k: len(v) for k, v in splits.items()}
   assert sum(sizes.values()) == 2225, sizes  # Every article, none dropped.
   assert sizes == {'train': 1337, 'validation': 444, 'test': 444}, sizes
   for rows in splits.values():
     counts = collections.Counter(r['label'] for r in rows)
-    assert set(counts) == set(probe.BBC_CLASSES)
+    assert set(counts) == set(probe_data.BBC_CLASSES)
     assert all(r['text'].strip() for r in rows)
   # Any prefix of train is balanced (interleaved classes): the first 500 hold 100 of each.
   assert set(collections.Counter(r['label'] for r in splits['train'][:500]).values()) == {100}
   texts = {k: {r['text'] for r in v} for k, v in splits.items()}
-  assert probe.bbc_news() == splits  # Deterministic.
+  assert probe_data.bbc_news() == splits  # Deterministic.
   assert 'Ad sales boost Time Warner profit' in splits['train'][0]['text']
   assert len(texts['test']) > 400  # Real, distinct articles.
 
@@ -104,13 +105,13 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
       probe=probe.ProbeSettings(seeds=(0,), epochs=1, batch_size=16, learning_rate=1e-3,
                                 max_len=64, train_examples=40, learning_rates=(1e-3, 3e-3)),
       half_budget_seeds=(0,), eval_batches=1)
-  rows = probe.bbc_news()
-  corpus = probe.write_jsonl([{'text': r['text']} for r in rows['train'][:200]],
+  rows = probe_data.bbc_news()
+  corpus = probe_data.write_jsonl([{'text': r['text']} for r in rows['train'][:200]],
                              str(tmp_path / 'corpus.jsonl'))
-  specs = {'train': probe.write_jsonl(rows['train'][:40], str(tmp_path / 'train.jsonl')),
-           'validation': probe.write_jsonl(rows['validation'][:30],
+  specs = {'train': probe_data.write_jsonl(rows['train'][:40], str(tmp_path / 'train.jsonl')),
+           'validation': probe_data.write_jsonl(rows['validation'][:30],
                                            str(tmp_path / 'validation.jsonl')),
-           'test': probe.write_jsonl(rows['test'][:30], str(tmp_path / 'test.jsonl'))}
+           'test': probe_data.write_jsonl(rows['test'][:30], str(tmp_path / 'test.jsonl'))}
   out = str(tmp_path / 'out')
   results = bakeoff.run(out, ['electra'], tiny, corpus, specs, budget_steps=6,
                         overrides={'electra': {'optim': {'warmup_steps': 3}}})
@@ -234,8 +235,8 @@ def test_the_reference_row_is_probed_at_the_rate_chosen_on_validation(tmp_path, 
                       types.SimpleNamespace(get_model_path=lambda: hf_dir))
   ref = dataclasses.replace(probe.reference('all-MiniLM-L6-v2'), name='tiny-public',
                             module='tiny_public_wheel', learning_rates=(1e-4, 3e-3))
-  rows = probe.bbc_news()
-  specs = {split: probe.write_jsonl(rows[split][:n], str(tmp_path / f'{split}.jsonl'))
+  rows = probe_data.bbc_news()
+  specs = {split: probe_data.write_jsonl(rows[split][:n], str(tmp_path / f'{split}.jsonl'))
            for split, n in (('train', 16), ('validation', 10), ('test', 10))}
   preset = dataclasses.replace(bakeoff.PRESETS['cpu'], probe=probe.ProbeSettings(
       seeds=(0,), epochs=1, batch_size=8, max_len=32, train_examples=0))
