@@ -27,12 +27,15 @@ its pooling (mean or cls); any other model is cut at its position limit
 
 from __future__ import annotations
 
+import io
 import sys
 
+from etils import epath
 import numpy as np
 
 from encoder_jax import cli
 from encoder_jax import inference
+from encoder_jax import storage
 
 
 def defaults_from_model(loaded) -> tuple[tuple[int, str], tuple[str, str], list[str]]:
@@ -59,6 +62,23 @@ def defaults_from_model(loaded) -> tuple[tuple[int, str], tuple[str, str], list[
           (pooling, files if theirs == pooling else 'default'), warnings)
 
 
+def read_lines(path: str) -> list[str]:
+  """The lines of a local file or ``gs://`` object (universal newlines), without their ends."""
+  with (io.TextIOWrapper(storage.open_read(path), encoding='utf-8') if path.startswith('gs://')
+        else open(path, encoding='utf-8')) as fh:
+    return [line.rstrip('\r\n') for line in fh]
+
+
+def save(path: str, emb: np.ndarray) -> None:
+  """``np.save`` to a local path, or to a ``gs://`` object (named as given)."""
+  if not path.startswith('gs://'):
+    np.save(path, emb)
+    return
+  buffer = io.BytesIO()
+  np.save(buffer, emb)
+  epath.Path(path).write_bytes(buffer.getvalue())
+
+
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -67,8 +87,7 @@ def main(argv):
   if f.max_len is not None and f.max_len < 3:
     raise ValueError(f'--max_len={f.max_len}; expected >= 3 (the special tokens and a token)')
   loaded = cli.load_from_flags(f)
-  with open(f.input, encoding='utf-8') as fh:
-    sentences = [line.rstrip('\r\n') for line in fh]
+  sentences = read_lines(f.input)
   (max_len, max_len_why), (pooling, pooling_why), warnings = defaults_from_model(loaded)
   if f.max_len is not None:
     max_len, max_len_why = min(f.max_len, loaded.max_length), '--max_len'
@@ -84,7 +103,7 @@ def main(argv):
     print(f'Warning: {f.input}: {warning}', file=sys.stderr)
   emb = inference.embed_rows(loaded.encoder_params, loaded.model_config, loaded.tokenizer, encoded,
                    pooling=pooling, normalize=f.normalize, batch_size=f.batch_size)
-  np.save(f.output, emb)
+  save(f.output, emb)
   counts = [f'{len(encoded.blank)} blank', f'{len(encoded.truncated)} truncated']
   print(f'Embedded {len(sentences)} lines from {f.input} ({", ".join(counts)}) cut at max_len '
         f'{max_len} ({max_len_why}) with {pooling} pooling ({pooling_why}), '

@@ -373,6 +373,20 @@ def download_tree(url: str, local_dir: str, last: str) -> int:
   return total
 
 
+@contextlib.contextmanager
+def local_copy(path: str):
+  """A local directory holding what ``path`` holds, for readers of local files only (the
+  Hugging Face import): ``path`` itself when it is local; for ``gs://``, a temporary copy of
+  every object under it, removed when the block ends."""
+  if not str(path).startswith('gs://'):
+    yield path
+    return
+  with tempfile.TemporaryDirectory(prefix='copy_') as local:
+    if not download_tree(str(path), local, last=''):
+      raise FileNotFoundError(f'{path} holds no objects; expected a directory on the bucket')
+    yield local
+
+
 def open_append(path):
   """``path.open('a')`` for a local path; an :class:`Appender` for ``gs://`` (gcsfs would
   open it in overwrite mode, losing what the object held)."""

@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from encoder_jax import filelock
+from encoder_jax import storage
 from encoder_jax.data import prepare_once
 from encoder_jax.data import seeding
 from encoder_jax.data import sentences as sentences_lib
@@ -310,7 +311,10 @@ def _tokenizer_file(config, srcs, partial: str) -> str:
   kind, path = str(config.tokenizer.kind), str(config.tokenizer.path)
   spec = tokenizer_kinds.get(kind, ' (config.tokenizer.kind)')
   target = os.path.join(partial, spec.file)
-  if path:
+  if path.startswith('gs://'):  # A gs:// workdir's pinned tokenizer (an imported model).
+    with storage.open_read(path) as src, open(target, 'wb') as dst:
+      shutil.copyfileobj(src, dst)
+  elif path:
     shutil.copyfile(path, target)
   elif spec.train is None:
     raise ValueError(f'config.tokenizer.kind={kind!r} needs config.tokenizer.path = '

@@ -20,6 +20,8 @@ import os
 
 import numpy as np
 
+from encoder_jax import storage
+
 SPECIAL_PIECES = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 SENTENCEPIECE_IDS = {'[PAD]': 0, '[UNK]': 1, '[CLS]': 2, '[SEP]': 3, '[MASK]': 4}
 ROBERTA_PIECES = ('<pad>', '<unk>', '<s>', '</s>', '<mask>')  # In role order, as above.
@@ -40,8 +42,9 @@ BYTE_SPACE = '\u0120'  # 'Ġ': the space byte in GPT-2's byte alphabet.
 
 
 def file_sha256(path: str) -> str:
+  """The sha256 of the file (or ``gs://`` object) ``path``, hex."""
   h = hashlib.sha256()
-  with open(path, 'rb') as f:
+  with storage.open_read(path) if path.startswith('gs://') else open(path, 'rb') as f:
     for block in iter(lambda: f.read(1 << 20), b''):
       h.update(block)
   return h.hexdigest()

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 
+from etils import epath
 import jax
 import ml_collections
 from absl import logging
@@ -20,6 +21,7 @@ from encoder_jax import checkpointing
 from encoder_jax import config_base
 from encoder_jax import loading
 from encoder_jax import objectives
+from encoder_jax import storage
 from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.interop import hf
@@ -145,23 +147,36 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   The tokenizer file (``vocab.txt``, an encoder_jax ``tokenizer.model``, a RoBERTa-layout
   ``tokenizer.json``, or the ``hf_tokenizer.json`` of any other Hugging Face tokenizer; see
   ``interop.tokenizer``) is written into the workdir, named by ``config.tokenizer.path``
-  for continued pretraining, and pinned in ``<workdir>/tokenizer/``.
+  for continued pretraining, and pinned in ``<workdir>/tokenizer/``; a ``gs://`` workdir's
+  config names the pinned copy on the bucket. A ``gs://`` ``hf_dir`` is copied to a
+  temporary local directory first (the Hugging Face readers read local files).
   """
-  ckpt_dir = checkpointing.checkpoint_dir(workdir)
-  if os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir)):
+  ckpt_dir = epath.Path(checkpointing.checkpoint_dir(workdir))
+  if ckpt_dir.is_dir() and any(d.name.isdigit() for d in ckpt_dir.iterdir()):
     raise FileExistsError(f'{ckpt_dir} already holds checkpoints; import into an empty workdir')
+  with storage.local_copy(hf_dir) as local:
+    return _import(local, hf_dir, workdir, base)
+
+
+def _import(hf_dir: str, source: str, workdir: str,
+            base: ml_collections.ConfigDict | None) -> loading.ImportReport:
+  """:func:`import_hf_to_workdir` from the local directory ``hf_dir``, a copy of ``source``."""
   seed = int(base.seed) if base is not None else 0
   model_config, params, report = hf.load_hf(hf_dir, seed)
   # The tokenizer libraries write and read local files: a bucket's copy is the pinned one.
   tok = tokenizer_io.import_hf_tokenizer(
       hf_dir, tempfile.mkdtemp(prefix='hf_tokenizer_') if '://' in workdir else workdir)
   if not tok.fits(model_config.vocab_size):
-    raise ValueError(f'{hf_dir}: the tokenizer has {tok.vocab_size} pieces but config.json '
+    raise ValueError(f'{source}: the tokenizer has {tok.vocab_size} pieces but config.json '
                      f'says vocab_size={model_config.vocab_size}; the input pipeline needs '
                      'them equal')
   config = run_config_for(model_config, tok, base)
   params = _around_downstream(objectives.build(config), params, report, seed, hf_dir)
   workdir_lib.pin_tokenizer(workdir, tok, None)
+  if '://' in workdir:  # The temporary file goes away; the pinned copy stays.
+    pinned = json.loads(workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR,
+                                         workdir_lib.TOKENIZER_INFO).read_text())['file']
+    config.tokenizer.path = str(workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR, pinned))
   mesh = loading.local_mesh(config)
   state = train_state.create_train_state(config, mesh, params=params)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
@@ -175,7 +190,8 @@ def import_hf_to_workdir(hf_dir: str, workdir: str,
   settings = read_sentence_settings(hf_dir)
   if settings is not None:
     workdir_lib.path(workdir, loading.SENTENCE_SETTINGS).write_text(
-        json.dumps(dict(settings, source=os.path.abspath(hf_dir)), indent=2))
+        json.dumps(dict(settings, source=source if '://' in source else os.path.abspath(
+            source)), indent=2))
     lines.append(f'{describe_sentence_settings(settings)}; kept in '
                  f'{loading.SENTENCE_SETTINGS}, the defaults of encoder_jax.embed.')
   workdir_lib.path(workdir, loading.IMPORT_REPORT).write_text('\n'.join(lines) + '\n')

@@ -1,10 +1,12 @@
 """A run whose workdir is a bucket, end to end against the emulator: ``main`` trains and
 writes its config, tokenizer, metrics, TensorBoard events and Orbax checkpoints there; a
 rerun resumes from them and appends to the metrics; a refused resume changes no object;
-the reading commands (evaluate, fill_mask, embed, plot, encoder_jax.load) read the bucket;
+the reading commands (evaluate, fill_mask, embed, plot, encoder_jax.load) read the bucket
+(embed its input and output there too; convert exports to it and imports from it);
 a run SIGKILLed and rerun through a proxy that answers some requests with 503 ends as the
 undisturbed run; a garbled newest checkpoint is set aside on the bucket. Tiny config."""
 
+import io
 import json
 import os
 import subprocess
@@ -119,27 +121,34 @@ def _check_the_reading_commands_read_the_bucket(trained, tmp_path):
   assert json.loads(storage.Blob(f'{workdir}/eval_12.json').read().text)
   filled = _run('fill_mask', f'--workdir={workdir}', '--text=the [MASK] of')
   assert filled.returncode == 0 and '[MASK] #1:' in filled.stdout, filled.stderr[-3000:]
-  (tmp_path / 'in.txt').write_text('a first sentence\nand a second one\n')
-  embedded = _run('embed', f'--workdir={workdir}', f'--input={tmp_path / "in.txt"}',
-                  f'--output={tmp_path / "emb.npy"}')
+  storage.Blob('gs://e2e/embed/in.txt').write('a first sentence\r\nand a second one\n', 0)
+  embedded = _run('embed', f'--workdir={workdir}', '--input=gs://e2e/embed/in.txt',
+                  '--output=gs://e2e/embed/emb.npy')
   assert embedded.returncode == 0, embedded.stderr[-3000:]
-  assert np.load(tmp_path / 'emb.npy').shape == (2, 32)
+  assert np.load(io.BytesIO(_bytes('gs://e2e/embed/emb.npy'))).shape == (2, 32)
   plotted = _run('plot', f'--workdir={workdir}')
   assert plotted.returncode == 0, plotted.stderr[-3000:]
   assert storage.Blob(f'{workdir}/loss.png').read() is not None
   _check_fine_tuning_from_and_into_the_bucket(workdir, tmp_path)
-  _check_convert_both_ways(workdir, tmp_path)
+  _check_convert_both_ways(workdir)
 
 
-def _check_convert_both_ways(workdir: str, tmp_path):
-  """workdir_to_hf writes its export to the bucket; hf_to_workdir imports it into another
-  workdir on the bucket, which embeds as the original does."""
+def _bytes(url: str) -> bytes:
+  bucket, name = storage.split(url)
+  return storage.client().bucket(bucket).blob(name).download_as_bytes()
+
+
+def _check_convert_both_ways(workdir: str):
+  """workdir_to_hf writes its export to the bucket; hf_to_workdir imports it from there into
+  another workdir on the bucket, which embeds as the original does and whose config names
+  the tokenizer pinned on the bucket; a second import into it is refused."""
   import encoder_jax  # pylint: disable=g-import-not-at-top
+  from encoder_jax.data import tokenizer_files  # pylint: disable=g-import-not-at-top
+  from encoder_jax.interop import hf_import  # pylint: disable=g-import-not-at-top
   exported = _run('convert', 'workdir_to_hf', f'--workdir={workdir}', f'--out={workdir}/hf')
   assert exported.returncode == 0, exported.stderr[-3000:]
   assert {'config.json', 'model.safetensors'} <= set(_objects(f'{workdir}/hf'))
-  storage.download_tree(f'{workdir}/hf', str(tmp_path / 'hf'), last='config.json')
-  imported = _run('convert', 'hf_to_workdir', f'--hf_dir={tmp_path / "hf"}',
+  imported = _run('convert', 'hf_to_workdir', f'--hf_dir={workdir}/hf',
                   '--workdir=gs://e2e/imported')
   assert imported.returncode == 0, imported.stderr[-3000:]
   assert {'config.json', 'import_report.json', 'tokenizer/tokenizer.json'} <= set(
@@ -147,6 +156,12 @@ def _check_convert_both_ways(workdir: str, tmp_path):
   texts = ['a first sentence', 'and a second one']
   np.testing.assert_allclose(encoder_jax.load('gs://e2e/imported').embed(texts),
                              encoder_jax.load(workdir).embed(texts), rtol=1e-5, atol=1e-6)
+  tokenizer = json.loads(storage.Blob('gs://e2e/imported/config.json').read().text)['tokenizer']
+  pinned = json.loads(storage.Blob('gs://e2e/imported/tokenizer/tokenizer.json').read().text)
+  assert tokenizer['path'] == f'gs://e2e/imported/tokenizer/{pinned["file"]}'
+  assert tokenizer_files.file_sha256(tokenizer['path']) == pinned['sha256']
+  with pytest.raises(FileExistsError, match='already holds checkpoints'):
+    hf_import.import_hf_to_workdir(f'{workdir}/hf', 'gs://e2e/imported')
 
 
 def _check_fine_tuning_from_and_into_the_bucket(workdir: str, tmp_path):
