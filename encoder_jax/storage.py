@@ -37,8 +37,10 @@ run can be rehearsed on a laptop against a local emulator::
         --config=configs/crammed_small.py --workdir=gs://bkt/run
 
 (the emulator is fake-gcs-server, which the ``test`` extra installs; :class:`Emulator`).
-TensorFlow Datasets' ``data_dir=gs://...`` is read by TensorFlow and so needs the real
-Cloud Storage.
+TensorFlow Datasets would read a ``data_dir=gs://...`` through TensorFlow's own file
+system (which always calls www.googleapis.com); the ``tfds:`` source copies the dataset's
+directory from the bucket to a local cache through this module instead
+(``data.sources.tfds_local_data_dir``), so it reaches an emulator too.
 """
 
 from __future__ import annotations
@@ -353,6 +355,17 @@ def staged(out: str):
   with tempfile.TemporaryDirectory(prefix='staged_') as local:
     yield local
     upload_tree(local, out, overwrite=True)
+
+
+def generations(url: str) -> dict[str, int]:
+  """Every object under ``url`` (a directory on a bucket): its name relative to ``url`` ->
+  its generation (which changes whenever the object is written)."""
+  bucket_name, prefix = split(url.rstrip('/'))
+  try:
+    return {b.name[len(prefix) + 1:]: int(b.generation)
+            for b in client().list_blobs(bucket_name, prefix=prefix + '/')}
+  except _failures() as e:
+    raise explain(url, e) from e
 
 
 def download_tree(url: str, local_dir: str, last: str) -> int:

@@ -13,9 +13,11 @@ Spec grammar (several specs are separated by commas)::
   tfds:NAME[:SPLIT][;data_dir=DIR][;field=text]
                                       a prepared tensorflow-datasets dataset (``wikipedia/
                                       20230601.en``, ``wiki40b/en``, ``c4/en``), read in file
-                                      order; ``data_dir`` defaults to config.data.tfds_data_dir
-                                      (``gs://`` works on TPU VMs). SPLIT defaults to ``train``
-                                      and may be a slice (``train[:1%]``).
+                                      order; ``data_dir`` defaults to config.data.tfds_data_dir.
+                                      A ``gs://`` data_dir: the dataset's directory is copied
+                                      to a local cache first (:func:`tfds_local_data_dir`).
+                                      SPLIT defaults to ``train`` and may be a slice
+                                      (``train[:1%]``).
 
 Files may be compressed: gzip (``.gz``), bzip2 and xz are read transparently, recognised by
 their first bytes whatever the file is called; zstd, zip and other archives stop with the
@@ -38,15 +40,20 @@ import collections
 import dataclasses
 import glob as glob_lib
 import gzip
+import hashlib
 import json
+import logging
 import lzma
 import os
+import shutil
+import time
 import zlib
 from typing import Iterator
 
 from encoder_jax import extras
 from encoder_jax import storage
 from encoder_jax.data import embedded
+from encoder_jax.data import prepare_once
 
 _KINDS = ('embedded', 'text', 'jsonl', 'tfds')
 _OPTIONS = {'embedded': {'max_documents'}, 'text': {'max_documents'},
@@ -250,7 +257,10 @@ class Source:
     tfds = _import_optional('tensorflow_datasets', self.spec, 'tensorflow-datasets')
     origin = 'the spec' if 'data_dir' in self.options else 'config.data.tfds_data_dir'
     where = f'data_dir {data_dir!r} (from {origin})' if data_dir else 'the default data_dir'
-    if data_dir:
+    if data_dir and data_dir.startswith('gs://'):
+      data_dir = tfds_local_data_dir(data_dir, name, f'config.data.sources: {self.spec!r}: '
+                                     f'{where}')
+    elif data_dir:
       tf = _import_optional('tensorflow', self.spec, 'tensorflow')
       if not tf.io.gfile.isdir(data_dir):
         raise FileNotFoundError(f'config.data.sources: {self.spec!r}: {where} does not exist.')
@@ -421,6 +431,47 @@ def split_spec(spec: str, kinds, where: str, expected: str = '',
     raise ValueError(f'{where}: {shown or repr(spec)}: unknown source kind {kind!r}; expected '
                      + (expected or f'one of {list(kinds)}'))
   return kind, argument.strip()
+
+
+def tfds_local_data_dir(data_dir: str, name: str, what: str = '') -> str:
+  """A local tfds data_dir holding a copy of dataset ``name``'s directory (every version
+  there: ``NAME[/CONFIG]/VERSION/``) under the ``gs://`` ``data_dir``.
+
+  TensorFlow's own Cloud Storage file system, which tfds would use, cannot be pointed at
+  another endpoint; this copy goes through ``storage`` (google-cloud-storage), as every
+  other ``gs://`` read does. Only the process that prepares the data reads its sources, so
+  a pod copies the dataset once (with a ``gs://`` prepared_dir) or once per host. The copy
+  is kept in ``prepare_once.cache_root()``/tfds, shared by the processes of a host (under a
+  local lock), and replaced when the bucket's objects change (their generations).
+  """
+  url = f'{data_dir.rstrip("/")}/{name.strip("/")}'
+  objects = storage.generations(url)
+  if not objects:
+    raise FileNotFoundError(f'{what or data_dir}: {url} does not exist (no objects under '
+                            'it); copy the prepared dataset there, see docs/configs_and_data.md.')
+  root = os.path.join(prepare_once.cache_root(), 'tfds',
+                      hashlib.sha256(data_dir.rstrip('/').encode()).hexdigest()[:16])
+  local = os.path.join(root, name.strip('/'))
+  listing = os.path.join(root, f'{name.strip("/").replace("/", "__")}.objects.json')
+  wanted = json.dumps(objects, sort_keys=True)
+  if os.path.exists(listing):
+    with open(listing, encoding='utf-8') as f:
+      if f.read() != wanted:  # Written again on the bucket since it was copied.
+        os.remove(listing)
+        shutil.rmtree(local, ignore_errors=True)
+
+  def download():
+    start = time.monotonic()
+    shutil.rmtree(local, ignore_errors=True)  # What a killed copy left.
+    size = storage.download_tree(url, local, last='')
+    with open(listing + '.tmp', 'w', encoding='utf-8') as f:
+      f.write(wanted)
+    os.replace(listing + '.tmp', listing)
+    logging.info('Copied %s to %s: %.1f MB in %.1f s.', url, local, size / 1e6,
+                 time.monotonic() - start)
+
+  prepare_once.prepare_once(local, listing, download)
+  return root
 
 
 def tfds_name_split(argument: str, default_split: str | None = 'train') -> tuple[str, str]:

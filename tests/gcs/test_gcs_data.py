@@ -1,6 +1,7 @@
 """Data on a bucket: ``text:gs://...`` and ``jsonl:gs://...`` sources prepare the same data
-as the same files on a local disk (gcsfs: glob, ranged reads, gzip); a ``gs://`` prepared
-directory is prepared once for all hosts and copied to each."""
+as the same files on a local disk (gcsfs: glob, ranged reads, gzip), and so does a tfds
+dataset with ``data_dir=gs://...``; a ``gs://`` prepared directory is prepared once for all
+hosts and copied to each."""
 
 import gzip
 import json
@@ -15,6 +16,7 @@ from encoder_jax import data as data_lib
 from encoder_jax import storage
 from encoder_jax.data import embedded
 from encoder_jax.data import prepare_once
+from encoder_jax.data import sources
 
 
 def _config(prepared_dir: str, sources: str):
@@ -95,3 +97,56 @@ def test_hosts_prepare_once_through_the_bucket_and_each_reads_its_copy(bucket, t
       storage.split(url)[0], prefix='prepared/')}
   assert 'manifest.json' in objects and set(copies[0]) <= objects
   assert not storage.exists(prepare_once.lock_path(url))  # Released.
+
+
+def test_a_tfds_dataset_on_a_bucket_prepares_what_its_local_data_dir_does(bucket, tmp_path,
+                                                                         monkeypatch):
+  """A tiny tfds dataset built here, copied to the bucket, read with data_dir=gs://...: the
+  prepared token ids equal those from the local data_dir (the dataset's directory is copied
+  to the local cache once, and again only when the bucket's copy changes)."""
+  tfds = pytest.importorskip('tensorflow_datasets')
+  docs = embedded.embedded_corpus()[:40]
+
+  class BucketArticles(tfds.core.GeneratorBasedBuilder):  # pylint: disable=unused-variable
+    """Articles of running text from the embedded corpus."""
+    VERSION = tfds.core.Version('1.0.0')
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {'text': tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {'train': self._generate_examples()}
+
+    def _generate_examples(self):
+      for i, doc in enumerate(docs):
+        yield i, {'text': ' '.join(doc)}
+
+  local = str(tmp_path / 'tfds')
+  BucketArticles(data_dir=local).download_and_prepare(
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  storage.upload_tree(local, f'{bucket}/tfds')
+  monkeypatch.setenv(prepare_once.CACHE_ENV, str(tmp_path / 'cache'))
+  prepared = {}
+  for where, data_dir in (('local', local), ('bucket', f'{bucket}/tfds')):
+    c = _config(str(tmp_path / where), 'tfds:bucket_articles:train')
+    c.data.tfds_data_dir = data_dir
+    if 'local' in prepared:  # The same tokenizer.
+      c.tokenizer.path = os.path.join(prepared['local'].directory, 'tokenizer.model')
+    prepared[where] = data_lib.load_or_prepare(c)
+  local_files = _files(prepared['local'].directory)
+  assert len(local_files) > 2 and _files(prepared['bucket'].directory) == local_files
+  splits = prepared['bucket'].manifest['splits']
+  assert splits['train']['documents'] + splits['held_out']['documents'] == len(docs)
+  copy = sources.tfds_local_data_dir(f'{bucket}/tfds', 'bucket_articles')
+  info = os.path.join(copy, 'bucket_articles', '1.0.0', 'dataset_info.json')
+  assert copy.startswith(str(tmp_path / 'cache')) and os.path.isfile(info)
+  os.remove(info)  # Kept while the bucket's objects are the ones copied; copied again after.
+  assert sources.tfds_local_data_dir(f'{bucket}/tfds', 'bucket_articles') == copy
+  assert not os.path.exists(info)
+  storage.upload_tree(local, f'{bucket}/tfds', overwrite=True)
+  assert sources.tfds_local_data_dir(f'{bucket}/tfds', 'bucket_articles') == copy
+  assert os.path.isfile(info)
+  with pytest.raises(FileNotFoundError, match=r'gs://.*/tfds/no_such_dataset does not exist'):
+    sources.tfds_local_data_dir(f'{bucket}/tfds', 'no_such_dataset')
