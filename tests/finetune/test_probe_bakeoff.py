@@ -34,6 +34,50 @@ def test_bbc_news_split_is_fixed_stratified_and_whole():
   assert len(texts['test']) > 400  # Real, distinct articles.
 
 
+@pytest.mark.parametrize('name', list(probe_data.DATASETS))
+def test_every_probe_dataset_has_a_fixed_split_disjoint_and_with_every_class(name, tmp_path):
+  data = probe_data.dataset(name)
+  splits = data.load()
+  assert set(splits) == {'train', 'validation', 'test'}
+  classes = {r['label'] for r in splits['train']}
+  assert len(classes) >= 2
+  texts = {}
+  for split, rows in splits.items():
+    assert {r['label'] for r in rows} == classes, split
+    assert all(r['text'].strip() for r in rows), split
+    texts[split] = {r['text'] for r in rows}
+  # BBC News repeats a few articles (19 of its 444 test articles are also in train);
+  # Rotten Tomatoes keeps the first of each repeated snippet.
+  repeated = len(texts['test'] & (texts['train'] | texts['validation']))
+  assert repeated / len(texts['test']) < 0.1 and (repeated == 0) == (name != 'bbc_news')
+  assert data.load() == splits  # Deterministic.
+  logged = []
+  specs = data.specs(str(tmp_path), train_examples=20, log=logged.append)
+  with open(specs['train'].partition(':')[2], encoding='utf-8') as f:
+    head = [json.loads(line) for line in f]
+  assert len(head) == 20 and {r['label'] for r in head} == classes  # A balanced prefix.
+  with open(data.pretraining_corpus(str(tmp_path)).partition(':')[2], encoding='utf-8') as f:
+    corpus = {json.loads(line)['text'] for line in f}
+  assert texts['train'] <= corpus  # Labels never read; no test text beyond the repeats.
+  assert len(corpus & texts['test']) == len(texts['test'] & texts['train'])
+  assert bool(logged) == any(data.skipped().values())  # What was left out is said.
+
+
+def test_rotten_tomatoes_is_split_by_film_and_counts_what_it_leaves_out():
+  records, skipped = probe_data.rotten_tomatoes_records()
+  assert skipped['repeated_snippets'] > 0  # Counted, and said by specs() (above).
+  films = collections.defaultdict(set)
+  for r in records:
+    films[r['film']].add(probe_data._film_split(r['film']))  # pylint: disable=protected-access
+  assert all(len(s) == 1 for s in films.values()) and len(films) > 1000
+  splits = probe_data.rotten_tomatoes()
+  assert {k: len(v) for k, v in splits.items()} == {'train': 8937, 'validation': 1927,
+                                                    'test': 1888}
+  assert collections.Counter(r['label'] for r in splits['test'])['fresh'] == 1143
+  unlabelled = probe_data.rotten_tomatoes_unlabelled()
+  assert len(unlabelled) > 500 and not set(unlabelled) & {r['text'] for r in splits['train']}
+
+
 def test_summary_is_mean_and_spread_over_seeds():
   runs = [dict(eval_accuracy=a, eval_f1=f) for a, f in ((0.8, 0.7), (0.9, 0.8), (0.7, 0.6))]
   s = probe.summarize(runs)
