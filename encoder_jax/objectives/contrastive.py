@@ -26,7 +26,9 @@ position's final state, so the last layer runs at every row (counted in the FLOP
 Every training row is split, so the network never attends over more than half a row
 while it pretrains (rotary distances of L/2 and beyond are never trained); a learned
 position table would leave its second half untrained (the halves restart their
-positions), so the objective needs ``model.rotary=True``. ``data.pair_kind=
+positions), so the objective needs ``model.rotary=True``, unless the run continues a
+pretrained model (``config.init``), whose table is already trained (e.g. all-MiniLM-L6-v2
+continued on a domain's text). ``data.pair_kind=
 'full_sentences'`` rows may run across a document boundary (their halves are then two
 texts): measured better than ``'doc_sentences'`` on BBC News at the bake-off's budget,
 whose single-document rows are often short.
@@ -52,17 +54,21 @@ FIELDS: tuple[fields_lib.Field, ...] = (
 
 def check_config(c) -> str | None:
   """What the objective cannot train: an attention kind that reads no document ids (the
-  halves would see each other), or a learned position table (half of it never trained)."""
+  halves would see each other), or a learned position table from scratch (half of it
+  never trained)."""
   from encoder_jax.models import attention_kinds  # pylint: disable=g-import-not-at-top
   attention = c.model.get('attention_kind', 'dot_product')
   if not attention_kinds.reads_document_ids(attention):
     return (f"config.objective.names={tuple(c.objective.names)} has 'contrastive', which "
             f"keeps a row's halves apart by document ids, and config.model.attention_kind="
             f'{attention!r} reads none; expected one of {attention_kinds.document_readers()}')
-  if not c.model.get('rotary', False):
+  init = c.get('init')
+  pretrained = bool(init and (init.get('workdir') or init.get('hf_dir')))
+  if not c.model.get('rotary', False) and not pretrained:
     return (f"config.objective.names={tuple(c.objective.names)} has 'contrastive', whose "
             'halves restart their positions: a learned position table would train its first '
-            'half only; expected config.model.rotary=True')
+            'half only; expected config.model.rotary=True, or a run that starts from a '
+            'pretrained model (config.init.workdir / hf_dir), whose table is trained')
   return None
 
 

@@ -120,5 +120,13 @@ def test_settings_it_cannot_train_are_refused_by_name(change, expected):
       validation.problems(c))
 
 
+def test_a_learned_position_table_is_taken_when_the_run_starts_from_a_pretrained_model():
+  c = _config()
+  c.model.rotary = False
+  assert any('rotary' in p for p in validation.problems(c))
+  c.init.hf_dir = '/a/pretrained/model'  # Its table is trained: the halves reuse its rows.
+  assert not any('rotary' in p for p in validation.problems(c)), validation.problems(c)
+
+
 def test_mlm_is_scored_on_whole_rows_at_bert_masking():
   assert tuple(evaluate.at_bert_masking(_config()).objective.names) == ('mlm',)
