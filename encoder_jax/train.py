@@ -15,7 +15,9 @@ has a checkpoint of its own it resumes from that, like any run.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import json
 import signal
 import time
@@ -241,6 +243,7 @@ class _Run:
   table: str  # The parameter table (parameters.txt).
   n_params: int
   source: train_state.Source | None = None  # What config.init names (continued pretraining).
+  programs: str = ''  # What determines the compiled steps (see :func:`_program_key`).
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -269,7 +272,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
     logging.warning('Resuming with a changed config: %s', change)
   prepared = data_lib.load_or_prepare(config)
   tx = optimizer_lib.make(config)
-  objective = objectives.build(config, vocab_tables(config, prepared))
+  tables = vocab_tables(config, prepared)
+  objective = objectives.build(config, tables)
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
   boxed, shards = state_shardings(config, mesh, objective, tx)
   rows = sharding.process_rows(mesh, int(config.train.batch_size))
@@ -284,7 +288,35 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
               ckpt=checkpointing.Checkpointer(workdir, config.checkpoint),
               iterator=data_lib.make_train_iterator(config, prepared, rows=rows), rows=rows,
               lead=lead, table=table,
-              n_params=sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params))))
+              n_params=sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params))),
+              programs=_program_key(config, tables))
+
+
+def _program_key(config: ml_collections.ConfigDict, tables: masking.VocabTables) -> str:
+  """A digest of everything a pretraining run's compiled steps depend on besides the mesh
+  and the phase: the whole config and the vocabulary tables the corruption reads."""
+  h = hashlib.sha256(config.to_json_best_effort(sort_keys=True).encode('utf-8'))
+  for a in (tables.is_special_V, tables.is_word_start_V, tables.unigram_counts_V):
+    h.update(np.ascontiguousarray(a).tobytes())
+  h.update(str(tables.mask_id).encode('utf-8'))
+  return h.hexdigest()
+
+
+# The jitted steps of this process's recent pretraining runs, by (kind, program key, mesh,
+# phase): a run of the same config again in this process (a resume after a failure or a
+# preemption, the reruns of a sweep) reuses the traced and compiled steps instead of
+# tracing them anew. A few are kept (each holds its executable).
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_KEPT = 6
+
+
+def _reused(key: tuple, build):
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = build()
+    while len(_PROGRAMS) > _PROGRAMS_KEPT:
+      _PROGRAMS.popitem(last=False)
+  _PROGRAMS.move_to_end(key)
+  return _PROGRAMS[key]
 
 
 def _restore(run: _Run):
@@ -527,8 +559,8 @@ class _PretrainingHooks:
 
   def make_step(self, phase):
     run = self.run
-    return make_train_step(run.config, run.objective, run.tx, run.schedule_fn, run.mesh,
-                           run.shards, phase)
+    return _reused(('train', run.programs, run.mesh, phase), lambda: make_train_step(
+        run.config, run.objective, run.tx, run.schedule_fn, run.mesh, run.shards, phase))
 
   def check_batch(self, step: int, batch, phase) -> None:
     if batch['input_ids'].shape[1] != phase.seq_len:
@@ -557,8 +589,9 @@ class _PretrainingHooks:
     if not t.eval_every_steps or (step % t.eval_every_steps and step != t.num_steps):
       return False
     if phase.index not in self.eval_fns:
-      self.eval_fns[phase.index] = make_eval_step(run.config, run.objective, run.mesh,
-                                                  run.shards.params, phase)
+      self.eval_fns[phase.index] = _reused(
+          ('eval', run.programs, run.mesh, phase), lambda: make_eval_step(
+              run.config, run.objective, run.mesh, run.shards.params, phase))
     held_out = evaluate(self.eval_fns[phase.index], state.params, self.eval_set(phase),
                         run.mesh, run.objective, t.batch_size)
     self.writer.write(step, held_out, prefix='eval')
