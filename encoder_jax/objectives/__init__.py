@@ -74,10 +74,11 @@ REGISTRY: dict[str, Entry] = {
     'sop': Entry(lambda c, tables, net: pair.PairClassification('sop'), heads=('pair_head',),
                  pair_kinds=('sop',), segments=2, description='sentence-order prediction'),
     'contrastive': Entry(
-        lambda c, tables, net: contrastive.SpanContrastive(c.objective.contrastive_weight,
-                                                           c.objective.contrastive_temperature),
+        lambda c, tables, net: contrastive.SpanContrastive(
+            c.objective.contrastive_weight, c.objective.contrastive_temperature,
+            packed=c.get('data', {}).get('pair_kind') == 'packed_documents'),
         fields=contrastive.FIELDS, heads=('mlm_head', 'packed_rows'), needs=('mlm',),
-        pair_kinds=('full_sentences', 'doc_sentences'), alters_rows=True,
+        pair_kinds=('full_sentences', 'doc_sentences', 'packed_documents'), alters_rows=True,
         check=contrastive.check_config,
         description="span contrastive: a row's two halves against the batch's (DeCLUTR)"),
     'sbo': Entry(lambda c, tables, net: sbo.SpanBoundary(net.config), heads=('mlm_head',),

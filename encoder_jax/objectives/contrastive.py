@@ -32,13 +32,22 @@ continued on a domain's text). ``data.pair_kind=
 'full_sentences'`` rows may run across a document boundary (their halves are then two
 texts): measured better than ``'doc_sentences'`` on BBC News at the bake-off's budget,
 whose single-document rows are often short.
+
+With ``data.pair_kind='packed_documents'`` (short texts packed several to a row, each read
+as if alone) **every text of a row is cut in two** instead: the halves of one text are the
+positives, the halves of every other text of the batch the negatives, so a row of short
+texts (critics' snippets, tweets) yields several pairs, each from one text, where cutting
+the row would pair two unrelated texts. A text counts with ``MIN_SPAN`` tokens in each
+half (at most L // (2 * MIN_SPAN) of a row).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from encoder_jax import fields as fields_lib
+from encoder_jax.models import packing
 from encoder_jax.objectives import base
 
 MIN_SPAN = 4  # Tokens each half needs for its row to count.
@@ -72,13 +81,42 @@ def check_config(c) -> str | None:
   return None
 
 
-def halves(input_mask_BxL):
-  """int32 [B, L]: 1 on the first half of each row's tokens, 2 on the second, 0 on the
-  padding (a row of n tokens: positions below ceil(n / 2) are the first half)."""
+def halves(input_mask_BxL, document_ids_BxL=None):
+  """int32 [B, L]: the span of each token, 0 on the padding. A row (no ``document_ids``):
+  1 on the first half of its tokens, 2 on the second (a row of n tokens: positions below
+  ceil(n / 2) are the first half). Packed rows: 2d - 1 on the first half of document d's
+  tokens, 2d on its second, so every text of the row is cut in two."""
   mask_BxL = input_mask_BxL.astype(jnp.int32)
-  n_B = mask_BxL.sum(axis=1)
-  index_BxL = jnp.arange(mask_BxL.shape[1], dtype=jnp.int32)[None]
-  return jnp.where(index_BxL < (n_B[:, None] + 1) // 2, 1, 2) * mask_BxL
+  if document_ids_BxL is None:
+    n_B = mask_BxL.sum(axis=1)
+    index_BxL = jnp.arange(mask_BxL.shape[1], dtype=jnp.int32)[None]
+    return jnp.where(index_BxL < (n_B[:, None] + 1) // 2, 1, 2) * mask_BxL
+  ids_BxL = document_ids_BxL.astype(jnp.int32) * mask_BxL
+  at_BxL = packing.positions(ids_BxL)
+  n_BxL = (ids_BxL[:, :, None] == ids_BxL[:, None, :]).sum(axis=-1)  # Its document's length.
+  first_BxL = (at_BxL < (n_BxL + 1) // 2).astype(jnp.int32)
+  return jnp.where(ids_BxL > 0, 2 * ids_BxL - first_BxL, 0)
+
+
+def span_means(h_BxLxH, spans_BxL, documents: int):
+  """((z1, n1), (z2, n2)): the L2-normalised mean state of the first and second half of
+  documents 1..``documents`` of every row, [B * documents, H], and their token counts
+  [B * documents] (0 for a document the row does not have)."""
+  b, length, hidden = h_BxLxH.shape
+  slots = 2 * documents + 1  # Span ids 0 (padding), 1, 2 (document 1), 3, 4, ...
+  spans_BxL = jnp.where(spans_BxL < slots, spans_BxL, 0)  # Documents past the last: unread.
+  segment_N = (jnp.arange(b, dtype=jnp.int32)[:, None] * slots + spans_BxL).reshape(-1)
+  sums = jax.ops.segment_sum(h_BxLxH.reshape(b * length, hidden), segment_N, b * slots)
+  counts = jax.ops.segment_sum(jnp.ones((b * length,), jnp.float32), segment_N, b * slots)
+  sums, counts = sums.reshape(b, slots, hidden), counts.reshape(b, slots)
+  out = []
+  for first in (1, 2):
+    mean = sums[:, first::2][:, :documents] / jnp.maximum(counts[:, first::2][:, :documents],
+                                                           1.0)[..., None]
+    mean = mean.reshape(b * documents, hidden)
+    norm = jnp.sqrt((mean ** 2).sum(axis=-1, keepdims=True) + 1e-12)
+    out.append((mean / norm, counts[:, first::2][:, :documents].reshape(-1)))
+  return out
 
 
 def info_nce(z1_BxH, z2_BxH, weights_B, temperature: float):
@@ -99,9 +137,10 @@ class SpanContrastive(base.Objective):
                     'contrastive_accuracy': 'contrastive_rows'}
   console_metrics = (('contrastive_accuracy', 'ctr_acc', '{:.1%}'),)
 
-  def __init__(self, weight: float, temperature: float):
+  def __init__(self, weight: float, temperature: float, packed: bool = False):
     self.weight = float(weight)
     self.temperature = float(temperature)
+    self.packed = bool(packed)  # data.pair_kind='packed_documents': each text cut in two.
 
   def check(self, network):
     if not network.kind.packed_rows:
@@ -111,7 +150,10 @@ class SpanContrastive(base.Objective):
 
   def corrupt(self, batch, rng, phase):
     del rng, phase
-    return {**batch, 'document_ids': halves(batch['input_mask'])}
+    if self.packed != ('document_ids' in batch):
+      raise ValueError(f'the span contrastive objective was built for '
+                       f'{"packed" if self.packed else "unpacked"} rows and got the other')
+    return {**batch, 'document_ids': halves(batch['input_mask'], batch.get('document_ids'))}
 
   def gather_positions(self, batch, length):
     b = batch['input_ids'].shape[0]
@@ -123,14 +165,12 @@ class SpanContrastive(base.Objective):
   def loss(self, outputs, batch):
     h_BxLxH = outputs['gathered'][self.name].astype(jnp.float32)
     ids_BxL = batch['document_ids']
-    spans = []
-    for span in (1, 2):
-      w_BxL = (ids_BxL == span).astype(jnp.float32)
-      count_B = w_BxL.sum(axis=1)
-      mean_BxH = (h_BxLxH * w_BxL[..., None]).sum(axis=1) / jnp.maximum(count_B, 1.0)[:, None]
-      norm_B = jnp.sqrt((mean_BxH ** 2).sum(axis=-1, keepdims=True) + 1e-12)
-      spans.append((mean_BxH / norm_B, count_B))
-    (z1, n1), (z2, n2) = spans
+    # A row is one text (or a stream of texts), cut in two. Packed rows: each document with
+    # MIN_SPAN tokens in each half counts, so at most L // (2 * MIN_SPAN) of a row (the
+    # first that many documents of a row are read: a later one counts only after as many
+    # too short to count, which packing of real text does not make).
+    documents = h_BxLxH.shape[1] // (2 * MIN_SPAN) if self.packed else 1
+    (z1, n1), (z2, n2) = span_means(h_BxLxH, ids_BxL, documents)
     weights_B = ((n1 >= MIN_SPAN) & (n2 >= MIN_SPAN)).astype(jnp.float32)
     loss, accuracy = info_nce(z1, z2, weights_B, self.temperature)
     return self.weight * loss, {'contrastive_loss': loss, 'contrastive_accuracy': accuracy,

@@ -39,6 +39,41 @@ def test_halves_split_each_row_at_the_middle_of_its_tokens():
       [1, 0, 0, 0, 0, 0, 0, 0]])
 
 
+def test_packed_rows_cut_each_document_in_two_and_pool_each_half():
+  documents = np.array([[1, 1, 1, 1, 2, 2, 2, 3, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+  spans = contrastive.halves(jnp.asarray(documents > 0), jnp.asarray(documents))
+  np.testing.assert_array_equal(spans, [[1, 1, 2, 2, 3, 3, 4, 5, 0],
+                                        [1, 1, 1, 1, 1, 2, 2, 2, 2]])
+  h = np.random.RandomState(0).randn(2, 9, 3).astype(np.float32)
+  (z1, n1), (z2, n2) = contrastive.span_means(jnp.asarray(h), spans, documents=2)
+  np.testing.assert_array_equal(n1, [2, 2, 5, 0])
+  np.testing.assert_array_equal(n2, [2, 1, 4, 0])
+  unit = lambda v: v / np.linalg.norm(v)
+  np.testing.assert_allclose(z1[1], unit(h[0, 4:6].mean(0)), rtol=1e-5)  # Row 0, document 2.
+  np.testing.assert_allclose(z2[2], unit(h[1, 5:].mean(0)), rtol=1e-5)  # Row 1, document 1.
+
+
+def test_on_packed_rows_every_text_long_enough_is_a_candidate():
+  c = _config()
+  c.data.pair_kind = 'packed_documents'
+  c.train.update(seq_lens=(16,), max_predictions=(4,))
+  assert not validation.problems(c), validation.problems(c)
+  special = np.zeros(50, bool)
+  special[:5] = True
+  setup = objectives.build(c, masking.VocabTables(special, np.ones(50, bool), np.ones(50),
+                                                  mask_id=4))
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
+  phase = length_phases.phases(c.train)[0]
+  ids = np.random.RandomState(1).randint(5, 50, (3, 16)).astype(np.int32)
+  # Two texts of 8 tokens a row (both count), then one of 10 and one of 6 (too short).
+  docs = np.array([[1] * 8 + [2] * 8, [1] * 8 + [2] * 8, [1] * 10 + [2] * 6], np.int32)
+  batch = dict(input_ids=ids, segment_ids=np.zeros_like(ids), input_mask=np.ones_like(ids),
+               document_ids=docs)
+  loss, metrics = jax.jit(lambda p: setup.loss_fn(p, batch, jax.random.key(2), phase, True))(
+      params)
+  assert np.isfinite(float(loss)) and float(metrics['contrastive_rows']) == 5
+
+
 def test_info_nce_is_the_symmetric_cross_entropy_over_the_counted_rows():
   rng = np.random.RandomState(0)
   z1, z2 = rng.randn(5, 4), rng.randn(5, 4)
@@ -110,7 +145,7 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
     (dict(objective=dict(names=('contrastive',))), r"expected 'mlm' in the names too"),
     (dict(data=dict(pair_kind='nsp')),
      r"'contrastive', which reads the examples of config.data.pair_kind 'full_sentences' or "
-     r"'doc_sentences': got 'nsp'"),
+     r"'doc_sentences' or 'packed_documents': got 'nsp'"),
 ])
 def test_settings_it_cannot_train_are_refused_by_name(change, expected):
   c = _config()
