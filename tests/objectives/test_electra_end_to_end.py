@@ -1,8 +1,9 @@
 """ELECTRA end to end on the embedded corpus: configs/electra_small.py (runlocal, shrunk)
 trains and its loss falls; held-out evaluation reports every metric; the workdir exports
 to Hugging Face (discriminator at OUT, generator at OUT/generator) with the logits ours
-computes; the export loads back (generator included) and as ``ElectraModel``; and
-``encoder_jax.finetune`` fine-tunes the discriminator from the workdir."""
+computes; the export loads back (generator included) and as ``ElectraModel``. (Fine-tuning
+the discriminator from an ELECTRA workdir: tests/finetune/test_probe_bakeoff.py's end-to-end
+run, whose probes fine-tune its ELECTRA row's checkpoints.)"""
 
 import importlib.util
 import json
@@ -18,8 +19,6 @@ from encoder_jax import evaluate
 from encoder_jax import loading
 from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import train
-from encoder_jax.finetune import config as finetune_config
-from encoder_jax.finetune import train as finetune
 from encoder_jax.interop import hf_import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,8 +57,8 @@ def _hf(model, ids, mask):
     return model(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(np.zeros_like(ids)))
 
 
-@pytest.mark.slow  # ~40 s on a 2-core CPU: data preparation, 12 steps, export, fine-tune.
-def test_electra_small_trains_evaluates_exports_and_finetunes(tmp_path):
+@pytest.mark.slow  # ~35 s of CPU: data preparation, 12 steps, evaluation, export.
+def test_electra_small_trains_evaluates_and_exports(tmp_path):
   c = _config(str(tmp_path / 'prepared'))
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(c, workdir)
@@ -103,16 +102,3 @@ def test_electra_small_trains_evaluates_exports_and_finetunes(tmp_path):
   assert again.kind == 'electra' and again.report.initialised_groups == []
   np.testing.assert_allclose(again.mlm_logits(ids, mask), loaded.mlm_logits(ids, mask),
                              atol=ATOL)
-
-  tsv = tmp_path / 'sst.tsv'
-  good = ['a good film.', 'a great movie!', 'it was good.', 'great, great.']
-  bad = ['a bad film.', 'a terrible movie!', 'it was bad.', 'terrible, bad.']
-  tsv.write_text('sentence\tlabel\n' + ''.join(f'{s}\t1\n' for s in good)
-                 + ''.join(f'{s}\t0\n' for s in bad))
-  fc = finetune_config.base_config()
-  fc.init.workdir = workdir
-  fc.data.update(train=f'tsv:{tsv}', eval=f'tsv:{tsv}', max_len=32)
-  fc.optim.update(learning_rate=1e-3, epochs=2, batch_size=8, eval_batch_size=8)
-  result = finetune.finetune(fc)
-  assert result['step'] == 2 and result['labels'] == ['0', '1']  # 8 rows, batch 8, 2 epochs.
-  assert np.isfinite(result['train_loss'])
