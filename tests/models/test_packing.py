@@ -51,24 +51,24 @@ def _rows(rng):
 def test_each_document_of_a_packed_row_reads_as_if_alone(kind):
   net = _network(kind)
   params = net.init(jax.random.key(0))
+  # Compiled whole (a program per input shape), not run op by op.
+  encode, read = jax.jit(net.encoder.apply), jax.jit(net.pretraining.apply)
   ids, documents, alone = _rows(np.random.default_rng(0))
   zeros = np.zeros_like(ids)
-  packed = net.encoder.apply({'params': params}, ids, zeros, (documents > 0).astype(np.int32),
-                             document_ids_BxL=documents)['sequence_output']
+  packed = encode({'params': params}, ids, zeros, (documents > 0).astype(np.int32),
+                  document_ids_BxL=documents)['sequence_output']
   # The last layer at some rows (the MLM head's positions) reads the same documents.
   rows = np.array([[1, 5, 10, 17]], np.int32)
-  logits = net.pretraining.apply({'params': params}, ids, zeros,
-                                 (documents > 0).astype(np.int32), rows,
-                                 document_ids_BxL=documents)['mlm_logits']
+  logits = read({'params': params}, ids, zeros, (documents > 0).astype(np.int32), rows,
+                document_ids_BxL=documents)['mlm_logits']
   start = 0
   for d, (n, row) in enumerate(zip(DOCS, alone)):
     mask = (row > 0).astype(np.int32)
-    single = net.encoder.apply({'params': params}, row, zeros, mask)['sequence_output']
+    single = encode({'params': params}, row, zeros, mask)['sequence_output']
     np.testing.assert_allclose(packed[0, start:start + n], single[0, :n], atol=2e-5,
                                err_msg=f'document {d + 1}')
     mine = [i for i, r in enumerate(rows[0]) if start <= r < start + n]
-    single_logits = net.pretraining.apply({'params': params}, row, zeros, mask,
-                                          rows[:, mine] - start)['mlm_logits']
+    single_logits = read({'params': params}, row, zeros, mask, rows[:, mine] - start)['mlm_logits']
     np.testing.assert_allclose(logits[0, mine], single_logits[0], atol=1e-4)
     start += n
 
