@@ -366,7 +366,9 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
   data = probe_data.dataset(dataset)
   preset = dataclasses.replace(preset, probe=dataclasses.replace(
-      preset.probe, max_len=min(preset.probe.max_len, data.max_len)))
+      preset.probe, max_len=min(preset.probe.max_len, data.max_len),
+      train_examples=(preset.probe.train_examples if data.train_examples is None
+                      else data.train_examples)))
   references = [probe.reference(r) if isinstance(r, str) else r for r in references]
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}

@@ -315,6 +315,8 @@ def main(argv):
   data = probe_data.dataset(f.dataset)
   if not flags.FLAGS['max_len'].present:  # The texts' length, at most.
     s = dataclasses.replace(s, max_len=min(s.max_len, data.max_len))
+  if not flags.FLAGS['train_examples'].present and data.train_examples is not None:
+    s = dataclasses.replace(s, train_examples=data.train_examples)
   if f.reference:
     if f.workdir or f.hf_dir:
       raise ValueError(f'--reference={f.reference} names the checkpoint: pass it without '
@@ -365,7 +367,8 @@ def _define_flags():
   flags.DEFINE_float('encoder_dropout', 0.1, "The encoder's dropout while fine-tuning, the "
                      "same for every encoder; -1 = the checkpoint's own rates.")
   flags.DEFINE_integer('seeds', 3, 'Fine-tuning seeds 0..N-1.')
-  flags.DEFINE_integer('train_examples', 500, 'First N train examples (0 = all).')
+  flags.DEFINE_integer('train_examples', 500, "First N train examples (0 = all; default: "
+                       "500, or the dataset's: rotten_tomatoes 2,000).")
   flags.DEFINE_string('dtype', '', "'' (the checkpoint's), 'float32' or 'bfloat16'.")
 
 
