@@ -310,10 +310,11 @@ def test_short_run_loss_falls(tmp_path):
   c.objective.update(names=('plm',), max_ngram=5, partial_prediction_k=6,
                      bidirectional_data=True)
   c.data.update(pair_kind='xlnet', prepared_dir=str(tmp_path / 'prepared'))
-  c.train.update(num_steps=30, seq_lens=(32,), max_predictions=(6,), phase_fractions=(1.0,),
-                 log_every_steps=5, eval_every_steps=0, grad_accum_steps=2)
-  c.optim.update(learning_rate=3e-3, warmup_steps=5)
-  c.checkpoint.update(every_steps=30, async_save=False)
+  # 12 steps at a high rate: the loss falls by about 0.7 (6.9 -> 6.2).
+  c.train.update(num_steps=12, seq_lens=(32,), max_predictions=(6,), phase_fractions=(1.0,),
+                 log_every_steps=2, eval_every_steps=0, grad_accum_steps=2)
+  c.optim.update(learning_rate=1e-2, warmup_steps=2)
+  c.checkpoint.update(every_steps=12, async_save=False)
   c.mesh.update(data=2, fsdp=2, tensor=2)  # Micro-batches of 4 rows over data x fsdp = 4.
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(c, workdir)
