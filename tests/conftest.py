@@ -33,3 +33,11 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 # The Cloud Storage emulator fixtures (gcs_emulator, bucket, faulty_proxy): one emulator per
 # pytest worker, started by the first test that asks for it, shared by every gs:// test.
 pytest_plugins = ('gcs_emulator',)
+
+
+def pytest_collection_modifyitems(config, items):
+  """The end-to-end (``slow``) tests first, in their order: with ``-n 2`` the long ones are
+  shared out while every worker is busy, instead of one worker finishing a long test while
+  the other has run out of work."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker('slow') is None)
