@@ -157,26 +157,36 @@ def test_set_changes_one_rows_fields_and_its_equal_flops_steps(tmp_path):
       bakeoff.parse_overrides([item], names)
 
 
-@pytest.mark.slow  # A tiny pretraining run, then three one-seed probe fine-tunes.
-def test_bakeoff_end_to_end_on_real_text(tmp_path):
+@pytest.mark.slow  # A tiny pretraining run, then seven one-seed probe fine-tunes.
+def test_bakeoff_end_to_end_on_real_text(tmp_path, monkeypatch):
+  """A tiny bake-off: an ELECTRA row pretrained and probed (fine-tuning the discriminator
+  from its workdir's checkpoints), its from-scratch baseline, and a reference (a tiny
+  checkpoint standing for all-MiniLM-L6-v2, through the same code) probed at its own rate
+  grid, chosen on validation: a marked line of the table with its chosen rate."""
+  hf_dir = _tiny_public_checkpoint(tmp_path / 'tiny_public')
+  monkeypatch.setitem(sys.modules, 'tiny_public_wheel',
+                      types.SimpleNamespace(get_model_path=lambda: hf_dir))
+  ref = dataclasses.replace(probe.reference('all-MiniLM-L6-v2'), name='tiny-public',
+                            module='tiny_public_wheel', learning_rates=(1e-4, 3e-3))
+  # Every split 32 texts of at most 32 tokens: one batch shape for the frozen features of
+  # every split (one compiled program), full fine-tuning batches.
   tiny = bakeoff.Preset(
       model=dict(vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2,
                  intermediate_size=64, max_position_embeddings=66),
-      batch_size=8, seq_len=64, max_predictions=8, learning_rate=1e-3, warmup_steps=2,
+      batch_size=8, seq_len=32, max_predictions=5, learning_rate=1e-3, warmup_steps=2,
       budget_steps=6,
       probe=probe.ProbeSettings(seeds=(0,), epochs=1, batch_size=16, learning_rate=1e-3,
-                                max_len=64, train_examples=40, learning_rates=(1e-3, 3e-3)),
+                                max_len=32, train_examples=32, learning_rates=(1e-3, 3e-3)),
       half_budget_seeds=(0,), eval_batches=1)
   rows = probe_data.bbc_news()
-  corpus = probe_data.write_jsonl([{'text': r['text']} for r in rows['train'][:200]],
-                             str(tmp_path / 'corpus.jsonl'))
-  specs = {'train': probe_data.write_jsonl(rows['train'][:40], str(tmp_path / 'train.jsonl')),
-           'validation': probe_data.write_jsonl(rows['validation'][:30],
-                                           str(tmp_path / 'validation.jsonl')),
-           'test': probe_data.write_jsonl(rows['test'][:30], str(tmp_path / 'test.jsonl'))}
+  corpus = probe_data.write_jsonl([{'text': r['text']} for r in rows['train'][:100]],
+                                  str(tmp_path / 'corpus.jsonl'))
+  specs = {split: probe_data.write_jsonl(rows[split][:32], str(tmp_path / f'{split}.jsonl'))
+           for split in ('train', 'validation', 'test')}
   out = str(tmp_path / 'out')
   results = bakeoff.run(out, ['electra'], tiny, corpus, specs, budget_steps=6,
-                        overrides={'electra': {'optim': {'warmup_steps': 3}}})
+                        overrides={'electra': {'optim': {'warmup_steps': 3}}},
+                        references=[ref])
   assert results['rows']['electra']['steps'] == 6  # The first row sets the budget.
   # --set: the run trained with the changed field, and the row says so.
   saved = json.load(open(os.path.join(out, 'runs', 'electra', 'config.json')))
@@ -203,6 +213,15 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path):
   table = open(os.path.join(out, 'bakeoff.md')).read()
   assert '| electra (optim.warmup_steps=3) | 6 |' in table
   assert '| from scratch (electra network) |' in table
+  row = results['references'][ref.name]
+  assert [s['learning_rate'] for s in row['selection']] == [1e-4, 3e-3]
+  assert row['learning_rate'] in (1e-4, 3e-3) and row['seeds'] == 1
+  assert 0.0 <= row['accuracy'] <= 1.0 and row['frozen']['C'] in probe.FROZEN_C
+  saved = json.load(open(os.path.join(out, 'probe', 'reference', ref.name, 'probe.json')))
+  assert saved['reference'] == ref.name and saved['init']['hf_dir'] == hf_dir
+  (line,) = [l for l in table.splitlines() if l.startswith(f'| reference: {ref.name} ')]
+  assert line.startswith(f'| reference: {ref.name} (public checkpoint, not pretrained here) |')
+  assert f'| {row["learning_rate"]:g} |' in line
 
 
 def test_choosing_the_rate_needs_a_validation_split_never_the_test_split():
@@ -285,29 +304,3 @@ def _tiny_public_checkpoint(directory) -> str:
                'special_tokens_map.json'):
     shutil.copy(os.path.join(minilm, name), os.path.join(directory, name))
   return str(directory)
-
-
-@pytest.mark.slow  # Two one-seed fine-tunes of a tiny public-layout checkpoint.
-def test_the_reference_row_is_probed_at_the_rate_chosen_on_validation(tmp_path, monkeypatch):
-  """A reference (here a tiny checkpoint standing for all-MiniLM-L6-v2, through the same
-  code) goes through the probe at its own grid, chosen on validation, and is a marked
-  line of the table with its chosen rate."""
-  hf_dir = _tiny_public_checkpoint(tmp_path / 'tiny_public')
-  monkeypatch.setitem(sys.modules, 'tiny_public_wheel',
-                      types.SimpleNamespace(get_model_path=lambda: hf_dir))
-  ref = dataclasses.replace(probe.reference('all-MiniLM-L6-v2'), name='tiny-public',
-                            module='tiny_public_wheel', learning_rates=(1e-4, 3e-3))
-  rows = probe_data.bbc_news()
-  specs = {split: probe_data.write_jsonl(rows[split][:n], str(tmp_path / f'{split}.jsonl'))
-           for split, n in (('train', 16), ('validation', 10), ('test', 10))}
-  preset = dataclasses.replace(bakeoff.PRESETS['cpu'], probe=probe.ProbeSettings(
-      seeds=(0,), epochs=1, batch_size=8, max_len=32, train_examples=0))
-  row = bakeoff.reference_row(ref, ref.hf_dir(), str(tmp_path), preset, specs, print)
-  assert [s['learning_rate'] for s in row['selection']] == [1e-4, 3e-3]
-  assert row['learning_rate'] in (1e-4, 3e-3) and row['seeds'] == 1
-  assert 0.0 <= row['accuracy'] <= 1.0 and row['frozen']['C'] in probe.FROZEN_C
-  saved = json.load(open(tmp_path / 'probe' / 'reference' / ref.name / 'probe.json'))
-  assert saved['reference'] == ref.name and saved['init']['hf_dir'] == hf_dir
-  table = bakeoff.table({'rows': {}, 'references': {ref.name: row}})
-  assert f'| reference: {ref.name} (public checkpoint, not pretrained here) |' in table
-  assert f'| {row["learning_rate"]:g} |' in table
