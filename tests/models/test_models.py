@@ -97,7 +97,11 @@ def _shapes(net):
 
 
 def _apply(net, params, *inputs, **options):
-  return net.pretraining.apply({'params': params}, *inputs, **options)
+  """The pretraining network's outputs, compiled whole (eager dispatch op by op is slow on
+  2 cores); flags given by keyword are static."""
+  static = tuple(k for k, v in options.items() if isinstance(v, (bool, str)))
+  return jax.jit(net.pretraining.apply, static_argnames=static)({'params': params}, *inputs,
+                                                                **options)
 
 
 def _inputs(rng, b, l, lengths, vocab):
