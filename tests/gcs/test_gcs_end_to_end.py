@@ -1,14 +1,20 @@
-"""A run whose workdir is a bucket, end to end against the emulator: ``main`` trains and
-writes its config, tokenizer, metrics, TensorBoard events and Orbax checkpoints there; a
+"""A run whose workdir is a bucket, end to end against the emulator: ``main`` trains (its
+first run preempted after step 8, as a SIGTERM does) and writes its config, tokenizer, metrics, TensorBoard events and Orbax checkpoints there; a
 rerun resumes from them and appends to the metrics; a refused resume changes no object;
 the reading commands (evaluate, fill_mask, embed, plot, encoder_jax.load) read the bucket
 (embed its input and output there too; convert exports to it and imports from it);
 a run SIGKILLed and rerun through a proxy that answers some requests with 503 ends as the
-undisturbed run; a garbled newest checkpoint is set aside on the bucket. Tiny config."""
+first run; a garbled newest checkpoint is set aside on the bucket. Tiny config.
+
+The commands run as ``python -m`` runs them (``runpy``, their flags parsed from argv), in
+this process: what they read and write on the bucket is the point, not their process,
+and a Python and JAX start each is saved. The run that is SIGKILLed and its rerun through
+the proxy (another endpoint) are subprocesses."""
 
 import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -35,10 +41,35 @@ def _run(module: str, *flags: str, endpoint: str | None = None) -> subprocess.Co
                         env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
+def _cli(capsys, module: str, *flags: str) -> subprocess.CompletedProcess:
+  """``python -m encoder_jax.<module> FLAGS...`` in this process: its exit status and
+  console output. The command's flags are removed afterwards (the next defines its own)."""
+  from absl import app  # pylint: disable=g-import-not-at-top,unused-import
+  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top,unused-import
+  before, argv = set(absl_flags.FLAGS), sys.argv  # absl.app's and cli's flags among them.
+  sys.argv = [f'encoder_jax.{module}', *flags]
+  capsys.readouterr()
+  try:
+    runpy.run_module(f'encoder_jax.{module}', run_name='__main__')
+    code = 0
+  except SystemExit as e:  # absl's app.run ends with sys.exit.
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  finally:
+    sys.argv = argv
+    for name in set(absl_flags.FLAGS) - before:
+      delattr(absl_flags.FLAGS, name)
+  out = capsys.readouterr()
+  return subprocess.CompletedProcess(flags, code, out.out, out.err)
+
+
+def _main_flags(prepared: str, workdir: str, *flags: str) -> list[str]:
+  return [f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared}',
+          f'--workdir={workdir}', '--config.checkpoint.every_steps=4', *flags]
+
+
 def _main(prepared: str, workdir: str, *flags: str, endpoint: str | None = None):
-  return _run('main', f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared}',
-              f'--workdir={workdir}', '--config.checkpoint.every_steps=4', *flags,
-              endpoint=endpoint)
+  return _run('main', *_main_flags(prepared, workdir, *flags), endpoint=endpoint)
 
 
 def _objects(url: str) -> dict[str, int]:
@@ -53,28 +84,36 @@ def _metrics(workdir: str, split: str = 'train', key: str = 'step') -> list:
   return [r[key] for r in map(json.loads, text.splitlines()) if r['split'] == split]
 
 
-def test_a_run_in_a_bucket_end_to_end(gcs_emulator, faulty_proxy, tmp_path):
+def test_a_run_in_a_bucket_end_to_end(gcs_emulator, faulty_proxy, tmp_path, capsys):
   """One test (the runs are shared, so pytest-xdist must not split them): each check below
   is a function."""
   prepared = str(tmp_path / 'prepared')
   data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={prepared}'))
   gcs_emulator.create_bucket('e2e')
-  trained = _train(prepared, 'gs://e2e/run')
+  trained = _train(capsys, prepared, 'gs://e2e/run')
   _check_the_run_was_written_and_resumed(trained)
   _check_a_refused_resume_changes_no_object(trained)
-  _check_the_reading_commands_read_the_bucket(trained, tmp_path)
+  _check_the_reading_commands_read_the_bucket(capsys, trained, tmp_path)
   _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, faulty_proxy,
                                                                 tmp_path)
   _check_a_garbled_newest_checkpoint_is_set_aside(trained)
 
 
-def _train(prepared: str, workdir: str):
-  """(workdir, prepared dir, the two runs' outputs): 8 steps, then resumed to 12."""
-  first = _main(prepared, workdir, '--config.train.num_steps=8')
+def _train(capsys, prepared: str, workdir: str):
+  """(workdir, prepared dir, the two runs' outputs): the 12-step run preempted after step 8
+  (as a SIGTERM would), then rerun, which resumes to 12 (and reuses the first's steps)."""
+  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  at = train.Preempted.at
+  train.Preempted.at = lambda self, step: step == 8 or at(self, step)
+  try:
+    first = _cli(capsys, 'main', *_main_flags(prepared, workdir))
+  finally:
+    train.Preempted.at = at
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   after_first = _objects(workdir)
   steps_first = _metrics(workdir)
-  second = _main(prepared, workdir, '--config.train.num_steps=12')
+  assert 'Preempted at step 8' in first.stdout, first.stdout[-3000:]
+  second = _cli(capsys, 'main', *_main_flags(prepared, workdir))
   assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
   return workdir, prepared, dict(after_first=after_first, steps_first=steps_first,
                                  second=second.stdout + second.stderr)
@@ -114,23 +153,23 @@ def _check_a_refused_resume_changes_no_object(trained):
   assert _objects(workdir) == before
 
 
-def _check_the_reading_commands_read_the_bucket(trained, tmp_path):
+def _check_the_reading_commands_read_the_bucket(capsys, trained, tmp_path):
   workdir, _, _ = trained
-  evaluated = _run('evaluate', f'--workdir={workdir}')
+  evaluated = _cli(capsys, 'evaluate', f'--workdir={workdir}')
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert json.loads(storage.Blob(f'{workdir}/eval_12.json').read().text)
-  filled = _run('fill_mask', f'--workdir={workdir}', '--text=the [MASK] of')
+  filled = _cli(capsys, 'fill_mask', f'--workdir={workdir}', '--text=the [MASK] of')
   assert filled.returncode == 0 and '[MASK] #1:' in filled.stdout, filled.stderr[-3000:]
   storage.Blob('gs://e2e/embed/in.txt').write('a first sentence\r\nand a second one\n', 0)
-  embedded = _run('embed', f'--workdir={workdir}', '--input=gs://e2e/embed/in.txt',
+  embedded = _cli(capsys, 'embed', f'--workdir={workdir}', '--input=gs://e2e/embed/in.txt',
                   '--output=gs://e2e/embed/emb.npy')
   assert embedded.returncode == 0, embedded.stderr[-3000:]
   assert np.load(io.BytesIO(_bytes('gs://e2e/embed/emb.npy'))).shape == (2, 32)
-  plotted = _run('plot', f'--workdir={workdir}')
+  plotted = _cli(capsys, 'plot', f'--workdir={workdir}')
   assert plotted.returncode == 0, plotted.stderr[-3000:]
   assert storage.Blob(f'{workdir}/loss.png').read() is not None
   _check_fine_tuning_from_and_into_the_bucket(workdir, tmp_path)
-  _check_convert_both_ways(workdir)
+  _check_convert_both_ways(capsys, workdir)
 
 
 def _bytes(url: str) -> bytes:
@@ -138,17 +177,17 @@ def _bytes(url: str) -> bytes:
   return storage.client().bucket(bucket).blob(name).download_as_bytes()
 
 
-def _check_convert_both_ways(workdir: str):
+def _check_convert_both_ways(capsys, workdir: str):
   """workdir_to_hf writes its export to the bucket; hf_to_workdir imports it from there into
   another workdir on the bucket, which embeds as the original does and whose config names
   the tokenizer pinned on the bucket; a second import into it is refused."""
   import encoder_jax  # pylint: disable=g-import-not-at-top
   from encoder_jax.data import tokenizer_files  # pylint: disable=g-import-not-at-top
   from encoder_jax.interop import hf_import  # pylint: disable=g-import-not-at-top
-  exported = _run('convert', 'workdir_to_hf', f'--workdir={workdir}', f'--out={workdir}/hf')
+  exported = _cli(capsys, 'convert', 'workdir_to_hf', f'--workdir={workdir}', f'--out={workdir}/hf')
   assert exported.returncode == 0, exported.stderr[-3000:]
   assert {'config.json', 'model.safetensors'} <= set(_objects(f'{workdir}/hf'))
-  imported = _run('convert', 'hf_to_workdir', f'--hf_dir={workdir}/hf',
+  imported = _cli(capsys, 'convert', 'hf_to_workdir', f'--hf_dir={workdir}/hf',
                   '--workdir=gs://e2e/imported')
   assert imported.returncode == 0, imported.stderr[-3000:]
   assert {'config.json', 'import_report.json', 'tokenizer/tokenizer.json'} <= set(
@@ -211,15 +250,13 @@ def _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, fault
   """Through a proxy that answers every 20th request with 503 (not forwarded), a run is
   SIGKILLed at step 6 and rerun: the lock, config, metrics, events, checkpoint metadata
   (gcsfs) and arrays (tensorstore) are all retried, the rerun takes over the dead run's
-  lock and resumes from step 4, and its losses and parameters equal the undisturbed run's
-  bit for bit."""
+  lock and resumes from step 4, and its losses and parameters equal those of the first
+  workdir's run (preempted after step 8, resumed from there) bit for bit."""
   import encoder_jax  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
   proxy, faulty = faulty_proxy(every=20), 'gs://e2e/faulty'
-  flags = (f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared}',
-           f'--workdir={faulty}', '--config.checkpoint.every_steps=4',
-           '--config.train.num_steps=8')
+  flags = _main_flags(prepared, faulty)
   env = dict(os.environ, **{storage.EMULATOR_HOST: proxy.url})
   env.pop('TENSORSTORE_GCS_HTTP_URL')
   marker = tmp_path / 'at_step_6'
@@ -234,14 +271,14 @@ def _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, fault
   finally:
     killed.kill()
     killed.wait()
-  rerun = _main(prepared, faulty, '--config.train.num_steps=8', endpoint=proxy.url)
+  rerun = _main(prepared, faulty, endpoint=proxy.url)
   out = rerun.stdout + rerun.stderr
   assert rerun.returncode == 0, out[-5000:]
   assert f'pid {killed.pid}' in out and 'resuming from checkpoint step 4' in out
   assert proxy.injected >= 10, (proxy.injected, proxy.forwarded)
-  assert _metrics(faulty) == list(range(1, 9))
-  assert _metrics(faulty, key='loss') == _metrics(workdir, key='loss')[:8]
-  ours, undisturbed = (jax.tree.leaves(encoder_jax.load(w, step=8).params)
+  assert _metrics(faulty) == list(range(1, 13))
+  assert _metrics(faulty, key='loss') == _metrics(workdir, key='loss')
+  ours, undisturbed = (jax.tree.leaves(encoder_jax.load(w, step=12).params)
                        for w in (faulty, workdir))
   assert len(ours) == len(undisturbed) > 10
   assert all(np.array_equal(a, b) for a, b in zip(ours, undisturbed))
