@@ -189,10 +189,11 @@ PRESETS = {
                                             train_examples=500,
                                             learning_rates=(1e-3, 3e-3, 6e-3)),
                   half_budget_seeds=()),
-    # At most an hour of pretraining per row on 2 CPU cores (the recipe's row at 4 x 256
-    # runs about 1.9 s a step; docs/results/bakeoff_cpu.md): the recipe from scratch with
-    # and without the span contrastive loss, and all-MiniLM-L6-v2 continued on the corpus,
-    # beside the reference itself; every row's FLOPs equal the first's.
+    # About an hour of pretraining per row on 2 CPU cores: 1,800 steps of the recipe's row
+    # are 2.2e14 FLOPs, 52 minutes at the 7e10 FLOP/s the CPU preset's rows run at
+    # (docs/results/bakeoff_cpu.md); the recipe from scratch with and without the span
+    # contrastive loss, and all-MiniLM-L6-v2 continued on the corpus, beside the reference
+    # itself; every row's FLOPs equal the first's.
     'cpu_hour': Preset(model=dict(vocab_size=16000, hidden_size=256, num_layers=4,
                                   num_heads=4, intermediate_size=1024,
                                   max_position_embeddings=130),
