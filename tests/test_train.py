@@ -25,6 +25,7 @@ from encoder_jax import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import held_run  # pylint: disable=wrong-import-position
 import tiny_config  # pylint: disable=wrong-import-position
 
 
@@ -89,32 +90,6 @@ def _wait_for(predicate, proc, timeout=300):
     time.sleep(0.2)
 
 
-# ``python -c HOLD_AT STEP MARKER MAIN_FLAGS...``: encoder_jax.main, held in the loop's
-# preemption check after step STEP (MARKER written) until a signal comes: the signal is
-# injected at a known step, not timed.
-HOLD_AT = '''
-import runpy, sys, time
-from encoder_jax import train
-
-STEP, MARKER = int(sys.argv[1]), sys.argv[2]
-del sys.argv[1:3]
-_at = train.Preempted.at
-
-
-def at(self, step):
-  if step == STEP:
-    open(MARKER, 'w').close()
-    while not self._requested:  # Set by the run's SIGTERM handler.
-      time.sleep(0.05)
-  return _at(self, step)
-
-
-train.Preempted.at = at
-sys.argv[0] = 'encoder_jax.main'
-runpy.run_module('encoder_jax.main', run_name='__main__')
-'''
-
-
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits(prepared_dir, tmp_path):
   """A real SIGTERM to ``main`` mid-run (the tiny config, as the in-process runs, so its
@@ -122,7 +97,7 @@ def test_sigterm_saves_a_checkpoint_and_exits(prepared_dir, tmp_path):
   exit status 0."""
   workdir, marker = str(tmp_path / 'preempted'), str(tmp_path / 'at_step_3')
   proc = subprocess.Popen(
-      [sys.executable, '-c', HOLD_AT, '3', marker,
+      [sys.executable, '-c', held_run.script('encoder_jax.main'), '3', marker,
        f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared_dir}',
        f'--workdir={workdir}'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)

@@ -5,8 +5,8 @@ The interrupted run is ``python -m encoder_jax.finetune.main`` in a subprocess (
 16 examples, 2 epochs of 2 steps, a checkpoint at each epoch's end); the uninterrupted
 reference and the rerun go through the same ``finetune.train.finetune`` in this process (the
 signal's target is the subprocess, not them), which saves a Python and JAX start each. The
-signal is not timed but injected: ``INJECT`` runs the command with the engine's preemption
-check of step ``STEP`` (mid-epoch 2) held until the signal comes; SIGKILL then loses the
+signal is not timed but injected: ``held_run.script`` runs the command with the engine's
+preemption check of step ``STEP`` (mid-epoch 2) held until the signal comes; SIGKILL then loses the
 epoch's first step (the rerun resumes from epoch 1's checkpoint), SIGTERM is heard by the
 engine's handler (checkpoint at the step, exit, resume from it).
 """
@@ -29,6 +29,7 @@ from encoder_jax.finetune import train
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests', 'interop'))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import held_run  # pylint: disable=g-import-not-at-top,wrong-import-position
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 import test_faults  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -45,30 +46,6 @@ def get_config():
   c.dropout_rate = 0.1  # The resumed steps must redraw the same dropout keys.
   return c
 '''
-INJECT = '''
-"""python inject.py STEP MARKER FLAGS...: encoder_jax.finetune.main, held in the engine's
-preemption check after step STEP (MARKER written) until a signal comes."""
-import os, runpy, sys, time
-from encoder_jax import train
-
-STEP, MARKER = int(sys.argv[1]), sys.argv[2]
-del sys.argv[1:3]
-_at = train.Preempted.at
-
-
-def at(self, step):
-  if step == STEP:
-    open(MARKER, 'w').close()
-    while not self._requested:  # SIGKILL ends the process here; SIGTERM sets the flag.
-      time.sleep(0.05)
-  return _at(self, step)
-
-
-train.Preempted.at = at
-runpy.run_module('encoder_jax.finetune.main', run_name='__main__')
-'''
-
-
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
   """(config file, the subprocesses' environment, reference workdir)."""
@@ -85,7 +62,7 @@ def setup(tmp_path_factory):
   data.write_text(''.join(json.dumps(r) + '\n' for r in rows))
   config = root / 'tiny_finetune.py'
   config.write_text(CONFIG.format(hf_dir=hf_dir, data=f'jsonl:{data}'))
-  (root / 'inject.py').write_text(INJECT)
+  (root / 'inject.py').write_text(held_run.script('encoder_jax.finetune.main'))
   # This process's XLA compilation cache (tests/conftest.py), which the in-process reference
   # run fills, for the subprocesses too.
   env = dict(os.environ)

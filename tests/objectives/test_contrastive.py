@@ -30,6 +30,17 @@ def _config(**model):
   return c
 
 
+def _built(c):
+  """(the setup of ``c`` over a 50-id vocabulary whose first 5 are special, its initial
+  params, its phase)."""
+  special = np.zeros(50, bool)
+  special[:5] = True
+  setup = objectives.build(c, masking.VocabTables(special, np.ones(50, bool), np.ones(50),
+                                                  mask_id=4))
+  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
+  return setup, params, length_phases.phases(c.train)[0]
+
+
 def test_halves_split_each_row_at_the_middle_of_its_tokens():
   mask = np.zeros((3, 8), np.int32)
   mask[0, :8], mask[1, :5], mask[2, :1] = 1, 1, 1
@@ -58,12 +69,7 @@ def test_on_packed_rows_every_text_long_enough_is_a_candidate():
   c.data.pair_kind = 'packed_documents'
   c.train.update(seq_lens=(16,), max_predictions=(4,))
   assert not validation.problems(c), validation.problems(c)
-  special = np.zeros(50, bool)
-  special[:5] = True
-  setup = objectives.build(c, masking.VocabTables(special, np.ones(50, bool), np.ones(50),
-                                                  mask_id=4))
-  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
-  phase = length_phases.phases(c.train)[0]
+  setup, params, phase = _built(c)
   ids = np.random.RandomState(1).randint(5, 50, (3, 16)).astype(np.int32)
   # Two texts of 8 tokens a row (both count), then one of 10 and one of 6 (too short).
   docs = np.array([[1] * 8 + [2] * 8, [1] * 8 + [2] * 8, [1] * 10 + [2] * 6], np.int32)
@@ -97,12 +103,7 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
   half's states are the same whatever the second half holds; the loss and its gradient are
   finite, with one encoder pass shared with MLM."""
   c = _config()
-  special = np.zeros(50, bool)
-  special[:5] = True
-  setup = objectives.build(c, masking.VocabTables(special, np.ones(50, bool), np.ones(50),
-                                                  mask_id=4))
-  params = nn.unbox(jax.jit(setup.init)(jax.random.key(0)))
-  phase = length_phases.phases(c.train)[0]
+  setup, params, phase = _built(c)
   rng = np.random.RandomState(1)
   ids = rng.randint(5, 50, (4, 12)).astype(np.int32)
   batch = dict(input_ids=ids, segment_ids=np.zeros_like(ids), input_mask=np.ones_like(ids))

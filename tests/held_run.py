@@ -1,0 +1,35 @@
+"""A command held at a known step until a signal comes, so a test injects the signal at
+that step instead of timing it.
+
+``python -c script(MODULE) STEP MARKER FLAGS...`` runs MODULE's command line (e.g.
+``encoder_jax.main``) with the engine's preemption check (``train.Preempted.at``) waiting
+after step STEP, MARKER written, until a signal arrives: SIGKILL ends the process there;
+SIGTERM sets the flag the check waits for, and the run saves and exits as on a preemption.
+"""
+
+_SCRIPT = '''
+import runpy, sys, time
+from encoder_jax import train
+
+STEP, MARKER = int(sys.argv[1]), sys.argv[2]
+del sys.argv[1:3]
+_at = train.Preempted.at
+
+
+def at(self, step):
+  if step == STEP:
+    open(MARKER, 'w').close()
+    while not self._requested:  # SIGKILL ends the process here; SIGTERM sets the flag.
+      time.sleep(0.05)
+  return _at(self, step)
+
+
+train.Preempted.at = at
+sys.argv[0] = MODULE
+runpy.run_module(MODULE, run_name='__main__')
+'''
+
+
+def script(module: str) -> str:
+  """The program text that runs ``module``'s command line, held as the docstring says."""
+  return f'MODULE = {module!r}\n' + _SCRIPT
