@@ -219,17 +219,6 @@ PRESETS = {
 }
 
 
-def for_dataset(preset: Preset, data: probe_data.Dataset) -> Preset:
-  """``preset`` with its probe reading ``data``'s texts: at most their length, and the
-  dataset's number of labelled examples where it names one."""
-  train_examples = preset.probe.train_examples
-  if data.train_examples is not None:
-    train_examples = data.train_examples
-  return dataclasses.replace(preset, probe=dataclasses.replace(
-      preset.probe, max_len=min(preset.probe.max_len, data.max_len),
-      train_examples=train_examples))
-
-
 def default_rows(preset: Preset) -> list[str]:
   """The rows ``preset`` runs when none are named."""
   if preset.rows:
@@ -377,7 +366,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   text with its unlabelled text (in-domain pretraining)."""
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
   data = probe_data.dataset(dataset)
-  preset = for_dataset(preset, data)
+  preset = dataclasses.replace(preset, probe=probe.for_dataset(preset.probe, data))
   references = [probe.reference(r) if isinstance(r, str) else r for r in references]
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}

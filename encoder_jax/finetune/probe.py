@@ -137,6 +137,18 @@ def installed_references() -> list[str]:
   return [n for n, r in REFERENCES.items() if importlib.util.find_spec(r.module) is not None]
 
 
+def for_dataset(s: ProbeSettings, data: probe_data.Dataset, keep=()) -> ProbeSettings:
+  """``s`` for ``data``'s texts: at most their length (``max_len``), and the dataset's number
+  of labelled examples where it names one (``train_examples``); the fields in ``keep``
+  (given explicitly) stay as they are."""
+  changes = {}
+  if 'max_len' not in keep:
+    changes['max_len'] = min(s.max_len, data.max_len)
+  if 'train_examples' not in keep and data.train_examples is not None:
+    changes['train_examples'] = data.train_examples
+  return dataclasses.replace(s, **changes)
+
+
 def probe_config(init: dict, specs: dict[str, str], s: ProbeSettings, seed: int,
                  split: str = 'test', learning_rate: float | None = None
                  ) -> ml_collections.ConfigDict:
@@ -313,10 +325,8 @@ def main(argv):
                     selection_seeds=tuple(range(f.selection_seeds)),
                     encoder_dropout=f.encoder_dropout)
   data = probe_data.dataset(f.dataset)
-  if not flags.FLAGS['max_len'].present:  # The texts' length, at most.
-    s = dataclasses.replace(s, max_len=min(s.max_len, data.max_len))
-  if not flags.FLAGS['train_examples'].present and data.train_examples is not None:
-    s = dataclasses.replace(s, train_examples=data.train_examples)
+  s = for_dataset(s, data, keep=[n for n in ('max_len', 'train_examples')
+                                 if flags.FLAGS[n].present])
   if f.reference:
     if f.workdir or f.hf_dir:
       raise ValueError(f'--reference={f.reference} names the checkpoint: pass it without '

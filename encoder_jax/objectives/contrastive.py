@@ -92,9 +92,13 @@ def halves(input_mask_BxL, document_ids_BxL=None):
     index_BxL = jnp.arange(mask_BxL.shape[1], dtype=jnp.int32)[None]
     return jnp.where(index_BxL < (n_B[:, None] + 1) // 2, 1, 2) * mask_BxL
   ids_BxL = document_ids_BxL.astype(jnp.int32) * mask_BxL
-  at_BxL = packing.positions(ids_BxL)
-  n_BxL = (ids_BxL[:, :, None] == ids_BxL[:, None, :]).sum(axis=-1)  # Its document's length.
-  first_BxL = (at_BxL < (n_BxL + 1) // 2).astype(jnp.int32)
+  b, length = ids_BxL.shape
+  # Each token's document length: tokens counted per (row, document id), read back.
+  segment_BxL = jnp.arange(b, dtype=jnp.int32)[:, None] * (length + 1) + ids_BxL
+  counts = jax.ops.segment_sum(jnp.ones(b * length, jnp.int32), segment_BxL.reshape(-1),
+                               b * (length + 1))
+  n_BxL = counts[segment_BxL]
+  first_BxL = (packing.positions(ids_BxL) < (n_BxL + 1) // 2).astype(jnp.int32)
   return jnp.where(ids_BxL > 0, 2 * ids_BxL - first_BxL, 0)
 
 
