@@ -24,13 +24,13 @@ XLNet's two streams count): ``--budget_steps`` steps of the first row, and every
 ``round(budget / its FLOPs per step)`` steps. Each run saves a checkpoint half-way and at
 the end, and is scored on the held-out split at the end. The final checkpoint is fine-tuned
 on the probe (``finetune.probe``: ``--dataset``, BBC News by default, the same
-fine-tuning budget and seeds for every row) at the rate each row chooses from the preset's grid on the
-validation split; the half-way checkpoint at that rate where the preset asks for it
-(``Preset.half_budget_seeds``: the accelerator preset's three seeds; the CPU preset
+fine-tuning budget and seeds for every row) at the rate each row chooses from the preset's
+grid on the validation split; the half-way checkpoint at that rate where the preset asks
+for it (``Preset.half_budget_seeds``: the accelerator preset's three seeds; the CPU preset
 leaves it out, for time). Beside the rows, **from-scratch baselines**: the first row's
-network and those of :data:`SCRATCH_BASELINES` (the recipe's, once, whatever its
-objectives), randomly initialised, with the same rate search and fine-tuning; a row is
-compared with the best of them. Every final
+network (where it starts from scratch) and those of :data:`SCRATCH_BASELINES` (the
+recipe's, once, whatever its objectives), randomly initialised, with the same rate search
+and fine-tuning; a row is compared with the best of them. Every final
 checkpoint and every baseline network is also scored **frozen** (``probe.frozen``: mean-
 pooled features, logistic regression with C chosen on validation): what pretraining put
 into the features, beside what fine-tuning recovers from the labels.
@@ -144,8 +144,8 @@ ROWS: dict[str, dict] = {
 ROW_ALIASES = {'crammed': 'modernbert', 'crammed_contrastive': 'modernbert_contrastive'}
 
 # Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run
-# (the first row's always is; a network already baselined is not again): a row is compared
-# with the best of them.
+# (the first row's is where it starts from scratch; a network already baselined is not
+# again): a row is compared with the best of them.
 SCRATCH_BASELINES: tuple[str, ...] = ('modernbert', 'modernbert_contrastive')
 
 
@@ -424,7 +424,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
                                  heldout=scores, points=points, starts_from=source)
     _write(out, results)
   results['from_scratch'], networks = {}, []
-  for name in [n for n in names if n == names[0] or n in SCRATCH_BASELINES]:
+  for name in baseline_rows(names, overrides):
     c = row_config(name, preset, corpus, prepared_root, 1, overrides=overrides.get(name))
     _scratch_baseline(name, c, networks, out, preset, probe_specs, results, log)
   results['references'] = {}
@@ -433,6 +433,17 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     _write(out, results)
   log(table(results))
   return results
+
+
+def baseline_rows(names, overrides: dict | None = None) -> list[str]:
+  """The rows of ``names`` whose network is fine-tuned from scratch as a baseline: the
+  first row's where it starts from scratch (a continued row's network from scratch costs
+  what its probe does and says nothing about its start) and those of
+  :data:`SCRATCH_BASELINES`."""
+  overrides = overrides or {}
+  def fresh(n):
+    return not ROWS[n].get('init') and not overrides.get(n, {}).get('init')
+  return [n for i, n in enumerate(names) if (i == 0 and fresh(n)) or n in SCRATCH_BASELINES]
 
 
 def _scratch_baseline(name: str, config: ml_collections.ConfigDict, networks: list,

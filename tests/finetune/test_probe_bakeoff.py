@@ -96,6 +96,14 @@ def test_the_cpu_hour_preset_runs_the_recipe_and_minilm_continued_at_equal_flops
   assert bakeoff.row_probe_settings('modernbert', preset) == preset.probe
 
 
+def test_a_continued_first_row_gets_no_from_scratch_baseline_of_its_network():
+  assert bakeoff.baseline_rows(['bert', 'minilm_continued']) == ['bert']
+  assert bakeoff.baseline_rows(['minilm_continued', 'modernbert']) == ['modernbert']
+  assert bakeoff.baseline_rows(['minilm_continued']) == []
+  assert bakeoff.baseline_rows(['bert', 'albert']) == ['bert']
+  assert bakeoff.baseline_rows(['bert'], {'bert': {'init': {'hf_dir': '/m'}}}) == []
+
+
 def test_summary_is_mean_and_spread_over_seeds():
   runs = [dict(eval_accuracy=a, eval_f1=f) for a, f in ((0.8, 0.7), (0.9, 0.8), (0.7, 0.6))]
   s = probe.summarize(runs)
