@@ -357,16 +357,17 @@ def _fmt(summary: dict) -> str:
 def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
         probe_specs: dict | None = None, budget_steps: int | None = None, log=print,
         overrides: dict[str, dict] | None = None, references=(),
-        dataset: str = 'bbc_news') -> dict:
+        dataset: str = 'bbc_news', train_examples: int | None = None) -> dict:
   """Pretrains, scores and probes the rows ``names`` (default all), the from-scratch
   baselines and the public ``references`` (names of ``probe.REFERENCES``, or
   ``probe.Reference`` values); ``overrides``: row -> section -> fields on top of the row's
   recipe (:func:`parse_overrides`). The task is ``dataset`` (``probe_data.DATASETS``)
   unless ``probe_specs`` names files; the corpus is by default the dataset's train split's
-  text with its unlabelled text (in-domain pretraining)."""
+  text with its unlabelled text (in-domain pretraining). ``train_examples``: the probe's
+  labelled examples (None = the dataset's own number, else the preset's)."""
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
   data = probe_data.dataset(dataset)
-  preset = dataclasses.replace(preset, probe=probe.for_dataset(preset.probe, data))
+  preset = dataclasses.replace(preset, probe=probe_settings(preset, data, train_examples))
   references = [probe.reference(r) if isinstance(r, str) else r for r in references]
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}
@@ -433,6 +434,16 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     _write(out, results)
   log(table(results))
   return results
+
+
+def probe_settings(preset: Preset, data, train_examples: int | None = None
+                   ) -> probe.ProbeSettings:
+  """The preset's probe for ``data`` (``probe.for_dataset``), on ``train_examples``
+  labelled examples where given (None: the dataset's own number, else the preset's)."""
+  if train_examples is None:
+    return probe.for_dataset(preset.probe, data)
+  settings = dataclasses.replace(preset.probe, train_examples=int(train_examples))
+  return probe.for_dataset(settings, data, keep=('train_examples',))
 
 
 def baseline_rows(names, overrides: dict | None = None) -> list[str]:
@@ -636,7 +647,7 @@ def main(argv):
             'installed')
   run(f.out, names, f.preset, f.corpus, specs, f.budget_steps or None,
       overrides=parse_overrides(f.set or (), names), references=references,
-      dataset=f.dataset)
+      dataset=f.dataset, train_examples=f.train_examples if f.train_examples >= 0 else None)
 
 
 if __name__ == '__main__':
@@ -655,6 +666,9 @@ if __name__ == '__main__':
   flags.DEFINE_string('probe_test', '', 'Probe test spec (default: --dataset).')
   flags.DEFINE_string('probe_validation', '', "Probe validation spec, where each row's "
                       'fine-tuning rate is chosen (default: --dataset).')
+  flags.DEFINE_integer('train_examples', -1, 'Labelled examples each probe fine-tunes on '
+                       "(-1 = the dataset's own number, else the preset's; 0 = the whole "
+                       'train split).')
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
   flags.DEFINE_string('references', 'installed', 'Comma-separated public checkpoints of '
                       f'{list(probe.REFERENCES)} probed as reference lines; '

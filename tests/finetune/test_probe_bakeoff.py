@@ -104,6 +104,15 @@ def test_a_continued_first_row_gets_no_from_scratch_baseline_of_its_network():
   assert bakeoff.baseline_rows(['bert'], {'bert': {'init': {'hf_dir': '/m'}}}) == []
 
 
+def test_the_bakeoffs_labels_are_the_datasets_unless_given():
+  preset = bakeoff.PRESETS['cpu_hour']
+  sentiment = probe_data.dataset('rotten_tomatoes')
+  assert bakeoff.probe_settings(preset, sentiment).train_examples == sentiment.train_examples
+  given = bakeoff.probe_settings(preset, sentiment, 500)
+  assert (given.train_examples, given.max_len) == (500, sentiment.max_len)
+  assert bakeoff.probe_settings(preset, probe_data.dataset('bbc_news'), 0).train_examples == 0
+
+
 def test_summary_is_mean_and_spread_over_seeds():
   runs = [dict(eval_accuracy=a, eval_f1=f) for a, f in ((0.8, 0.7), (0.9, 0.8), (0.7, 0.6))]
   s = probe.summarize(runs)
