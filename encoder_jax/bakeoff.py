@@ -638,6 +638,9 @@ def main(argv):
     specs = {'train': f.probe_train, 'test': f.probe_test}
     if f.probe_validation:
       specs['validation'] = f.probe_validation
+  if f.train_examples < -1:
+    raise ValueError(f'--train_examples={f.train_examples}: expected -1 (the dataset\'s own '
+                     'number), 0 (the whole train split) or a positive count')
   names = [n.strip() for n in f.only.split(',') if n.strip()] or default_rows(PRESETS[f.preset])
   references = [n.strip() for n in f.references.split(',') if n.strip()]
   if f.references == 'installed':
