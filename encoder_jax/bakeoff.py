@@ -442,6 +442,9 @@ def probe_settings(preset: Preset, data, train_examples: int | None = None
   labelled examples where given (None: the dataset's own number, else the preset's)."""
   if train_examples is None:
     return probe.for_dataset(preset.probe, data)
+  if train_examples < 0:
+    raise ValueError(f'--train_examples={train_examples}: expected -1 (the dataset\'s own '
+                     'number), 0 (the whole train split) or a positive count')
   settings = dataclasses.replace(preset.probe, train_examples=int(train_examples))
   return probe.for_dataset(settings, data, keep=('train_examples',))
 
@@ -638,9 +641,6 @@ def main(argv):
     specs = {'train': f.probe_train, 'test': f.probe_test}
     if f.probe_validation:
       specs['validation'] = f.probe_validation
-  if f.train_examples < -1:
-    raise ValueError(f'--train_examples={f.train_examples}: expected -1 (the dataset\'s own '
-                     'number), 0 (the whole train split) or a positive count')
   names = [n.strip() for n in f.only.split(',') if n.strip()] or default_rows(PRESETS[f.preset])
   references = [n.strip() for n in f.references.split(',') if n.strip()]
   if f.references == 'installed':
@@ -650,7 +650,7 @@ def main(argv):
             'installed')
   run(f.out, names, f.preset, f.corpus, specs, f.budget_steps or None,
       overrides=parse_overrides(f.set or (), names), references=references,
-      dataset=f.dataset, train_examples=f.train_examples if f.train_examples >= 0 else None)
+      dataset=f.dataset, train_examples=None if f.train_examples == -1 else f.train_examples)
 
 
 if __name__ == '__main__':

@@ -6,9 +6,9 @@ The interrupted run is ``python -m encoder_jax.finetune.main`` in a subprocess (
 reference and the rerun go through the same ``finetune.train.finetune`` in this process (the
 signal's target is the subprocess, not them), which saves a Python and JAX start each. The
 signal is not timed but injected: ``held_run.script`` runs the command with the engine's
-preemption check of step ``STEP`` (mid-epoch 2) held until the signal comes; SIGKILL then loses the
-epoch's first step (the rerun resumes from epoch 1's checkpoint), SIGTERM is heard by the
-engine's handler (checkpoint at the step, exit, resume from it).
+preemption check of step ``STEP`` (mid-epoch 2) held until the signal comes; SIGKILL then
+loses the epoch's first step (the rerun resumes from epoch 1's checkpoint), SIGTERM is heard
+by the engine's handler (checkpoint at the step, exit, resume from it).
 """
 
 from __future__ import annotations

@@ -111,6 +111,8 @@ def test_the_bakeoffs_labels_are_the_datasets_unless_given():
   given = bakeoff.probe_settings(preset, sentiment, 500)
   assert (given.train_examples, given.max_len) == (500, sentiment.max_len)
   assert bakeoff.probe_settings(preset, probe_data.dataset('bbc_news'), 0).train_examples == 0
+  with pytest.raises(ValueError, match='--train_examples=-3: expected -1'):
+    bakeoff.probe_settings(preset, sentiment, -3)
 
 
 def test_summary_is_mean_and_spread_over_seeds():
