@@ -77,7 +77,7 @@ REGISTRY: dict[str, Entry] = {
         lambda c, tables, net: contrastive.SpanContrastive(
             c.objective.contrastive_weight, c.objective.contrastive_temperature,
             packed=c.get('data', {}).get('pair_kind') == 'packed_documents'),
-        fields=contrastive.FIELDS, heads=('mlm_head', 'packed_rows'), needs=('mlm',),
+        fields=contrastive.FIELDS, heads=('mlm_head', 'packed_rows'),
         pair_kinds=('full_sentences', 'doc_sentences', 'packed_documents'), alters_rows=True,
         check=contrastive.check_config,
         description="span contrastive: a row's two halves against the batch's (DeCLUTR)"),

@@ -19,9 +19,12 @@ over the rows with at least ``MIN_SPAN`` tokens in each half (``contrastive_rows
 counts them). In-batch negatives, so the batch is the number of candidates: the global
 batch (the loss is computed on the whole sharded batch), or one micro-batch with
 ``train.grad_accum_steps`` > 1. Rows from one document are negatives of each other; the
-shuffle pool (``data.shuffle_pool_examples``) keeps them rare. MLM reads the same pass
-(its context is the row's half: the cost of sharing the pass). The loss needs every
-position's final state, so the last layer runs at every row (counted in the FLOPs).
+shuffle pool (``data.shuffle_pool_examples``) keeps them rare. Beside MLM, MLM reads the
+same pass (its context is the row's half: the cost of sharing the pass); alone
+(``names=('contrastive',)``), it continues a sentence encoder on a domain's text without
+an MLM head to train (the network's head then runs at one position a row, unscored). The
+loss needs every position's final state, so the last layer runs at every row (counted in
+the FLOPs).
 
 Every training row is split, so the network never attends over more than half a row
 while it pretrains (rotary distances of L/2 and beyond are never trained); a learned

@@ -143,7 +143,6 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
     (dict(model=dict(attention_kind='disentangled', position_biased_input=False)),
      r"config.model.attention_kind='disentangled' reads none"),
     (dict(model=dict(rotary=False)), r'expected config.model.rotary=True'),
-    (dict(objective=dict(names=('contrastive',))), r"expected 'mlm' in the names too"),
     (dict(data=dict(pair_kind='nsp')),
      r"'contrastive', which reads the examples of config.data.pair_kind 'full_sentences' or "
      r"'doc_sentences' or 'packed_documents': got 'nsp'"),
@@ -166,3 +165,26 @@ def test_a_learned_position_table_is_taken_when_the_run_starts_from_a_pretrained
 
 def test_mlm_is_scored_on_whole_rows_at_bert_masking():
   assert tuple(evaluate.at_bert_masking(_config()).objective.names) == ('mlm',)
+
+
+def test_alone_it_trains_the_encoder_and_leaves_the_mlm_head_untouched():
+  """``names=('contrastive',)``: the loss is the contrastive loss alone (no MLM figure), the
+  encoder gets a gradient and the MLM head's transform none (it is not scored)."""
+  c = _config()
+  c.objective.names = ('contrastive',)
+  assert not validation.problems(c), validation.problems(c)
+  setup, params, phase = _built(c)
+  ids = np.random.RandomState(3).randint(5, 50, (4, 12)).astype(np.int32)
+  batch = dict(input_ids=ids, segment_ids=np.zeros_like(ids), input_mask=np.ones_like(ids))
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(
+      lambda p: setup.loss_fn(p, batch, jax.random.key(2), phase, True), has_aux=True))(params)
+  assert 'mlm_loss' not in metrics
+  np.testing.assert_allclose(float(loss), c.objective.contrastive_weight
+                             * float(metrics['contrastive_loss']), rtol=1e-6)
+  flat = {'/'.join(map(str, k)): np.abs(np.asarray(v)).max()
+          for k, v in jax.tree_util.tree_flatten_with_path(grads)[0]}
+  head = [k for k in flat if 'mlm' in k.lower() and 'bias' not in k.lower()]
+  layers = [k for k in flat if 'layer' in k.lower()]
+  assert head and layers, sorted(flat)
+  assert max(flat[k] for k in layers) > 0
+  assert all(flat[k] == 0 for k in head), {k: flat[k] for k in head}
