@@ -34,7 +34,10 @@ pretrained model (``config.init``), whose table is already trained (e.g. all-Min
 continued on a domain's text). ``data.pair_kind=
 'full_sentences'`` rows may run across a document boundary (their halves are then two
 texts): measured better than ``'doc_sentences'`` on BBC News at the bake-off's budget,
-whose single-document rows are often short.
+whose single-document rows are often short, for a network from scratch. A sentence
+encoder continued on a domain's text is the other way round: the halves of two texts
+are false positives to it, and ``'doc_sentences'`` measured better (the ``minilm_continued``
+row of the bake-off, docs/results/bakeoff_cpu_hour.md).
 
 With ``data.pair_kind='packed_documents'`` (short texts packed several to a row, each read
 as if alone) **every text of a row is cut in two** instead: the halves of one text are the

@@ -91,6 +91,7 @@ def test_the_cpu_hour_preset_runs_the_recipe_and_minilm_continued_at_equal_flops
   minilm = bakeoff.row_config('minilm_continued', preset, 'jsonl:/x.jsonl', str(tmp_path), 10)
   assert (minilm.model.hidden_size, minilm.model.num_layers) == (384, 6)  # The source's.
   assert tuple(minilm.objective.names) == ('contrastive',) and not validation.problems(minilm)
+  assert minilm.data.pair_kind == 'doc_sentences'  # A row's halves: one text's.
   # Probed at the reference's grid (a trained network), the others at the preset's.
   grid = bakeoff.row_probe_settings('minilm_continued', preset).learning_rates
   assert grid == probe.reference('all-MiniLM-L6-v2').learning_rates
