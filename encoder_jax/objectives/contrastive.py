@@ -19,7 +19,7 @@ over the rows with at least ``MIN_SPAN`` tokens in each half (``contrastive_rows
 counts them). In-batch negatives, so the batch is the number of candidates: the global
 batch (the loss is computed on the whole sharded batch), or one micro-batch with
 ``train.grad_accum_steps`` > 1. Rows from one document are negatives of each other; the
-shuffle pool (``data.shuffle_pool_examples``) keeps them rare. Beside MLM, MLM reads the
+shuffle pool (``data.shuffle_pool_examples``) keeps them rare. Beside MLM, both read the
 same pass (its context is the row's half: the cost of sharing the pass); alone
 (``names=('contrastive',)``), it continues a sentence encoder on a domain's text without
 an MLM head to train (the network's head then runs at one position a row, unscored). The
