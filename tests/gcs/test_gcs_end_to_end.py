@@ -3,8 +3,9 @@ first run preempted after step 8, as a SIGTERM does) and writes its config, toke
 metrics, TensorBoard events and Orbax checkpoints there; a rerun resumes from them and
 appends to the metrics; a refused resume changes no object; the reading commands
 (evaluate, fill_mask, embed, plot, encoder_jax.load) read the bucket (embed its input and
-output there too; convert exports to it and imports from it); a run SIGKILLed and rerun through a proxy that answers some requests with 503 ends as the
-first run; a garbled newest checkpoint is set aside on the bucket. Tiny config.
+output there too; convert exports to it and imports from it); a run SIGKILLed and rerun
+through a proxy that answers some requests with 503 ends as the first run; a garbled
+newest checkpoint is set aside on the bucket. Tiny config.
 
 The commands run as ``python -m`` runs them (``runpy``, their flags parsed from argv), in
 this process: what they read and write on the bucket is the point, not their process,
