@@ -50,14 +50,18 @@ def bucket(gcs_emulator) -> str:
 
 
 class FaultyProxy:
-  """An HTTP proxy in front of the emulator that answers every ``every``-th request with
-  503 Service Unavailable instead of forwarding it: a transient server error, which every
-  storage client must retry. ``injected`` counts them, ``forwarded`` the others."""
+  """An HTTP proxy in front of the emulator that answers some requests with 503 Service
+  Unavailable instead of forwarding them: a transient server error, which every storage
+  client must retry. ``every`` maps a client library (the first word of its User-Agent:
+  ``python-gcsfs``, ``gcloud-python``, ``tensorstore``) to N: every N-th request of that
+  library fails; a library not named gets ``every['*']`` (default: none fails).
+  ``injected[library]`` and ``forwarded[library]`` count the requests."""
 
-  def __init__(self, target: str, every: int):
+  def __init__(self, target: str, every: dict[str, int]):
+    import collections  # pylint: disable=g-import-not-at-top
     import http.server  # pylint: disable=g-import-not-at-top
     self.target, self.every = target, every
-    self.forwarded = self.injected = 0
+    self.forwarded, self.injected = collections.Counter(), collections.Counter()
     self._lock = threading.Lock()
     proxy = self
 
@@ -95,10 +99,12 @@ class FaultyProxy:
   def handle(self, handler) -> None:
     import http.client  # pylint: disable=g-import-not-at-top
     body = self._body(handler)
+    library = handler.headers.get('User-Agent', '-').split('/')[0]
+    every = self.every.get(library, self.every.get('*', 0))
     with self._lock:
-      fail = (self.forwarded + self.injected + 1) % self.every == 0
-      self.injected += fail
-      self.forwarded += not fail
+      fail = bool(every) and (self.forwarded[library] + self.injected[library] + 1) % every == 0
+      self.injected[library] += fail
+      self.forwarded[library] += not fail
     if fail:
       _reply(handler, 503, [('Content-Type', 'application/json')],
              b'{"error": {"code": 503, "message": "injected by the test proxy"}}')
@@ -136,7 +142,7 @@ def faulty_proxy(gcs_emulator):
   """``make(every)``: a FaultyProxy in front of the session's emulator."""
   proxies = []
 
-  def make(every: int) -> FaultyProxy:
+  def make(every: dict[str, int]) -> FaultyProxy:
     proxies.append(FaultyProxy(gcs_emulator.url, every))
     return proxies[-1]
 
