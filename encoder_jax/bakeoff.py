@@ -69,6 +69,7 @@ import time
 import jax
 import ml_collections
 
+from encoder_jax import checkpointing
 from encoder_jax import config_base
 from encoder_jax import evaluate
 from encoder_jax import extras
@@ -76,6 +77,7 @@ from encoder_jax import metrics_log as metrics
 from encoder_jax import objectives
 from encoder_jax import length_phases
 from encoder_jax import pretrain
+from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.finetune import probe
@@ -358,6 +360,20 @@ def _fmt(summary: dict) -> str:
           f'(F1 {summary["macro_f1"]:.3f})')
 
 
+def _check_reached(name: str, workdir: str, steps: int) -> None:
+  """A ``train.PreemptedError`` when the row's pretraining stopped before ``steps``: SIGTERM
+  saved a checkpoint (or none yet), and the rerun resumes the row from it."""
+  try:
+    reached = checkpointing.resolve_step(workdir)
+  except checkpointing.CheckpointError:
+    reached = 0
+  if reached < steps:
+    raise train.PreemptedError(
+        f'bake-off: row {name!r} was preempted at step {reached} of {steps}; its checkpoints '
+        f'in {workdir} are kept, and rerunning the same command resumes it (the rows before '
+        'it are probed again; the table\'s wall time of a resumed row is its last part)')
+
+
 def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
         probe_specs: dict | None = None, budget_steps: int | None = None, log=print,
         overrides: dict[str, dict] | None = None, references=(),
@@ -404,6 +420,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     start = time.perf_counter()
     last = pretrain.run(config, workdir)
     wall = time.perf_counter() - start
+    _check_reached(name, workdir, n)
     # The full budget first: its rate, chosen on the validation split, is also the half
     # budget's (one curve at one rate).
     settings = row_probe_settings(name, preset, overrides.get(name))

@@ -4,9 +4,11 @@ flags that name a model (``--workdir``/``--config``/``--step`` or ``--hf_dir``).
 A user error (a bad config value, a corpus that cannot be read, a refused resume, a
 checkpoint that does not fit, a missing file) prints one ``error: ...`` line naming the
 thing and what was expected, and exits with status 2; a traceback is for bugs, or for
-``--traceback``. An override of a config key that does not exist (``--config.model.hiden_size``)
-is one such line too, naming the key and the nearest fields, printed while the flags are
-parsed (before any work). Library chatter (Orbax INFO notes) stays out of the console unless
+``--traceback``. An override of a config key that does not exist
+(``--config.model.hiden_size``) is one such line too, naming the key and the nearest
+fields, printed while the flags are parsed (before any work). A command of several runs
+(bake-off, probe, GLUE) that SIGTERM stopped mid-run prints one ``preempted: ...`` line
+saying what a rerun does, and exits with status 3. Library chatter (Orbax INFO notes) stays out of the console unless
 ``--verbosity`` is given.
 """
 
@@ -27,6 +29,7 @@ _TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the Python traceback of
                                '(bad config, corpus, checkpoint, refused resume).')
 
 USER_ERROR_EXIT = 2
+PREEMPTED_EXIT = 3  # A command of several runs stopped by SIGTERM (train.PreemptedError).
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -36,7 +39,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-  """``absl.app.run(main)``, with user errors as one line on stderr (exit status 2)."""
+  """``absl.app.run(main)``, with user errors as one line on stderr (exit status 2), and a
+  command of several runs stopped by SIGTERM as one ``preempted:`` line (exit status 3)."""
 
   def wrapped(argv):
     quiet_logging()
@@ -49,6 +53,12 @@ def run(main: Callable[[list[str]], None]) -> None:
       print(f'error: {message}', file=sys.stderr, flush=True)
       print('(run with --traceback for the details of where it happened)', file=sys.stderr)
       sys.exit(USER_ERROR_EXIT)
+    except RuntimeError as e:  # After user_errors: CheckpointError is one.
+      from encoder_jax import train  # pylint: disable=g-import-not-at-top
+      if not isinstance(e, train.PreemptedError) or _TRACEBACK.value:
+        raise
+      print(f'preempted: {e}', file=sys.stderr, flush=True)
+      sys.exit(PREEMPTED_EXIT)
 
   app.run(wrapped, flags_parser=parse_flags)
 

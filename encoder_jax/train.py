@@ -161,6 +161,13 @@ def vocab_tables(config, prepared) -> masking.VocabTables:
                                  str(prepared.directory))
 
 
+class PreemptedError(RuntimeError):
+  """A command of several runs (the bake-off, the probe, GLUE) stopped because one of its
+  runs was preempted (SIGTERM): what finished is kept, and the message says what a rerun of
+  the same command does. A single run (``encoder_jax.main``, ``finetune.main``) is not an
+  error when preempted: it saves, says so and exits 0."""
+
+
 class Preempted:
   """Tells the loop when to save and exit because the machine is being preempted.
 

@@ -127,8 +127,11 @@ def run(init: dict, out: str, tasks=None, settings: GlueSettings | None = None,
   columns, results = {}, {}
   for task in tasks:
     log(f'GLUE: fine-tuning {task}')
-    result = finetune_train.finetune(task_config(task, init, s, tfds_name, tfds_data_dir),
-                                     os.path.join(out, task))
+    workdir = os.path.join(out, task)
+    result = finetune_train.completed(
+        finetune_train.finetune(task_config(task, init, s, tfds_name, tfds_data_dir), workdir),
+        f'GLUE: {task}\'s fine-tune', f'its checkpoints in {workdir} are kept, and rerunning '
+        'the same command resumes it')
     results[task] = {k: v for k, v in result.items() if k != 'labels'}
     columns[task] = scores(task, result)
     summary = dict(init=dict(init), settings=dataclasses.asdict(s), columns=columns,

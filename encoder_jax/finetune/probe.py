@@ -202,7 +202,9 @@ def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, lo
     for seed in s.selection_seeds:
       c = probe_config(init, specs, s, seed, 'validation', lr)
       c.data.more_evals = f'test={specs["test"]}'
-      runs_of[float(lr)][int(seed)] = finetune_train.finetune(c)
+      runs_of[float(lr)][int(seed)] = finetune_train.completed(
+          finetune_train.finetune(c), f'the probe\'s fine-tune at rate {lr:g}, seed {seed}',
+          IN_MEMORY)
     row = dict(learning_rate=float(lr), **_brief(summarize(list(runs_of[float(lr)].values()))))
     scores.append(row)
     log(f'probe: learning rate {lr:g}: validation accuracy {row["accuracy"]:.2%}, macro-F1 '
@@ -211,6 +213,10 @@ def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, lo
   log(f'probe: chosen learning rate {best["learning_rate"]:g} (on the validation split)')
   chosen = {seed: _as_test_run(r) for seed, r in runs_of[best['learning_rate']].items()}
   return best['learning_rate'], scores, chosen
+
+
+IN_MEMORY = ('the probe keeps its fine-tunes in memory, so rerunning the same command '
+             'starts them over')
 
 
 def _as_test_run(result: dict) -> dict:
@@ -244,8 +250,9 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
   lr, selection, done = select_learning_rate(init, specs, s, log)
   runs = []
   for seed in s.seeds:
-    result = done.get(int(seed)) or finetune_train.finetune(
-        probe_config(init, specs, s, seed, 'test', lr))
+    result = done.get(int(seed)) or finetune_train.completed(
+        finetune_train.finetune(probe_config(init, specs, s, seed, 'test', lr)),
+        f'the probe\'s fine-tune of seed {seed} at rate {lr:g}', IN_MEMORY)
     runs.append({k: v for k, v in result.items() if k != 'labels'})
     log(f'probe seed {seed}: test accuracy {result["eval_accuracy"]:.2%}, macro-F1 '
         f'{result["eval_f1"]:.3f}')

@@ -118,6 +118,14 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
   return result
 
 
+def completed(result: dict, what: str, rerun: str) -> dict:
+  """``result`` of :func:`finetune`; a ``train.PreemptedError`` if the run was preempted
+  instead: ``what`` names the run, ``rerun`` says what running the command again does."""
+  if result.get('preempted'):
+    raise engine.PreemptedError(f'{what} was preempted at step {result["step"]}; {rerun}')
+  return result
+
+
 def _model_config(config: ml_collections.ConfigDict, pretrained):
   """The pretrained network's config with the fine-tuning's dtype and encoder dropout."""
   model_config = pretrained.model_config

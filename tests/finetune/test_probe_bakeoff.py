@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -13,6 +14,8 @@ import types
 import pytest
 
 from encoder_jax import bakeoff
+from encoder_jax import cli
+from encoder_jax import train
 from encoder_jax import validation
 from encoder_jax.finetune import probe
 from encoder_jax.finetune import probe_data
@@ -205,9 +208,21 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path, monkeypatch):
   specs = {split: probe_data.write_jsonl(rows[split][:32], str(tmp_path / f'{split}.jsonl'))
            for split in ('train', 'validation', 'test')}
   out = str(tmp_path / 'out')
-  results = bakeoff.run(out, ['electra'], tiny, corpus, specs, budget_steps=6,
-                        overrides={'electra': {'optim': {'warmup_steps': 3}}},
-                        references=[ref])
+  run = functools.partial(bakeoff.run, out, ['electra'], tiny, corpus, specs, budget_steps=6,
+                          overrides={'electra': {'optim': {'warmup_steps': 3}}},
+                          references=[ref])
+  # SIGTERM during the row's pretraining: the run saves at step 3, the bake-off stops there
+  # with what a rerun does, and the rerun resumes the row.
+  at = train.Preempted.at
+  monkeypatch.setattr(train.Preempted, 'at', lambda self, step: step == 3 or at(self, step))
+  with pytest.raises(train.PreemptedError, match=r"row 'electra' was preempted at step 3 of "
+                     r'6; its checkpoints in .* are kept, and rerunning the same command '
+                     r'resumes it'):
+    run()
+  monkeypatch.setattr(train.Preempted, 'at', at)
+  results = run()
+  logged = [json.loads(l) for l in open(os.path.join(out, 'runs', 'electra', 'metrics.jsonl'))]
+  assert [r['step'] for r in logged if r['split'] == 'train'] == [1, 2, 3, 4, 5, 6]
   assert results['rows']['electra']['steps'] == 6  # The first row sets the budget.
   # --set: the run trained with the changed field, and the row says so.
   saved = json.load(open(os.path.join(out, 'runs', 'electra', 'config.json')))
@@ -243,6 +258,27 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path, monkeypatch):
   (line,) = [l for l in table.splitlines() if l.startswith(f'| reference: {ref.name} ')]
   assert line.startswith(f'| reference: {ref.name} (public checkpoint, not pretrained here) |')
   assert f'| {row["learning_rate"]:g} |' in line
+  # SIGTERM during one of the probe's fine-tunes (in memory): the probe stops, saying so.
+  monkeypatch.setattr(train.Preempted, 'at', lambda self, step: step == 1)
+  settings = dataclasses.replace(tiny.probe, learning_rates=())
+  with pytest.raises(train.PreemptedError, match=r"the probe's fine-tune of seed 0 at rate "
+                     r'0.001 was preempted at step 1; the probe keeps its fine-tunes in memory'):
+    probe.run(dict(workdir=os.path.join(out, 'runs', 'electra')), str(tmp_path / 'p'),
+              settings, specs)
+
+
+def test_a_preempted_command_of_several_runs_is_one_line_and_exit_status_3(monkeypatch,
+                                                                            capsys):
+  def main(argv):
+    del argv
+    raise train.PreemptedError("bake-off: row 'x' was preempted at step 3 of 6; ...")
+
+  monkeypatch.setattr(sys, 'argv', ['bakeoff'])
+  with pytest.raises(SystemExit) as stopped:
+    cli.run(main)
+  assert stopped.value.code == cli.PREEMPTED_EXIT == 3
+  err = capsys.readouterr().err
+  assert err == "preempted: bake-off: row 'x' was preempted at step 3 of 6; ...\n"
 
 
 def test_choosing_the_rate_needs_a_validation_split_never_the_test_split():
