@@ -360,6 +360,27 @@ def _fmt(summary: dict) -> str:
           f'(F1 {summary["macro_f1"]:.3f})')
 
 
+def _probe_points(name: str, workdir: str, n: int, per_step: float, preset: Preset,
+                  overrides: dict, out: str, probe_specs: dict, log) -> list[dict]:
+  """The row's probe at the full budget (with its frozen features) and at half of it."""
+  # The full budget first: its rate, chosen on the validation split, is also the half
+  # budget's (one curve at one rate).
+  settings = row_probe_settings(name, preset, overrides.get(name))
+  full = probe.run(dict(workdir=workdir, step=n), os.path.join(out, 'probe', name, str(n)),
+                   settings, probe_specs, log)
+  points = [dict(step=n, flops=n * per_step, **_brief(full),
+                 frozen=_frozen(dict(workdir=workdir, step=n), probe_specs, preset.probe,
+                                log))]
+  half = max(1, n // 2)
+  if half < n and preset.half_budget_seeds:
+    settings = dataclasses.replace(settings, seeds=preset.half_budget_seeds,
+                                   learning_rates=(), learning_rate=full['learning_rate'])
+    summary = probe.run(dict(workdir=workdir, step=half),
+                        os.path.join(out, 'probe', name, str(half)), settings, probe_specs, log)
+    points.insert(0, dict(step=half, flops=half * per_step, **_brief(summary)))
+  return points
+
+
 def _check_reached(name: str, workdir: str, steps: int) -> None:
   """A ``train.PreemptedError`` when the row's pretraining stopped before ``steps``: SIGTERM
   saved a checkpoint (or none yet), and the rerun resumes the row from it."""
@@ -421,21 +442,8 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     last = pretrain.run(config, workdir)
     wall = time.perf_counter() - start
     _check_reached(name, workdir, n)
-    # The full budget first: its rate, chosen on the validation split, is also the half
-    # budget's (one curve at one rate).
-    settings = row_probe_settings(name, preset, overrides.get(name))
-    full = probe.run(dict(workdir=workdir, step=n), os.path.join(out, 'probe', name, str(n)),
-                     settings, probe_specs, log)
-    points = [dict(step=n, flops=n * per_step, **_brief(full),
-                   frozen=_frozen(dict(workdir=workdir, step=n), probe_specs, preset.probe,
-                                  log))]
-    half = max(1, n // 2)
-    if half < n and preset.half_budget_seeds:
-      settings = dataclasses.replace(settings, seeds=preset.half_budget_seeds,
-                                     learning_rates=(), learning_rate=full['learning_rate'])
-      summary = probe.run(dict(workdir=workdir, step=half),
-                          os.path.join(out, 'probe', name, str(half)), settings, probe_specs, log)
-      points.insert(0, dict(step=half, flops=half * per_step, **_brief(summary)))
+    points = _probe_points(name, workdir, n, per_step, preset, overrides, out, probe_specs,
+                           log)
     scores = heldout(workdir)
     if 'mlm' in config.objective.names:  # Comparable across masking rates: BERT's masks.
       at_15 = evaluate.evaluate_checkpoint(evaluate.at_bert_masking(config), workdir)
