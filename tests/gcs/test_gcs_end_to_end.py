@@ -248,13 +248,13 @@ runpy.run_module('encoder_jax.main', run_name='__main__')
 
 def _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, faulty_proxy,
                                                                   tmp_path):
-  """Through a proxy that answers some requests of each storage library with 503 (not
-  forwarded), a run is SIGKILLed at step 6 and rerun: the lock, metrics and events
-  (google-cloud-storage), config and checkpoint metadata (gcsfs) and arrays (tensorstore)
-  are all retried, the rerun takes over the dead run's lock and resumes from step 4, and
-  its losses and parameters equal those of the first workdir's run (preempted after step
-  8, resumed from there) bit for bit. gcsfs sends most requests and waits 1-2 s before a
-  retry, so it fails less often than the others."""
+  """Through a proxy that answers some requests with 503 (not forwarded), a run is
+  SIGKILLed at step 6 and rerun: each storage library (google-cloud-storage: the lock,
+  metrics and events; gcsfs: config and checkpoint metadata; tensorstore: arrays) meets at
+  least two 503s and retries, the rerun takes over the dead run's lock and resumes from
+  step 4, and its losses and parameters equal those of the first workdir's run (preempted
+  after step 8, resumed from there) bit for bit. gcsfs sends most requests and waits 1-2 s
+  before a retry, so one in 60 of its requests fails, one in 20 or 30 of the others'."""
   import encoder_jax  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
