@@ -8,8 +8,8 @@ thing and what was expected, and exits with status 2; a traceback is for bugs, o
 (``--config.model.hiden_size``) is one such line too, naming the key and the nearest
 fields, printed while the flags are parsed (before any work). A command of several runs
 (bake-off, probe, GLUE) that SIGTERM stopped mid-run prints one ``preempted: ...`` line
-saying what a rerun does, and exits with status 3. Library chatter (Orbax INFO notes) stays out of the console unless
-``--verbosity`` is given.
+saying what a rerun does, and exits with status 3. Library chatter (Orbax INFO notes)
+stays out of the console unless ``--verbosity`` is given.
 """
 
 from __future__ import annotations
