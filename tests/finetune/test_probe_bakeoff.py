@@ -82,15 +82,24 @@ def test_rotten_tomatoes_is_split_by_film_and_counts_what_it_leaves_out():
   assert len(unlabelled) > 500 and not set(unlabelled) & {r['text'] for r in splits['train']}
 
 
-def test_the_cpu_hour_preset_runs_the_recipe_and_minilm_continued_at_equal_flops(tmp_path):
+def test_the_cpu_hour_preset_runs_the_recipe_at_equal_flops_and_minilm_continued_shorter(
+    tmp_path):
   preset = bakeoff.PRESETS['cpu_hour']
   names = bakeoff.default_rows(preset)
   assert names == ['modernbert', 'modernbert_contrastive', 'minilm_continued']
   assert 'minilm_continued' not in bakeoff.default_rows(bakeoff.PRESETS['cpu'])
   plan = bakeoff.plan(names, preset, 'jsonl:/unused.jsonl', str(tmp_path), 1800)
   budget = 1800 * plan['modernbert'][1]
-  for steps, per_step in plan.values():
-    assert abs(steps * per_step - budget) <= per_step
+  for name in ('modernbert', 'modernbert_contrastive'):
+    assert abs(plan[name][0] * plan[name][1] - budget) <= plan[name][1]
+  # The continued row stops at 200 steps (more measured worse), under the budget ...
+  assert plan['minilm_continued'][0] == bakeoff.ROW_MAX_STEPS['minilm_continued'] == 200
+  assert 200 * plan['minilm_continued'][1] < budget / 2
+  # ... also first, unless --budget_steps names its steps.
+  alone = ['minilm_continued']
+  assert bakeoff.plan(alone, preset, 'jsonl:/x.jsonl', str(tmp_path), 1800)[alone[0]][0] == 200
+  assert bakeoff.plan(alone, preset, 'jsonl:/x.jsonl', str(tmp_path), 789,
+                      first_exact=True)[alone[0]][0] == 789
   minilm = bakeoff.row_config('minilm_continued', preset, 'jsonl:/x.jsonl', str(tmp_path), 10)
   assert (minilm.model.hidden_size, minilm.model.num_layers) == (384, 6)  # The source's.
   assert tuple(minilm.objective.names) == ('contrastive',) and not validation.problems(minilm)
