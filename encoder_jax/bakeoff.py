@@ -365,7 +365,7 @@ def plan(names, preset: Preset, corpus: str, prepared_root: str, budget_steps: i
     per_step[n] = flops_per_step(config)
   budget = budget_steps * per_step[names[0]]
   steps = {n: max(2, round(budget / per_step[n])) for n in names}
-  for n in names[first_exact:]:
+  for n in names[1:] if first_exact else names:
     steps[n] = min(steps[n], ROW_MAX_STEPS.get(n, steps[n]))
   return {n: (steps[n], per_step[n]) for n in names}
 
