@@ -56,7 +56,8 @@ frozen-feature scores) and
 ``bakeoff.png`` (probe accuracy against pretraining FLOPs).
 The default unlabelled text is the dataset's train split (in-domain, labels unused) with
 the dataset's unlabelled text (Rotten Tomatoes: its train films' plot summaries); pass
-``--corpus`` (a ``config.data.sources`` spec) for other text.
+``--corpus`` (a ``config.data.sources`` spec) for other text, or ``--extra_corpus`` for
+more text beside it (``benchmarks/news_corpus.py`` writes 3,824 news articles of 2016-17).
 """
 
 from __future__ import annotations
@@ -413,14 +414,17 @@ def _check_reached(name: str, workdir: str, steps: int) -> None:
 def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
         probe_specs: dict | None = None, budget_steps: int | None = None, log=print,
         overrides: dict[str, dict] | None = None, references=(),
-        dataset: str = 'bbc_news', train_examples: int | None = None) -> dict:
+        dataset: str = 'bbc_news', train_examples: int | None = None,
+        extra_corpus: str = '') -> dict:
   """Pretrains, scores and probes the rows ``names`` (default all), the from-scratch
   baselines and the public ``references`` (names of ``probe.REFERENCES``, or
   ``probe.Reference`` values); ``overrides``: row -> section -> fields on top of the row's
   recipe (:func:`parse_overrides`). The task is ``dataset`` (``probe_data.DATASETS``)
   unless ``probe_specs`` names files; the corpus is by default the dataset's train split's
   text with its unlabelled text (in-domain pretraining). ``train_examples``: the probe's
-  labelled examples (None = the dataset's own number, else the preset's)."""
+  labelled examples (None = the dataset's own number, else the preset's). ``extra_corpus``:
+  sources (a ``config.data.sources`` spec) read beside the corpus, mixed as
+  ``config.data.mixing_alpha`` says."""
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
   data = probe_data.dataset(dataset)
   preset = dataclasses.replace(preset, probe=probe_settings(preset, data, train_examples))
@@ -438,6 +442,8 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
     probe_specs = data.specs(out, preset.probe.train_examples, log)
   if not corpus:  # The train split's text, labels unused, and the unlabelled text.
     corpus = data.pretraining_corpus(out)
+  if extra_corpus:
+    corpus = f'{corpus},{extra_corpus}'
   prepared_root = os.path.join(out, 'prepared')
   first_steps = budget_steps or preset.budget_steps
   steps = plan(names, preset, corpus, prepared_root, first_steps, overrides,
@@ -695,7 +701,8 @@ def main(argv):
             'installed')
   run(f.out, names, f.preset, f.corpus, specs, f.budget_steps or None,
       overrides=parse_overrides(f.set or (), names), references=references,
-      dataset=f.dataset, train_examples=None if f.train_examples == -1 else f.train_examples)
+      dataset=f.dataset, train_examples=None if f.train_examples == -1 else f.train_examples,
+      extra_corpus=f.extra_corpus)
 
 
 if __name__ == '__main__':
@@ -710,6 +717,9 @@ if __name__ == '__main__':
                     'The labelled task every row is probed on (finetune/probe_data.py).')
   flags.DEFINE_string('corpus', '', 'config.data.sources of the unlabelled text (default: '
                       "--dataset's train split's text and its unlabelled text).")
+  flags.DEFINE_string('extra_corpus', '', 'config.data.sources read beside --corpus (or its '
+                      'default), mixed by config.data.mixing_alpha, e.g. more text of '
+                      "the task's domain.")
   flags.DEFINE_string('probe_train', '', 'Probe train spec (default: --dataset).')
   flags.DEFINE_string('probe_test', '', 'Probe test spec (default: --dataset).')
   flags.DEFINE_string('probe_validation', '', "Probe validation spec, where each row's "
