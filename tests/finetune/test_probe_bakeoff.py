@@ -118,6 +118,22 @@ def test_a_continued_first_row_gets_no_from_scratch_baseline_of_its_network():
   assert bakeoff.baseline_rows(['bert'], {'bert': {'init': {'hf_dir': '/m'}}}) == []
 
 
+def test_an_extra_corpus_is_read_beside_the_in_domain_text(tmp_path, monkeypatch):
+  seen = []
+
+  def plan(names, preset, corpus, *args, **kwargs):
+    seen.append(corpus)
+    raise KeyboardInterrupt  # Planned: nothing more is needed.
+
+  monkeypatch.setattr(bakeoff, 'plan', plan)
+  out = str(tmp_path / 'b')
+  for extra in ('', 'jsonl:/data/news.jsonl'):
+    with pytest.raises(KeyboardInterrupt):
+      bakeoff.run(out, ['bert'], 'cpu', extra_corpus=extra)
+  in_domain = f'jsonl:{os.path.join(out, "data", "pretrain.jsonl")}'
+  assert seen == [in_domain, f'{in_domain},jsonl:/data/news.jsonl']
+
+
 def test_the_bakeoffs_labels_are_the_datasets_unless_given():
   preset = bakeoff.PRESETS['cpu_hour']
   sentiment = probe_data.dataset('rotten_tomatoes')
