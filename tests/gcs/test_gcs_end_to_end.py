@@ -253,12 +253,13 @@ def _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, fault
   metrics and events; gcsfs: config and checkpoint metadata; tensorstore: arrays) meets at
   least two 503s and retries, the rerun takes over the dead run's lock and resumes from
   step 4, and its losses and parameters equal those of the first workdir's run (preempted
-  after step 8, resumed from there) bit for bit. gcsfs sends most requests and waits 1-2 s
-  before a retry, so one in 60 of its requests fails, one in 20 or 30 of the others'."""
+  after step 8, resumed from there) bit for bit. gcsfs sends most requests (about 600) and
+  waits 1-2 s before a retry, so one in 120 of its requests fails, one in 20 or 30 of the
+  others'."""
   import encoder_jax  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
-  every = {'python-gcsfs': 60, 'gcloud-python': 20, 'tensorstore': 30}
+  every = {'python-gcsfs': 120, 'gcloud-python': 20, 'tensorstore': 30}
   proxy, faulty = faulty_proxy(every), 'gs://e2e/faulty'
   flags = _main_flags(prepared, faulty)
   env = dict(os.environ, **{storage.EMULATOR_HOST: proxy.url})
