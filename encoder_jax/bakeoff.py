@@ -57,7 +57,7 @@ frozen-feature scores) and
 The default unlabelled text is the dataset's train split (in-domain, labels unused) with
 the dataset's unlabelled text (Rotten Tomatoes: its train films' plot summaries); pass
 ``--corpus`` (a ``config.data.sources`` spec) for other text, or ``--extra_corpus`` for
-more text beside it (``benchmarks/news_corpus.py`` writes 3,824 news articles of 2016-17).
+more text beside it (``benchmarks/news_corpus.py`` writes 3,781 news articles of 2016-17).
 """
 
 from __future__ import annotations
