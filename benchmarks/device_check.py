@@ -14,7 +14,9 @@ estimate before it starts and its wall time when it ends.
 
 Parts (``PARTS``; estimates are guesses for an H100, none measured yet):
 
-  environment       device, driver, platform (CUDA / cuDNN), Python and package versions
+  environment       device, driver, platform (CUDA / cuDNN), Python and package versions,
+                    the attention implementation None resolves to (splash / cuDNN / XLA;
+                    each run's shape names its own)
   bert_base_128     BERT-base MLM + NSP, bf16, 128 tokens x 256: tokens/s, model TFLOP/s,
                     MFU against the chip's bf16 peak (``metrics_log.PEAK_TFLOPS``), compiled and
                     process peak device memory (bench_train's step, timing and FLOPs)
@@ -277,12 +279,36 @@ def _process_peak_gib() -> float | None:
   return stats['peak_bytes_in_use'] / GIB if stats and 'peak_bytes_in_use' in stats else None
 
 
+_ATTENTION_NAMES = dict(splash='splash', cudnn='cuDNN', xla='XLA')
+
+
+def attention_resolved(requested: str, dtype: str, dropout: float = 0.0,
+                       kind: str = 'bert') -> str:
+  """What ``model.attention_implementation`` (``requested``; 'auto' = None) runs here:
+  splash (TPU), cuDNN (GPU, bf16) or XLA (``models.attention.resolve_implementation``); the
+  training step's attention is XLA's where attention dropout is on, and DeBERTa's and XLNet's
+  attentions are always XLA's."""
+  from encoder_jax.models import attention  # pylint: disable=g-import-not-at-top
+  try:
+    impl = attention.resolve_implementation(None if requested == 'auto' else requested, dtype)
+  except ValueError as e:
+    return f'error ({e})'
+  name = _ATTENTION_NAMES[impl]
+  if impl != 'xla' and kind.startswith(('deberta', 'xlnet')):
+    return f'XLA ({kind} has its own attention; {name} for dot-product kinds)'
+  if impl != 'xla' and dropout > 0:
+    return f'XLA in training (attention dropout {dropout}; {name} otherwise)'
+  return name
+
+
 def _shape_text(a) -> str:
   extra = ''.join(f', {k}={v}' for k, v in (a.model_overrides or {}).items())
+  resolved = attention_resolved(a.attention_implementation, a.dtype, a.attention_dropout,
+                                a.kind)
   return (f'{a.kind}-{a.preset}{extra}, vocab {a.vocab_size}, {a.batch_size} x {a.seq_len}, '
           f'{a.max_predictions} predictions/seq, {a.dtype}{", remat" * a.remat}, attention '
-          f'{a.attention_implementation} (dropout {a.attention_dropout}), scan_unroll '
-          f'{a.scan_unroll}')
+          f'{a.attention_implementation} -> {resolved} (dropout {a.attention_dropout}), '
+          f'scan_unroll {a.scan_unroll}')
 
 
 def ours(a) -> dict:
@@ -364,10 +390,13 @@ def part_environment(check: Check) -> dict:
                              else None)
   except Exception as e:  # pylint: disable=broad-except
     env['torch_cuda'] = f'torch does not import: {type(e).__name__}: {e}'
+  # model.attention_implementation=None (the runs' 'auto'), per activation dtype.
+  env['attention_auto'] = {dt: attention_resolved('auto', dt) for dt in ('bfloat16', 'float32')}
   check.environment = env
   driver = env['nvidia_smi'] if 'not available' not in env['nvidia_smi'] else 'no nvidia-smi'
   env['summary'] = (f'{env["devices"]} ({env["jax_backend"]}), {driver}, jax '
-                    f'{packages["jax"]}, peak {env["peak_bf16_tflops_per_device"]:g} TFLOP/s')
+                    f'{packages["jax"]}, peak {env["peak_bf16_tflops_per_device"]:g} TFLOP/s, '
+                    f'attention auto = {env["attention_auto"]["bfloat16"]} in bf16')
   return env
 
 
@@ -755,7 +784,8 @@ def markdown(report: dict) -> str:
               f'jax {env.get("packages", {}).get("jax")}, flax '
               f'{env.get("packages", {}).get("flax")}, torch '
               f'{env.get("packages", {}).get("torch")}; bf16 peak '
-              f'{env.get("peak_bf16_tflops_per_device")} TFLOP/s per device.', '']
+              f'{env.get("peak_bf16_tflops_per_device")} TFLOP/s per device; attention '
+              f'implementation auto (None) resolves to {_fmt(env.get("attention_auto"))}.', '']
   lines += ['| part | status | wall s | estimate s | result |', '|---|---|---|---|---|']
   for name, e in report['parts'].items():
     what = (e.get('figures', {}).get('summary') or e.get('reason') or

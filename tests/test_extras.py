@@ -213,3 +213,13 @@ def test_require_names_the_extra_and_refuses_a_package_the_extra_does_not_bring(
     extras.pip_command('plots')
   lazy = extras.lazy('matplotlib.figure', extra='plot', what='x')
   assert 'matplotlib.figure' in repr(lazy)
+
+
+def test_the_tpu_vm_launcher_installs_what_a_bucket_run_needs():
+  """launch/tpu_vm.sh runs on every worker of a pod with a gs:// workdir and, for the shipped
+  full-size configs, a tfds: corpus: its install brings libtpu, the Cloud Storage clients
+  and tensorflow-datasets, not libtpu alone."""
+  with open(os.path.join(ROOT, 'launch', 'tpu_vm.sh'), encoding='utf-8') as f:
+    installs = re.findall(r"pip install [^\n]*-e '\.\[([\w,]+)\]'", f.read())
+  assert len(installs) == 1, installs
+  assert {'tpu', 'gcs', 'tfds'} <= set(installs[0].split(',')), installs

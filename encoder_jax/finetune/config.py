@@ -6,8 +6,9 @@ checked by the same code as pretraining's (``validation.validate_sections``): ``
 the pretrained weights (``encoder_jax.loading``), ``data`` -> the task's reader, ``optim``
 -> ``optimizer.make`` (pretraining's builder; the moment and epsilon fields are the very
 declarations of pretraining's ``optim``), ``task`` -> an entry of ``finetune.tasks``, whose
-own fields make ``task_settings``; ``mesh``, ``dtype``, ``nonfinite_policy`` (pretraining's
-declaration) and ``checkpoint_keep`` -> the training engine.
+own fields make ``task_settings``; ``mesh``, ``dtype``, ``nonfinite_policy`` and
+``compilation_cache_dir`` (pretraining's declarations) and ``checkpoint_keep`` -> the
+training engine.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ TOP: dict[str, fields_lib.Field] = fields_lib.section(
     F('dtype', '', fields_lib.one_of('', 'float32', 'bfloat16'),
       "Activations: '' = the checkpoint's model.dtype, 'float32' or 'bfloat16'."),
     config_base.TRAIN['nonfinite_policy'],
+    config_base.TRAIN['compilation_cache_dir'],
     F('checkpoint_keep', 1, fields_lib.integer(1),
       'Checkpoints kept in <workdir>/checkpoints (one per epoch end).'),
 )

@@ -110,10 +110,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
   entry = tasks.get(config.task)
   if workdir:
     workdir_lib.check_workdir_writable(workdir)
-  pretrained = pretrained or load_pretrained(config)
-  max_len = min(int(config.data.max_len), pretrained.max_length)
-  prepared = entry.prepare(config, pretrained.tokenizer, max_len, workdir, log)
-  result = run_task(config, workdir, pretrained, prepared, max_len)
+  # Pretraining's persistent compilation cache, set before the first compile ('auto' in
+  # memory: the environment's, if any).
+  with engine.compilation_cache(config.get('compilation_cache_dir', 'auto'), workdir):
+    pretrained = pretrained or load_pretrained(config)
+    max_len = min(int(config.data.max_len), pretrained.max_length)
+    prepared = entry.prepare(config, pretrained.tokenizer, max_len, workdir, log)
+    result = run_task(config, workdir, pretrained, prepared, max_len)
   result.update(prepared.report)
   return result
 

@@ -1,5 +1,5 @@
 """Dot-product attention, and what every attention kind shares (the fused / explicit
-softmax backends, key lengths for cuDNN).
+softmax backends, key lengths for cuDNN, the Pallas splash-attention kernel for TPUs).
 
 Attention kinds are looked up by ``config.model.attention_kind`` in
 ``models.attention_kinds`` (the registry). An attention kind is a Flax module
@@ -20,6 +20,7 @@ in ``attention_kinds``; the encoder layer never names one.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 from absl import logging
@@ -30,16 +31,26 @@ import jax.numpy as jnp
 from encoder_jax.models import layers
 from encoder_jax.models import packing
 
-# config.model.attention_implementation: None = per backend (cuDNN on a CUDA GPU in
-# bf16/fp16, XLA elsewhere), or one forced.
-IMPLEMENTATIONS = (None, 'xla', 'cudnn')
+# config.model.attention_implementation: None = per backend (Pallas splash attention on a
+# TPU, cuDNN on a CUDA GPU in bf16/fp16, XLA elsewhere), or one forced.
+IMPLEMENTATIONS = (None, 'xla', 'cudnn', 'splash')
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _warned: set[str] = set()
+# Splash attention: sequences padded to a multiple of the TPU's 128 lanes (the kernel's
+# smallest key block), and the largest of these blocks that divides the padded length.
+_SPLASH_LANES = 128
+_SPLASH_BLOCKS = (512, 256, 128)
+_SPLASH_PADDING = -1  # Segment id of the block padding: no real token has it.
+_BATCH_AXES, _HEAD_AXIS = ('data', 'fsdp'), 'tensor'  # As sharding.LOGICAL_RULES.
 
 
 def _backend() -> str:
-  """The JAX backend steps compile for (a function, so a test can pose as a GPU host)."""
-  return jax.default_backend()
+  """The platform the computation being traced compiles for: that of the mesh it is traced
+  under (the training and evaluation steps set theirs; ``encoder_jax.aot`` compiles them
+  for a TPU slice from a host without one), else JAX's default backend. A function, so a
+  test can pose as a GPU host."""
+  device = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
+  return device.platform if device is not None else jax.default_backend()
 
 
 def key_lengths(mask_Bx1x1xS):
@@ -54,21 +65,54 @@ def key_lengths(mask_Bx1x1xS):
   return jnp.sum(mask_Bx1x1xS, axis=(1, 2, 3), dtype=jnp.int32)
 
 
-def resolve_implementation(requested: str | None, dtype) -> str:
-  """'xla' or 'cudnn' for ``config.model.attention_implementation`` on this backend.
+def warn_fallback(reason: str) -> None:
+  """One log line per reason (per process) that an attention runs XLA's softmax instead of
+  the kernel ``config.model.attention_implementation`` asked for or resolved to."""
+  if reason not in _warned:
+    _warned.add(reason)
+    logging.warning('%s; using XLA attention.', reason)
 
-  None picks cuDNN on a GPU when the activations are bf16/fp16 (the only dtypes cuDNN's
-  flash attention takes) and XLA otherwise; note that ``jax.nn.dot_product_attention``'s
-  own default (``implementation=None``) is XLA on every backend, so without this choice
-  the cuDNN kernel never runs. An explicit 'cudnn' that cannot run here is an error that
-  names the key, not a silent fallback: whoever forces it is measuring it.
+
+def warn_no_splash(requested: str | None, dtype, what: str) -> None:
+  """For an attention with no splash kernel (``what``: DeBERTa's disentangled attention,
+  XLNet's two streams): where ``config.model.attention_implementation`` resolves to splash
+  (explicitly, or None on a TPU), one log line that it runs XLA's attention instead. Other
+  implementations are left as they were (those attentions never read them)."""
+  if requested in (None, 'splash') and resolve_implementation(requested, dtype) == 'splash':
+    warn_fallback(f'{what} has no splash-attention kernel (config.model.'
+                  f'attention_implementation={requested!r})')
+
+
+def resolve_implementation(requested: str | None, dtype) -> str:
+  """'xla', 'cudnn' or 'splash' for ``config.model.attention_implementation`` here.
+
+  None picks splash attention (:func:`splash_dot_product`) on a TPU, cuDNN on a GPU when
+  the activations are bf16/fp16 (the only dtypes cuDNN's flash attention takes) and XLA
+  otherwise; note that ``jax.nn.dot_product_attention``'s own default
+  (``implementation=None``) is XLA on every backend, so without this choice the cuDNN
+  kernel never runs. An explicit 'cudnn' that cannot run here is an error that names the
+  key, not a silent fallback: whoever forces it is measuring it. An explicit 'splash' runs
+  on a TPU, and on the CPU in Pallas interpret mode (the same kernel, slowly: tests); on a
+  GPU it is an error. Where splash is chosen but cannot serve a call (attention dropout in
+  training, queries at some rows, other attention kinds) that call runs XLA's attention
+  (see :class:`DotProductAttention`).
   """
   if requested not in IMPLEMENTATIONS:
     raise ValueError(f'config.model.attention_implementation={requested!r}; expected one of '
-                     f'{list(IMPLEMENTATIONS)} (None = cuDNN on GPUs, XLA elsewhere)')
+                     f'{list(IMPLEMENTATIONS)} (None = splash on TPUs, cuDNN on GPUs, XLA '
+                     'elsewhere)')
   if requested == 'xla':
     return 'xla'
   backend, low_precision = _backend(), jnp.dtype(dtype) in _CUDNN_DTYPES
+  if requested == 'splash':
+    if backend == 'gpu':
+      raise ValueError(
+          "config.model.attention_implementation='splash' is a TPU kernel (Pallas splash "
+          "attention); this process's JAX backend is 'gpu'. Use 'cudnn', 'xla', or None to "
+          'choose per backend.')
+    return 'splash'
+  if backend == 'tpu':
+    return 'splash'
   if requested == 'cudnn':
     if backend != 'gpu':
       raise ValueError(
@@ -101,9 +145,13 @@ def fused(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *,
 
   With None, a case JAX's cuDNN path rejects when tracing (no cuDNN, e.g. ROCm; compute
   capability < 8.0; a head dim over 128, or 256 on Hopper, or not a multiple of 8) falls
-  back to XLA with a warning; with 'cudnn' it is an error naming the key.
+  back to XLA with a warning; with 'cudnn' it is an error naming the key. Splash (TPU)
+  attention is :func:`splash_dot_product`; where it was chosen and this is called (queries
+  at some rows of the keys), this is XLA's.
   """
   impl = resolve_implementation(implementation, q_BxLxHxD.dtype)
+  if impl == 'splash':
+    impl = 'xla'
   # A mask per query (packed rows: [B, 1, L, S]) is not key padding: it stays a mask.
   per_query = mask_Bx1x1xS.shape[-2] != 1
   as_lengths = (impl == 'cudnn' and not per_query if padding_as_lengths is None
@@ -157,6 +205,132 @@ def dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, *, dropout_rate, 
     return fused(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS, implementation=implementation)
   return explicit_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xS,
                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+
+
+def _splash_modules():
+  """The Pallas splash-attention kernel and masks (imported when first used: Pallas' TPU
+  modules add a third of a second to every process that imports the models)."""
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask
+  return splash_attention_kernel, splash_attention_mask
+
+
+def splash_block(length: int) -> tuple[int, int]:
+  """(padded length, block): ``length`` rounded up to the TPU's 128 lanes (the kernel's
+  smallest key block), and the largest of 512, 256, 128 that divides it (the query and key
+  blocks of the forward and backward kernels)."""
+  padded = -(-length // _SPLASH_LANES) * _SPLASH_LANES
+  return padded, next(b for b in _SPLASH_BLOCKS if padded % b == 0)
+
+
+def _splash_kernel(heads: int, length: int, block: int, half_window: int | None):
+  """The splash kernel for [heads, length, D] operands: every key (``FullMask``), or the keys
+  with ``|i - j| <= half_window`` (``LocalMask((w, w))`` allows ``i - w <= j <= i + w``, both
+  edges included, as :func:`band_mask`); blocks outside the band are skipped. Pallas
+  interpret mode off a TPU."""
+  kernel_lib, mask_lib = _splash_modules()
+  shape = (length, length)
+  mask = (mask_lib.FullMask(shape) if half_window is None
+          else mask_lib.LocalMask(shape, (half_window, half_window), offset=0))
+  blocks = kernel_lib.BlockSizes(
+      block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+      block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  return kernel_lib.make_splash_mha(
+      mask_lib.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1,
+      q_seq_shards=1, interpret=_backend() != 'tpu')
+
+
+def _splash_mesh_specs(b: int, h: int):
+  """(mesh, batch axes, head axis) to shard the kernel over (``jax.shard_map``: a Pallas
+  call is a custom call XLA cannot partition), or None to call it as it is.
+
+  The mesh is the one the step is traced under (``jax.sharding.get_abstract_mesh()``; the
+  training and evaluation steps set it): rows over its ``data`` and ``fsdp`` axes and heads
+  over ``tensor``, as ``sharding.LOGICAL_RULES`` lays out activations. An axis that does not
+  divide its dimension is left out (the operands replicated along it, each device computing
+  the same), as ``sharding.logical_to_spec`` does. None without a mesh, on one device, or
+  inside a ``shard_map`` (manual axes: the caller has already split the operands)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or mesh.manual_axes:
+    return None
+  sizes = dict(mesh.shape)
+  batch = tuple(a for a in _BATCH_AXES if sizes.get(a, 1) > 1)
+  if b % math.prod(sizes[a] for a in batch):
+    batch = ()
+  head = _HEAD_AXIS if sizes.get(_HEAD_AXIS, 1) > 1 and h % sizes[_HEAD_AXIS] == 0 else None
+  return mesh, batch or None, head
+
+
+def splash_placeable() -> bool:
+  """Whether :func:`splash_dot_product` can run in the computation being traced.
+
+  On a TPU the kernel is a Mosaic custom call, which XLA cannot partition: under a jit over
+  several devices it must sit in a ``shard_map``, which needs the mesh in context
+  (``jax.sharding.get_abstract_mesh()``; ``train.make_train_step`` and ``make_eval_step``
+  trace their step under theirs). Without one, a process of one device calls the kernel
+  directly, and a process of several cannot (the jit may span them all), so False: that
+  call runs XLA's attention (one log line; e.g. the parameter initialisation, prediction
+  outside the training steps). In Pallas interpret mode (off a TPU) the kernel is ordinary
+  XLA operations, which XLA partitions itself: always True.
+  """
+  if _backend() != 'tpu' or not jax.sharding.get_abstract_mesh().empty:
+    return True
+  if jax.device_count() == 1:
+    return True
+  warn_fallback(f'Splash attention traced without a mesh in context on {jax.device_count()} '
+                'TPU devices (a Mosaic kernel must be placed by shard_map over the mesh; the '
+                'training and evaluation steps set it, this call did not)')
+  return False
+
+
+def splash_dot_product(q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, segment_ids_BxL,
+                       half_window: int | None = None):
+  """Scaled dot-product attention by the Pallas splash-attention kernel (TPU flash
+  attention; ``jax.experimental.pallas.ops.tpu.splash_attention``).
+
+  Bidirectional: query i reads every key j of its segment (``segment_ids_BxL[i] ==
+  segment_ids_BxL[j]``), or those with ``|i - j| <= half_window`` (a local layer's sliding
+  window, :func:`local_dot_product`'s band). Segments are the packed rows' document ids
+  (``models.packing``: padding is document 0, so it attends to padding as there), or the key
+  padding mask as 1 (real) and 0 (padding): a real query then reads exactly the real keys, as
+  with the boolean mask, for any mask (holes, left padding); padded queries read the padding
+  only, so their outputs differ from XLA's (which lets them read the real keys). Nothing
+  reads those outputs (the losses and pooling mask them). Every query reads at least itself,
+  so no softmax row is empty.
+
+  Queries and keys must be the same rows (self-attention over one sequence); the callers
+  run XLA's attention for queries at some rows. The length is padded to a multiple of 128
+  (:func:`splash_block`) with a segment id of its own, and cut off again. Splash does not
+  scale the logits: the queries are scaled by 1/sqrt(D) first (in float32, then the
+  activations' dtype). Under a mesh the kernel runs in a ``jax.shard_map`` (rows over
+  ``data``/``fsdp``, heads over ``tensor``, :func:`_splash_mesh_specs`), and is vmapped over
+  the rows it holds.
+  """
+  b, length, h, d = q_BxLxHxD.shape
+  padded, block = splash_block(length)
+  pad = padded - length
+  q_BxLxHxD = (q_BxLxHxD.astype(jnp.float32) / jnp.sqrt(jnp.float32(d))).astype(q_BxLxHxD.dtype)
+  heads_first = lambda x_BxLxHxD: jnp.pad(
+      x_BxLxHxD, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+  q_BxHxPxD, k_BxHxPxD, v_BxHxPxD = map(heads_first, (q_BxLxHxD, k_BxLxHxD, v_BxLxHxD))
+  segment_ids_BxP = jnp.pad(jnp.broadcast_to(segment_ids_BxL, (b, length)).astype(jnp.int32),
+                            ((0, 0), (0, pad)), constant_values=_SPLASH_PADDING)
+
+  def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, segment_ids_BxP):
+    kernel = _splash_kernel(q_BxHxPxD.shape[1], padded, block, half_window)
+    segment_ids = _splash_modules()[0].SegmentIds
+    one = lambda q, k, v, ids: kernel(q, k, v, segment_ids=segment_ids(ids, ids))
+    return jax.vmap(one)(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, segment_ids_BxP)
+
+  specs = _splash_mesh_specs(b, h)
+  if specs is not None:
+    mesh, batch, head = specs
+    rows = jax.sharding.PartitionSpec(batch, head, None, None)
+    attend = jax.shard_map(attend, mesh=mesh, check_vma=False, out_specs=rows,
+                           in_specs=(rows, rows, rows, jax.sharding.PartitionSpec(batch, None)))
+  a_BxHxPxD = attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, segment_ids_BxP)
+  return a_BxHxPxD.transpose(0, 2, 1, 3)[:, :length]
 
 
 def band_mask(q_positions_BxL, k_positions_BxS, half_window: int):
@@ -290,6 +464,16 @@ class DotProductAttention(nn.Module):
   Packed rows (``context['document_ids']`` and ``['positions']`` of the keys, from
   ``models.packing.context``): attention within each document only (the window on top),
   and RoPE at the positions within the document.
+
+  ``config.attention_implementation`` resolving to 'splash' (None on a TPU): every
+  attention of the layers, global and local, packed or padded, is
+  :func:`splash_dot_product` (segment ids: the documents, or the padding mask as 1/0; the
+  window as its local mask), except where the kernel cannot serve, which runs XLA's
+  attention instead: queries at some rows of the keys (``query_positions``, ``kv_states``
+  of another length: the last layer at the predicted rows, a few queries, cheap), a mask
+  with a row per query given by the caller, attention dropout in training (splash has
+  none; one log line says so), and a trace on several TPU devices without the mesh in
+  context (:func:`splash_placeable`; one log line).
   """
   packed_rows = True  # Reads the packed rows' context (see ModelKind.packed_rows).
   config: Any  # models.config.EncoderConfig
@@ -340,6 +524,20 @@ class DotProductAttention(nn.Module):
     dropout_rng = self.make_rng('dropout') if use_dropout else None
 
     documents_BxS = context.get('document_ids')  # Packed rows: the keys' documents.
+    splash = (c.attention_implementation in (None, 'splash')
+              and resolve_implementation(c.attention_implementation, dt) == 'splash'
+              and q_positions is None and q_BxLxHxD.shape[1] == s
+              and (documents_BxS is not None or mask_Bx1x1xL.shape[-2] == 1))
+    if splash and use_dropout:
+      splash = False
+      warn_fallback(f'Splash attention (config.model.attention_implementation='
+                    f'{c.attention_implementation!r}) has no attention dropout, and '
+                    f'config.model.attention_dropout_rate={c.attention_dropout_rate} asks for '
+                    'it in training (set it to 0 to run the kernel)')
+    splash = splash and splash_placeable()
+    if splash:  # Segment ids: the documents, or the padding mask as 1 (real) / 0 (padding).
+      segments_BxS = (documents_BxS if documents_BxS is not None else jnp.broadcast_to(
+          mask_Bx1x1xL[:, 0, 0, :] != 0, (b, s)).astype(jnp.int32))
     if documents_BxS is not None:
       mask_Bx1x1xL = packing.same_document(packing.at_rows(documents_BxS, q_positions),
                                            documents_BxS)  # [B, 1, L, S]
@@ -351,6 +549,9 @@ class DotProductAttention(nn.Module):
         q_rope_BxL = packing.at_rows(k_rope_BxS, q_positions)  # Queries: at their rows.
         q_BxLxHxD = rotate(q_BxLxHxD, q_rope_BxL, theta)
         k_BxSxHxD = rotate(k_BxSxHxD, k_rope_BxS, theta)
+      if splash:
+        return splash_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, segments_BxS,
+                                  c.half_window if local else None)
       if local:
         return local_dot_product(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, mask_Bx1x1xL, c.half_window,
                                  dropout_rate=rate, dropout_rng=rng,

@@ -131,9 +131,14 @@ FIELDS: tuple[fields_lib.Field, ...] = (
     F('position_offset', 0, fields_lib.integer(0),
       'First position id (RoBERTa: padding id + 1 = 2).'),
     F('attention_implementation', None, fields_lib.one_of(*attention_lib.IMPLEMENTATIONS),
-      "jax.nn.dot_product_attention backend: 'xla', 'cudnn' (fused flash attention; bf16, "
-      'right-padded masks given as key lengths), or None: cuDNN on GPUs in bf16, else XLA. '
-      'Training with attention_dropout_rate > 0 always runs the explicit XLA softmax.'),
+      "Dot-product attention backend: 'xla', 'cudnn' (jax.nn.dot_product_attention's fused "
+      "flash attention; bf16, right-padded masks given as key lengths), 'splash' (the Pallas "
+      'TPU splash-attention kernel: padding and packed documents as segment ids, local '
+      'windows as its local mask; Pallas interpret mode on CPU), or None: splash on TPUs, '
+      'cuDNN on GPUs in bf16, else XLA. Training with attention_dropout_rate > 0 always runs '
+      "the explicit XLA softmax, as do DeBERTa's and XLNet's attentions (a log line says so "
+      'where splash was chosen) and queries at some rows (the last layer at the predicted '
+      'ones).'),
 ) + BLOCK_OPTIONS
 
 # Every config.model field by name (the registry's 'kind', FIELDS, each kind's own): the

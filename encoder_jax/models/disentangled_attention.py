@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from encoder_jax.models import attention
 from encoder_jax.models import layers
 
 V1_KINDS = ('deberta',)  # Kinds with DeBERTa v1's parameter layout (fused in_proj).
@@ -138,6 +139,8 @@ class DisentangledAttention(nn.Module):
     h, d, e = c.num_heads, c.head_dim, c.hidden_size
     v1 = c.kind in V1_KINDS
     kv_BxSxE = context.get('kv_states', x_BxLxE)
+    attention.warn_no_splash(c.attention_implementation, dt,
+                             "DeBERTa's disentangled attention (relative-position logits)")
 
     def dense(name, bias=True):
       return layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'), c.initializer_range, dt,

@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 
 from encoder_jax import fields as fields_lib
+from encoder_jax.models import attention
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
 
@@ -311,6 +312,8 @@ class Encoder(nn.Module):
                mems_NxBxMxE=None, mem_mask_BxM=None, bi_data: bool = False,
                collect_hidden: bool = False, content_output: bool = True):
     c = self.config
+    attention.warn_no_splash(c.attention_implementation, c.jnp_dtype,
+                             "XLNet's two-stream relative attention")
     b, l = input_mask_BxL.shape
     if bi_data and b % 2:
       raise ValueError(f'XLNet with bi_data reads the second half of the batch backward; '

@@ -6,9 +6,19 @@ by every attention kind and layer) keeps 1 - rate of the elements, scaled.
 No GPU runs here: the GPU host is simulated by replacing ``attention._backend`` and
 ``jax.nn.dot_product_attention`` (the recorder checks what would reach cuDNN, then
 computes with XLA).
+
+Splash attention (the Pallas TPU kernel) runs here in Pallas interpret mode: its outputs and
+gradients equal XLA's at the real positions (padding, packed documents, local windows, odd
+lengths, a sharded mesh), a short training run logs XLA's losses, and where it cannot serve
+one log line says why.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +26,23 @@ import numpy as np
 import pytest
 
 from encoder_jax import config_base
+from encoder_jax import data as data_lib
+from encoder_jax import feeding
+from encoder_jax import length_phases
+from encoder_jax import objectives
+from encoder_jax import optimizer
+from encoder_jax import sharding
+from encoder_jax import train
 from encoder_jax import validation
 from encoder_jax.models import attention
 from encoder_jax.models import attention_kinds
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
+from encoder_jax.models import modernbert
+from encoder_jax.models import registry
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=40,
             max_position_embeddings=32)
@@ -67,6 +89,13 @@ def test_resolution_per_backend_and_dtype(monkeypatch):
   with pytest.raises(ValueError, match=r"attention_implementation='cudnn' needs "
                                        r"config.model.dtype='bfloat16'.*float32"):
     resolve('cudnn', jnp.float32)
+  with pytest.raises(ValueError, match=r"attention_implementation='splash' is a TPU kernel"):
+    resolve('splash', jnp.bfloat16)
+  monkeypatch.setattr(attention, '_backend', lambda: 'tpu')
+  assert resolve(None, jnp.bfloat16) == resolve(None, jnp.float32) == 'splash'
+  assert resolve('xla', jnp.float32) == 'xla'
+  monkeypatch.setattr(attention, '_backend', lambda: 'cpu')
+  assert resolve('splash', jnp.float32) == 'splash'  # Pallas interpret mode (these tests).
 
 
 def _apply(cfg, deterministic=True):
@@ -152,8 +181,9 @@ def test_config_rejects_an_unknown_implementation():
   c.model.attention_implementation = 'flash'
   with pytest.raises(validation.ConfigError, match='model.attention_implementation'):
     validation.validate(c)
-  c.model.attention_implementation = 'cudnn'
-  assert not any('attention_implementation' in p for p in validation.problems(c))
+  for implementation in ('cudnn', 'splash'):
+    c.model.attention_implementation = implementation
+    assert not any('attention_implementation' in p for p in validation.problems(c))
 
 
 @pytest.mark.parametrize('shape', [(4, 64, 256), (3, 7, 33)])  # Even and odd last axes.
@@ -260,3 +290,242 @@ def test_local_attention_memory_is_linear_in_the_length():
   full = temp(lambda q, k, v, m: attention.explicit_dot_product(q, k, v, m, dropout_rate=0.0,
                                                                  dropout_rng=None))
   assert local * 20 < full, (local, full)
+
+
+# ------------------------------------------------------------------ splash attention
+
+SPLASH_LENGTH = 37  # Not a multiple of the kernel's 128-token blocks: padded to 128.
+# Case -> (rows: per row, its documents' lengths (packed rows, document ids 1, 2, ...; the
+# rest padding, id 0) or one length (ordinary right-padded rows); half_window or None).
+SPLASH_CASES = {
+    'padded': ([(37,), (20,), (1,), (30,)], None),
+    'packed_3_documents': ([(9, 17, 6), (37,), (12, 5, 20), (2, 3, 1)], None),
+    'local_window': ([(37,), (20,), (1,), (30,)], 3),
+    'local_packed': ([(9, 17, 6), (37,), (12, 5, 20), (2, 3, 1)], 4),
+}
+
+
+def _splash_inputs(rows, packed):
+  """q, k, v [4, 37, 2, 8]; segment ids (documents, or the padding mask as 1/0); the XLA
+  attention's mask [B, 1, L, L] (the same documents, or key padding); real query rows."""
+  b, length = len(rows), SPLASH_LENGTH
+  q, k, v = [jax.random.normal(r, (b, length, 2, 8)) for r in jax.random.split(
+      jax.random.key(4), 3)]
+  documents = np.zeros((b, length), np.int32)
+  for i, docs in enumerate(rows):
+    ends = np.cumsum(docs)
+    for d, (start, end) in enumerate(zip(ends - docs, ends)):
+      documents[i, start:end] = d + 1 if packed else 1
+  real = documents > 0
+  mask = (documents[:, None, :, None] == documents[:, None, None, :] if packed
+          else np.broadcast_to(real[:, None, None, :], (b, 1, length, length)))
+  return (q, k, v), documents, mask, real
+
+
+def _xla_attention(q, k, v, mask, half_window):
+  if half_window is not None:
+    positions = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+    mask = jnp.logical_and(mask, attention.band_mask(positions, positions, half_window))
+  return attention.explicit_dot_product(q, k, v, mask, dropout_rate=0.0, dropout_rng=None)
+
+
+def _outputs_and_grads(attend, qkv, real):
+  """The outputs, and the gradients w.r.t. q, k, v of a random projection of the outputs at
+  the real positions (padded queries' outputs are read by no loss)."""
+  cotangent = jax.random.normal(jax.random.key(5), qkv[0].shape) * real[:, :, None, None]
+  loss = lambda *qkv: jnp.sum(attend(*qkv) * cotangent)
+  return jax.jit(lambda *qkv: (attend(*qkv), jax.grad(loss, argnums=(0, 1, 2))(*qkv)))(*qkv)
+
+
+def _assert_splash_equals_xla(splash, xla, real, what):
+  (out, grads), (out_ref, grads_ref) = splash, xla
+  diffs = {'out': float(np.abs(np.asarray(out)[real] - np.asarray(out_ref)[real]).max())}
+  for name, g, g_ref in zip('qkv', grads, grads_ref):
+    diffs[f'd{name}'] = float(np.abs(np.asarray(g) - np.asarray(g_ref)).max())
+  print(what, diffs)  # The figures (pytest -s).
+  assert max(diffs.values()) < 2e-5, (what, diffs)
+
+
+@pytest.mark.parametrize('case', sorted(SPLASH_CASES))
+def test_splash_equals_xla_outputs_and_gradients(case):
+  """At the real positions; the sliding window against :func:`attention.band_mask` (both
+  edges in the window, as splash's ``LocalMask``)."""
+  rows, half_window = SPLASH_CASES[case]
+  qkv, documents, mask, real = _splash_inputs(rows, packed='packed' in case)
+  splash = _outputs_and_grads(
+      lambda q, k, v: attention.splash_dot_product(q, k, v, documents, half_window), qkv, real)
+  xla = _outputs_and_grads(lambda q, k, v: _xla_attention(q, k, v, mask, half_window), qkv,
+                           real)
+  _assert_splash_equals_xla(splash, xla, real, case)
+  if half_window is not None and 'packed' not in case:  # The banded path too.
+    banded = attention.local_dot_product(*qkv, mask[:, :, :1], half_window)
+    np.testing.assert_allclose(np.asarray(splash[0])[real], np.asarray(banded)[real], atol=2e-6)
+
+
+def test_splash_on_a_sharded_mesh_equals_xla():
+  """data=2, fsdp=2, tensor=2: the kernel in a shard_map (rows over data and fsdp, the two
+  heads over tensor), packed rows in a local window."""
+  rows, half_window = SPLASH_CASES['local_packed']
+  qkv, documents, mask, real = _splash_inputs(rows, packed=True)
+  mesh = sharding.make_mesh(dict(data=2, fsdp=2, tensor=2))
+  rows_spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(('data', 'fsdp')))
+  qkv = jax.device_put(qkv, rows_spec)
+
+  def splash_attend(q, k, v):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return attention.splash_dot_product(q, k, v, jax.device_put(documents, rows_spec),
+                                          half_window)
+
+  assert 'shard_map' in str(jax.make_jaxpr(splash_attend)(*qkv))
+  splash = _outputs_and_grads(splash_attend, qkv, real)
+  assert tuple(splash[0].sharding.spec)[:3] == (('data', 'fsdp'), None, 'tensor')
+  xla = _outputs_and_grads(lambda q, k, v: _xla_attention(q, k, v, mask, half_window), qkv,
+                           real)
+  _assert_splash_equals_xla(splash, xla, real, 'sharded 2x2x2')
+
+
+def test_splash_in_a_model_with_local_layers_and_packed_rows_equals_xla():
+  """ModernBERT's layers through the attention module (RoPE, local and global layers in the
+  layer scan, the last layer at some rows on XLA): the same states at the real positions."""
+  c = registry.make_config(dict(
+      modernbert.PUBLISHED, vocab_size=97, hidden_size=24, num_layers=2, num_heads=2,
+      intermediate_size=40, max_position_embeddings=64, local_attention=8,
+      global_attn_every_n_layers=2, attention_implementation='splash'))
+  net = registry.network(c)
+  params = net.init(jax.random.key(0))
+  _, documents, _, real = _splash_inputs(SPLASH_CASES['packed_3_documents'][0], packed=True)
+  ids = np.where(real, np.random.default_rng(0).integers(5, 97, real.shape), 0).astype(np.int32)
+  inputs = (ids, np.zeros_like(ids), real.astype(np.int32))
+  rows = np.array([[0, 3, 20, 36]] * len(ids), np.int32)
+  out = {}
+  for implementation in ('splash', 'xla'):
+    run = registry.network(c.replace(attention_implementation=implementation))
+    encoded = jax.jit(run.encoder.apply)({'params': params}, *inputs, document_ids_BxL=documents)
+    logits = jax.jit(run.pretraining.apply)({'params': params}, *inputs, rows,
+                                            document_ids_BxL=documents)['mlm_logits']
+    out[implementation] = np.asarray(encoded['sequence_output'])[real], np.asarray(logits)
+  for a, b in zip(out['splash'], out['xla']):
+    np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+@pytest.fixture(scope='module')
+def prepared_dir(tmp_path_factory):
+  """tests/tiny_config.py's data (as tests/test_train.py's fixture)."""
+  d = str(tmp_path_factory.mktemp('prepared'))
+  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
+  return d
+
+
+def _tiny_run_config(prepared_dir, implementation):
+  """tests/tiny_config.py at 32 tokens, attention dropout 0, on a 2 x 2 x 2 mesh."""
+  c = tiny_config.get_config(f'prepared_dir={prepared_dir}')
+  c.model.update(attention_implementation=implementation, attention_dropout_rate=0.0)
+  c.mesh.update(data=2, fsdp=2, tensor=2)
+  c.train.update(num_steps=3, seq_lens=(32,), max_predictions=(5,), phase_fractions=(1.0,),
+                 eval_every_steps=100)
+  c.checkpoint.update(every_steps=100)
+  return c
+
+
+def test_the_steps_lower_for_a_tpu_with_the_kernel_placed_by_shard_map(prepared_dir,
+                                                                        monkeypatch):
+  """TPU-ready without a TPU: the backend posing as a TPU (the kernel compiled by Mosaic, not
+  interpreted; None resolves to splash), the tiny config's training and evaluation steps on
+  a 2 x 2 x 2 mesh lower for the TPU platform, their attention Mosaic custom calls (forward;
+  backward dq and dkv) in shard_maps: lowering refuses a Mosaic call XLA would have to
+  partition ('cannot be automatically partitioned')."""
+  monkeypatch.setattr(attention, '_backend', lambda: 'tpu')
+  c = _tiny_run_config(prepared_dir, None)
+  prepared = data_lib.load_or_prepare(c)
+  mesh = sharding.make_mesh(c.mesh)
+  batch = feeding.to_global(next(data_lib.make_train_iterator(c, prepared, 0, 1)),
+                            sharding.batch_sharding(mesh))
+  tx = optimizer.make(c)
+  objective = objectives.build(c, train.vocab_tables(c, prepared))
+  _, shards = train.state_shardings(c, mesh, objective, tx)
+  state = jax.eval_shape(lambda: train.create_train_state(c, mesh))
+  phase = length_phases.phases(c.train)[0]
+  step = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
+      c.optim, c.train.num_steps), mesh, shards, phase)
+  evaluate = train.make_eval_step(c, objective, mesh, shards.params, phase)
+  for program, calls in ((step.trace(state, batch), 3),
+                         (evaluate.trace(state.params, batch, 0), 1)):
+    text = program.lower(lowering_platforms=('tpu',)).as_text()
+    assert text.count('tpu_custom_call') == calls
+
+
+@pytest.mark.slow  # About 35 s on 2 cores with a cold compilation cache.
+def test_a_short_training_run_with_splash_logs_the_losses_of_xla(prepared_dir, tmp_path,
+                                                                  monkeypatch):
+  """tests/tiny_config.py (as tests/test_train.py's runs), 3 steps at 32 tokens on a
+  data=2, fsdp=2, tensor=2 mesh (the step traced under it: the kernel in a shard_map),
+  attention dropout 0: the logged losses and gradient norms equal XLA's run's."""
+  meshes = []
+  kernel = attention.splash_dot_product
+
+  def splash_dot_product(*args, **kwargs):
+    meshes.append(dict(jax.sharding.get_abstract_mesh().shape))
+    return kernel(*args, **kwargs)
+
+  monkeypatch.setattr(attention, 'splash_dot_product', splash_dot_product)
+  logged = {}
+  for implementation in ('xla', 'splash'):
+    workdir = tmp_path / implementation
+    train.train_and_evaluate(_tiny_run_config(prepared_dir, implementation), str(workdir))
+    with open(workdir / 'metrics.jsonl', encoding='utf-8') as f:
+      logged[implementation] = [r for r in map(json.loads, f) if r['split'] == 'train']
+  assert [r['step'] for r in logged['splash']] == [1, 2, 3]
+  # Traced in the training and the evaluation step (the first layer; the last one runs at the
+  # predicted rows on XLA) under their 2 x 2 x 2 mesh (the other traces: shapes and
+  # initialisation, outside the steps, without a mesh).
+  assert [m for m in meshes if m] == [dict(data=2, fsdp=2, tensor=2)] * 2, meshes
+  for ours, theirs in zip(logged['splash'], logged['xla']):
+    for key in ('loss', 'mlm_loss', 'pair_loss', 'grad_norm'):
+      np.testing.assert_allclose(ours[key], theirs[key], rtol=2e-5, err_msg=key)
+
+
+def _warnings(monkeypatch):
+  lines = []
+  monkeypatch.setattr(attention, '_warned', set())
+  monkeypatch.setattr(attention.logging, 'warning', lambda fmt, *a: lines.append(fmt % a))
+  return lines
+
+
+@pytest.mark.parametrize('kind', ['dropout', 'deberta_v2', 'xlnet', 'tpu_without_mesh'])
+def test_where_splash_cannot_serve_one_line_says_so(kind, monkeypatch):
+  """Attention dropout in training, DeBERTa's disentangled attention, XLNet's two streams, a
+  trace on several TPU devices without the mesh in context (the Mosaic kernel cannot be
+  placed): XLA's attention, and one log line (per reason) naming it. Traced only."""
+  lines = _warnings(monkeypatch)
+  small = dict(vocab_size=61, hidden_size=24, num_layers=2, num_heads=2, intermediate_size=40,
+               max_position_embeddings=32, attention_implementation='splash')
+  if kind == 'tpu_without_mesh':  # conftest: 8 devices.
+    monkeypatch.setattr(attention, '_backend', lambda: 'tpu')
+    cfg = config_lib.EncoderConfig(**TINY)  # None: splash on a TPU.
+    module = attention_kinds.get('dot_product')(cfg, True)
+    shape = jax.ShapeDtypeStruct((len(LENGTHS), 16, cfg.hidden_size), jnp.float32)
+    jaxpr = str(jax.make_jaxpr(lambda x: module.init_with_output(
+        jax.random.key(0), x, _right_padded_mask()))(shape))
+    assert 'pallas_call' not in jaxpr
+    expected = r'without a mesh in context on 8 TPU devices'
+  elif kind == 'dropout':
+    cfg = config_lib.EncoderConfig(**TINY, attention_implementation='splash',
+                                   attention_dropout_rate=0.1)
+    shape = jax.ShapeDtypeStruct((len(LENGTHS), 16, cfg.hidden_size), jnp.float32)
+    for _ in range(2):
+      module = attention_kinds.get('dot_product')(cfg, False)
+      rngs = dict(params=jax.random.key(2), dropout=jax.random.key(3))
+      jax.eval_shape(lambda x: module.init_with_output(rngs, x, _right_padded_mask()), shape)
+    jax.eval_shape(lambda x: attention_kinds.get('dot_product')(cfg, True).init_with_output(
+        rngs, x, _right_padded_mask()), shape)  # Evaluation: the kernel, no line.
+    expected = r'has no attention dropout.*attention_dropout_rate=0.1'
+  else:
+    fields = (dict(kind='deberta_v2', attention_kind='disentangled', type_vocab_size=0,
+                   position_biased_input=False) if kind == 'deberta_v2' else
+              dict(kind='xlnet', type_vocab_size=3))
+    net = registry.network({**small, **fields})
+    jax.eval_shape(net.init, jax.random.key(0))
+    expected = {'deberta_v2': "DeBERTa's disentangled attention",
+                'xlnet': "XLNet's two-stream"}[kind]
+  assert len(lines) == 1, lines
+  assert re.search(expected + r'.*using XLA attention', lines[0]), lines

@@ -1,0 +1,510 @@
+"""Ahead-of-time compilation of a config's steps for a TPU slice, on any host.
+
+libtpu (the ``tpu`` extra) compiles for a TPU slice without one: ``topology_devices`` gives
+the devices of a slice (``v5e:2x4``; several slices with ``slices``), the config's mesh is
+laid over them (``sharding.make_mesh``: ``mesh.*`` within a slice, ``mesh.dcn_*`` across
+slices), and the run's own train step (``train.make_train_step``: the objective, optimizer,
+gradient accumulation and shardings of the config) and eval step are lowered from
+``jax.ShapeDtypeStruct``s and compiled by the TPU compiler. Nothing is allocated or run.
+
+Per phase (:func:`compile_phase`) the compiled programs say, per chip:
+
+* HBM: ``memory_analysis()`` (arguments, outputs, aliased, temporaries; total = arguments
+  + outputs - aliased + temporaries), the state's own share (params + optimizer state, from
+  the shardings' shard shapes), against the HBM the compiler allows a program
+  (:func:`hbm_limit`, asked of libtpu). A step the compiler refuses for memory
+  ("RESOURCE_EXHAUSTED") does not fit, with the compiler's figures.
+* Collectives: each all-reduce / all-gather / reduce-scatter / all-to-all /
+  collective-permute of the compiled HLO (:func:`collectives`), counted per step (an op
+  inside a while loop counts its trip count; inside a conditional, once) with the bytes of
+  its output on the chip.
+* FLOPs and bytes accessed: ``cost_analysis()`` counts a while loop's body once, so these
+  come from the same step compiled with its layers unrolled (``model.scan_unroll=0``) at
+  one micro-batch (``grad_accum_steps=1``), at one and two periods of the layer stack and
+  extended linearly to all of it (:func:`unrolled_cost`); the step's figure is that
+  micro-batch's times ``grad_accum_steps`` (the optimizer update, a few FLOPs per
+  parameter, is then counted that many times). The objective's own formula
+  (``flops_per_sequence``, what MFU divides by) is printed beside it.
+* A roofline: the step takes at least ``max(FLOPs / peak, bytes / HBM bandwidth)`` on a
+  chip (``chips.TPUS``), which bounds tokens/s from above, and the MFU that bound allows.
+
+:func:`fit` searches, by compiling, the largest micro-batch (smallest ``grad_accum_steps``)
+and whether ``model.remat`` is needed for each phase to fit.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import math
+import os
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from encoder_jax import chips
+from encoder_jax import extras
+from encoder_jax import length_phases
+from encoder_jax import objectives
+from encoder_jax import optimizer as optimizer_lib
+from encoder_jax import sharding
+from encoder_jax import train
+from encoder_jax import train_state
+from encoder_jax import validation
+from encoder_jax.data import builders
+from encoder_jax.objectives import masking
+
+GIB = 2.0 ** 30
+COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
+_EXAMPLES = 'e.g. v5e:2x4, v5e:4x4, v5p:2x2x1, v4:2x2x1, v6e:2x2'
+
+
+def topology_devices(topology: str, slices: int = 1) -> list:
+  """The devices of ``slices`` TPU slices of ``topology`` (``v5e:2x4``), on any host.
+
+  A missing libtpu is a one-line :class:`extras.MissingExtra` with its pip command; a name
+  libtpu refuses is a ValueError quoting libtpu's reason.
+  """
+  extras.locate('libtpu', extra='tpu', what=f'Compiling for the TPU slice {topology!r} '
+                'needs libtpu, the TPU compiler')
+  chips.by_name(topology)  # A generation outside the chip table: refused by name.
+  if int(slices) < 1:
+    raise ValueError(f'--slices={slices}: expected 1 or more slices')
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  # Compiling only: no chip is claimed, so several processes may load libtpu at once (it
+  # otherwise takes a lock file that a second process fails on).
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  try:
+    desc = topologies.get_topology_desc(topology_name=topology, platform='tpu',
+                                        num_slices=int(slices))
+  except Exception as e:  # pylint: disable=broad-except
+    reason = ' '.join(str(e).split()) or type(e).__name__
+    raise ValueError(f'--topology={topology!r}: libtpu refuses this slice ({reason}); expected '
+                     f'GENERATION:AxB[xC] with a shape that generation offers ({_EXAMPLES})'
+                     ) from e
+  return list(desc.devices)
+
+
+_HBM_LIMITS: dict[str, float] = {}
+
+
+def hbm_limit(device) -> float:
+  """Bytes of HBM the TPU compiler lets one program use on ``device``'s chip: its own
+  figure, read from its refusal of a program far too large (a little below the datasheet's
+  capacity: 15.75 GiB on a 16 GB v5e)."""
+  kind = device.device_kind
+  if kind not in _HBM_LIMITS:
+    one = jax.sharding.SingleDeviceSharding(device)
+    huge = jax.jit(lambda x: jnp.broadcast_to(x, (2 ** 40,)) + 1, out_shardings=one)
+    try:
+      _tpu_compile(huge.lower(jax.ShapeDtypeStruct((), jnp.int8, sharding=one)))
+    except Exception as e:  # pylint: disable=broad-except
+      found = re.search(r'available HBM \(([\d.]+)([KMGT])\)', str(e))
+      if found:
+        _HBM_LIMITS[kind] = float(found.group(1)) * 1024 ** 'KMGT'.index(found.group(2)) * 1024
+    if kind not in _HBM_LIMITS:  # The compiler did not say: the datasheet's capacity.
+      chip = chips.by_device_kind(kind)
+      _HBM_LIMITS[kind] = (chip.hbm_gb if chip else 0.0) * GIB
+  return _HBM_LIMITS[kind]
+
+
+def vocab_tables(config: ml_collections.ConfigDict) -> masking.VocabTables:
+  """Stand-in vocabulary tables of the config's size (the first five ids special, every
+  piece a word start, uniform counts): the compiled program depends on their shapes only."""
+  v = int(config.model.vocab_size)
+  special = np.zeros(v, bool)
+  special[:5] = True
+  return masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
+
+
+@dataclasses.dataclass
+class Setup:
+  """A config's training program pieces on a slice's mesh."""
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  phases: tuple[length_phases.Phase, ...]
+  objective: Any
+  tx: Any
+  schedule_fn: Any
+  shards: Any
+  devices: list
+
+
+def build(config: ml_collections.ConfigDict, devices) -> Setup:
+  """Validates ``config`` and builds its objective, optimizer and state shardings on a mesh
+  of ``devices`` (the batch must divide the data axes, as in a run)."""
+  validation.validate(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  phases = train.validate(config, mesh)
+  objective = objectives.build(config, vocab_tables(config))
+  tx = optimizer_lib.make(config)
+  schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
+  _, shards = train_state.state_shardings(config, mesh, objective, tx)
+  return Setup(config, mesh, phases, objective, tx, schedule_fn, shards, list(devices))
+
+
+def abstract_batch(config: ml_collections.ConfigDict, mesh, seq_len: int,
+                   rows: int | None = None) -> dict:
+  """The global batch a run feeds at ``seq_len``, as ShapeDtypeStructs sharded as in a run."""
+  b = int(config.train.batch_size if rows is None else rows)
+  s = sharding.batch_sharding(mesh)
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=s)
+  batch = dict(input_ids=spec(b, seq_len), segment_ids=spec(b, seq_len),
+               input_mask=spec(b, seq_len), pair_labels=spec(b))
+  if getattr(builders.REGISTRY[str(config.data.pair_kind)], 'packs_documents', False):
+    batch['document_ids'] = spec(b, seq_len)
+  return batch
+
+
+@dataclasses.dataclass
+class Program:
+  """One compiled program's per-chip figures (or why the compiler refused it)."""
+  name: str  # 'train' or 'eval'.
+  compile_s: float
+  fits: bool
+  hbm_limit: float  # Bytes the compiler allows a program on a chip.
+  total: float = 0.0  # Bytes on a chip: arguments + outputs - aliased + temporaries.
+  arguments: float = 0.0
+  temporaries: float = 0.0
+  state: float = 0.0  # Params + optimizer state (train) or params (eval) on the busiest chip.
+  collectives: dict = dataclasses.field(default_factory=dict)  # kind -> [count, bytes]
+  refusal: str = ''  # The compiler's reason when it refused the program.
+  kernels: int = 0  # Pallas (Mosaic) custom calls in the HLO: splash attention's kernels.
+
+
+@dataclasses.dataclass
+class PhaseReport:
+  """A phase's compiled programs, FLOPs and roofline."""
+  phase: length_phases.Phase
+  batch_size: int
+  grad_accum_steps: int
+  remat: bool
+  chips: int
+  chip: chips.Chip | None
+  train: Program
+  eval: Program | None = None
+  xla_flops: float = 0.0  # Per chip per step (layers unrolled), 0 when not compiled.
+  xla_bytes: float = 0.0  # HBM bytes accessed per chip per step (idem).
+  formula_flops: float = 0.0  # The objective's flops_per_sequence x batch (all chips).
+  flops_compile_s: float = 0.0
+
+  @property
+  def fits(self) -> bool:
+    return self.train.fits and (self.eval is None or self.eval.fits)
+
+  @property
+  def flops_ratio(self) -> float:
+    return self.xla_flops * self.chips / self.formula_flops if self.formula_flops else 0.0
+
+  def roofline(self) -> dict[str, float]:
+    """Lower bounds on the step time from compute and from HBM traffic, the tokens/s they
+    allow and the MFU ceiling (model FLOPs over peak at that bound); {} without FLOPs."""
+    if not (self.xla_flops and self.chip):
+      return {}
+    compute_s = self.xla_flops / (self.chip.peak_bf16_tflops * 1e12)
+    memory_s = self.xla_bytes / (self.chip.hbm_gbytes_per_s * 1e9)
+    bound_s = max(compute_s, memory_s)
+    tokens = self.batch_size * self.phase.seq_len
+    return dict(compute_s=compute_s, memory_s=memory_s, step_s=bound_s,
+                tokens_per_s=tokens / bound_s,
+                mfu=self.formula_flops / (bound_s * self.chips * self.chip.peak_bf16_tflops
+                                          * 1e12))
+
+
+def _bytes_on_chip(tree) -> float:
+  """Bytes of the busiest chip's shards of a tree of sharded ShapeDtypeStructs."""
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+_DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4,
+                'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16}
+_ARRAY = re.compile(r'\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]')
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s([a-z][\w\-]*)\(')
+_COMPUTATION = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
+_CALLS = re.compile(r'\b(body|condition|calls|to_apply|branch_computations|true_computation|'
+                    r'false_computation)=(?:\{([^}]*)\}|(%?[\w.\-]+))')
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+
+
+def _shape_bytes(shape_text: str) -> float:
+  total = 0.0
+  for dtype, dims in _ARRAY.findall(shape_text):
+    size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith('f8') else 0)
+    total += size * math.prod(int(d) for d in dims.split(',') if d)
+  return total
+
+
+def collectives(hlo_text: str) -> dict[str, list[float]]:
+  """``kind -> [count, bytes]`` of the collectives one execution of a compiled HLO module
+  runs on a chip: every all-reduce, all-gather, reduce-scatter, all-to-all and
+  collective-permute (their ``-start`` halves for asynchronous ones), with the bytes of its
+  output. An op in a while loop's body counts ``known_trip_count`` times (the layer scan,
+  gradient accumulation); one in a conditional's branch counts once."""
+  computations: dict[str, list[str]] = {}
+  entry, current = None, None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)  # Headers start at column 0, instructions indented.
+    if header and not line[:1].isspace():
+      current = header.group(2)
+      computations[current] = []
+      if header.group(1):
+        entry = current
+      continue
+    if current is not None:
+      computations[current].append(line)
+  if entry is None:
+    return {}
+  multiplier: dict[str, float] = collections.defaultdict(float)
+  multiplier[entry] = 1.0
+  order, seen = [entry], {entry}
+  for name in order:  # Breadth-first over the call graph from the entry.
+    for line in computations.get(name, []):
+      trip = _TRIP.search(line)
+      for role, listed, single in _CALLS.findall(line):
+        factor = int(trip.group(1)) if role == 'body' and trip else 1
+        for callee in (c.strip().lstrip('%') for c in (listed or single).split(',')):
+          if callee in computations:
+            multiplier[callee] += multiplier[name] * factor
+            if callee not in seen:
+              seen.add(callee)
+              order.append(callee)
+  out: dict[str, list[float]] = {}
+  for name, lines in computations.items():
+    for line in lines:
+      found = _INSTRUCTION.match(line)
+      if not found:
+        continue
+      shape, opcode = found.groups()
+      kind = opcode.removesuffix('-start')
+      if kind in COLLECTIVES and multiplier[name]:
+        shape_bytes = _shape_bytes(shape)
+        if opcode.endswith('-start') and shape.startswith('('):
+          shape_bytes /= 2  # An async start's tuple holds the operand and the result.
+        count = out.setdefault(kind, [0.0, 0.0])
+        count[0] += multiplier[name]
+        count[1] += multiplier[name] * shape_bytes
+  return out
+
+
+def _refusal(error: Exception) -> str | None:
+  """The compiler's out-of-memory reason, or None for any other failure."""
+  text = ' '.join(str(error).split())
+  if 'RESOURCE_EXHAUSTED' not in text and 'Ran out of memory' not in text:
+    return None
+  found = (re.search(r'(Ran out of memory.*?available HBM \([^)]*\))', text)
+           or re.search(r'(Ran out of memory.*?\))\.?', text))
+  return found.group(1) if found else text[:300]
+
+
+def _tpu_compile(lowered):
+  """``lowered.compile()`` with the persistent compilation cache off: an executable for a
+  slice this host has no client for is written but cannot be read back here."""
+  was = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  try:
+    return lowered.compile()
+  finally:
+    jax.config.update('jax_enable_compilation_cache', was)
+
+
+def _compile(name: str, lower, limit: float, state_bytes: float) -> tuple[Program, Any]:
+  start = time.perf_counter()
+  try:
+    compiled = _tpu_compile(lower())
+  except Exception as e:  # pylint: disable=broad-except
+    reason = _refusal(e)
+    if reason is None:
+      raise
+    found = re.search(r'required for [^(]*\(([\d.]+)([KMGT])\)', reason)
+    total = (float(found.group(1)) * 1024 ** 'KMGT'.index(found.group(2)) * 1024
+             if found else 0.0)
+    return Program(name, time.perf_counter() - start, False, limit, total=total,
+                   state=state_bytes, refusal=reason), None
+  elapsed = time.perf_counter() - start
+  text = compiled.as_text()
+  m = compiled.memory_analysis()
+  total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+           + m.temp_size_in_bytes)
+  program = Program(name, elapsed, total <= limit, limit, total=float(total),
+                    arguments=float(m.argument_size_in_bytes),
+                    temporaries=float(m.temp_size_in_bytes), state=state_bytes,
+                    collectives=collectives(text), kernels=text.count('tpu_custom_call'))
+  return program, compiled
+
+
+def _with(config: ml_collections.ConfigDict, **changes) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with ``section.field`` values changed (keys as 'train.batch_size')."""
+  out = copy.deepcopy(config)
+  with out.unlocked():
+    for key, value in changes.items():
+      section, field = key.split('.')
+      out[section][field] = value
+  return out
+
+
+def compile_phase(setup: Setup, phase: length_phases.Phase, *, with_eval: bool = True,
+                  with_flops: bool = True) -> PhaseReport:
+  """Compiles the run's train step (and eval step) of one phase for the slice; with
+  ``with_flops``, also one micro-batch with the layers unrolled, for FLOPs and bytes."""
+  c, mesh = setup.config, setup.mesh
+  limit = hbm_limit(setup.devices[0])
+  state = train_state.abstract_state(c, mesh, setup.objective, setup.tx)
+  step = train.make_train_step(c, setup.objective, setup.tx, setup.schedule_fn, mesh,
+                               setup.shards, phase)
+  batch = abstract_batch(c, mesh, phase.seq_len)
+  train_program, _ = _compile('train', lambda: step.lower(state, batch), limit,
+                              _bytes_on_chip((state.params, state.opt_state)))
+  accum = int(c.train.grad_accum_steps)
+  report = PhaseReport(phase, int(c.train.batch_size), accum, bool(c.model.remat),
+                       len(setup.devices), chips.by_device_kind(setup.devices[0].device_kind),
+                       train_program,
+                       formula_flops=setup.objective.flops_per_sequence(phase)
+                       * int(c.train.batch_size))
+  if with_eval:
+    eval_step = train.make_eval_step(c, setup.objective, mesh, setup.shards.params, phase)
+    index = jax.ShapeDtypeStruct((), jnp.int32)
+    report.eval, _ = _compile('eval', lambda: eval_step.lower(state.params, batch, index),
+                              limit, _bytes_on_chip(state.params))
+  if with_flops and train_program.fits:
+    start = time.perf_counter()
+    report.xla_flops, report.xla_bytes = (
+        x * accum for x in unrolled_cost(setup, phase, kernels=train_program.kernels > 0))
+    report.flops_compile_s = time.perf_counter() - start
+  return report
+
+
+def _unrolled(setup: Setup, phase: length_phases.Phase, num_layers: int,
+              attention: str | None = None) -> tuple[float, float]:
+  """(FLOPs, bytes accessed) a chip of one micro-batch's train step with ``num_layers``
+  layers, every layer unrolled (``model.scan_unroll=0``), compiled for the slice; with
+  ``attention``, that ``model.attention_implementation`` instead of the config's."""
+  c = setup.config
+  micro = int(c.train.batch_size) // int(c.train.grad_accum_steps)
+  changes = {'model.scan_unroll': 0, 'model.num_layers': num_layers,
+             'train.batch_size': micro, 'train.grad_accum_steps': 1}
+  if attention is not None:
+    changes['model.attention_implementation'] = attention
+  flat = _with(c, **changes)
+  s = build(flat, setup.devices)
+  state = train_state.abstract_state(flat, s.mesh, s.objective, s.tx)
+  step = train.make_train_step(flat, s.objective, s.tx, s.schedule_fn, s.mesh, s.shards, phase)
+  cost = _tpu_compile(step.lower(state, abstract_batch(flat, s.mesh, phase.seq_len)))
+  cost = cost.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get('flops', 0.0)), float(cost.get('bytes accessed', 0.0))
+
+
+def layer_period(config: ml_collections.ConfigDict) -> int:
+  """Layers after which the stack repeats: 1, or ModernBERT's global-every-n pattern."""
+  m = config.model
+  return int(m.get('global_attn_every_n_layers', 1)) if m.get('local_attention', 0) else 1
+
+
+def _by_layers(setup: Setup, count) -> tuple[float, ...]:
+  """``count(num_layers)`` (figures linear in the layers) at the whole stack, from two
+  stacks a period apart (see :func:`unrolled_cost`)."""
+  total = int(setup.config.model.num_layers)
+  period = layer_period(setup.config)
+  first = (total - 1) % period + 1
+  if first == 1 and total >= 1 + 2 * period:
+    first += period  # A one-layer stack skips the layer scan: not yet the per-layer program.
+  base = count(first)
+  if total == first:
+    return base
+  step = count(first + period)
+  periods = (total - first) // period
+  return tuple(b + periods * (n - b) for b, n in zip(base, step))
+
+
+def unrolled_cost(setup: Setup, phase: length_phases.Phase,
+                  kernels: bool = True) -> tuple[float, float]:
+  """XLA's (FLOPs, bytes accessed) a chip of one micro-batch's train step, every layer
+  counted (``cost_analysis`` counts a loop's body once).
+
+  The count is linear in the layers: the step is some fixed work plus the same program
+  for each period of the stack (one layer; ModernBERT's global + local layers). So it is
+  compiled unrolled at ``n`` layers (the remainder of the stack, so that the last layer is of
+  the same type as the real stack's last, which runs at the predicted rows only; at least
+  two layers, since one layer skips the layer scan) and at ``n + period``, and extended by
+  whole periods to ``model.num_layers``: the count of the whole unrolled stack without
+  compiling it (tested equal on a 4-layer model).
+
+  A Pallas kernel (splash attention) is opaque to XLA's FLOP count, so where the program
+  has one (``kernels``) the FLOPs are those of the same step with XLA's attention (the same
+  arithmetic, counted), and the bytes the program's own. When that step does not fit the
+  chip, the FLOPs are 0 (unknown).
+  """
+  own = _by_layers(setup, lambda n: _unrolled(setup, phase, n))
+  if not kernels:
+    return own
+  try:
+    flops = _by_layers(setup, lambda n: _unrolled(setup, phase, n, attention='xla'))[0]
+  except Exception as e:  # pylint: disable=broad-except
+    if _refusal(e) is None:
+      raise
+    flops = 0.0
+  return flops, own[1]
+
+
+def compile_config(config: ml_collections.ConfigDict, devices, *, phases=None,
+                   with_eval: bool = True, with_flops: bool = True) -> list[PhaseReport]:
+  """:func:`compile_phase` for every phase of ``config`` (or the indices in ``phases``)."""
+  setup = build(config, devices)
+  wanted = range(len(setup.phases)) if phases is None else phases
+  return [compile_phase(setup, setup.phases[i], with_eval=with_eval, with_flops=with_flops)
+          for i in wanted]
+
+
+@dataclasses.dataclass
+class Fit:
+  """What :func:`fit` found for a phase: the smallest accumulation that fits, per remat."""
+  phase: length_phases.Phase
+  tried: list  # (grad_accum_steps, remat, fits, total bytes on a chip)
+  best: tuple | None  # (grad_accum_steps, remat, total bytes) or None: nothing fits.
+
+
+def accumulation_choices(config: ml_collections.ConfigDict, mesh) -> list[int]:
+  """Every ``grad_accum_steps`` whose micro-batch splits evenly over the data axes."""
+  b = int(config.train.batch_size)
+  data = mesh.shape['data'] * mesh.shape['fsdp']
+  return [a for a in range(1, b + 1) if b % a == 0 and (b // a) % data == 0]
+
+
+def fit(config: ml_collections.ConfigDict, devices, phase_index: int,
+        remats=(False, True)) -> Fit:
+  """The largest micro-batch (smallest ``grad_accum_steps``) whose train step fits a chip,
+  with remat off and on, found by compiling (a binary search: memory grows with the
+  micro-batch). The best is the one with fewer micro-batches (remat off on a tie)."""
+  tried, best = [], None
+  mesh = sharding.make_mesh(config.mesh, devices)
+  choices = accumulation_choices(config, mesh)
+  if not choices:
+    raise ValueError(f'config.train.batch_size={config.train.batch_size} has no split into '
+                     f'micro-batches that the data axes ({dict(mesh.shape)}) divide')
+  for remat in remats:
+    lo, hi, found = 0, len(choices) - 1, None
+    while lo <= hi:
+      mid = (lo + hi) // 2
+      candidate = _with(config, **{'train.grad_accum_steps': choices[mid], 'model.remat': remat})
+      setup = build(candidate, devices)
+      report = compile_phase(setup, setup.phases[phase_index], with_eval=False,
+                             with_flops=False)
+      tried.append((choices[mid], remat, report.train.fits, report.train.total))
+      if report.train.fits:
+        found, hi = (choices[mid], remat, report.train.total), mid - 1
+      else:
+        lo = mid + 1
+    if found and (best is None or found[0] < best[0]):
+      best = found
+  phases = length_phases.phases(config.train)
+  return Fit(phases[phase_index], tried, best)

@@ -1,0 +1,173 @@
+"""Compiling for a TPU slice on this CPU host (``encoder_jax.aot``, ``python -m
+encoder_jax.compile``): libtpu's compiler sees the run's own train and eval steps of a tiny
+config on the smallest multi-chip v5e slice, and on two such slices; the figures it prints
+are the compiled program's (HBM within the compiler's limit, the gradient all-reduce with at
+least the parameters' bytes, XLA's FLOPs beside the formula); an oversized batch is the one
+line ``does not fit`` (exit 1); a slice libtpu refuses is one ``error:`` line. The HLO
+collective counter is checked on a hand-written module (loops count their trip count).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from encoder_jax import aot
+from encoder_jax import chips
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, 'tests', 'tiny_config.py')
+SLICE = 'v5e:2x2'  # The smallest v5e slice libtpu lays out here (its host bounds are 2x2).
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                                reason="libtpu (pip install 'encoder_jax[tpu]') is not installed")
+
+
+def _tiny(**train):
+  spec = importlib.util.spec_from_file_location('tiny_config', TINY)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  c.train.update(seq_lens=(64,), max_predictions=(10,), phase_fractions=(1.0,), **train)
+  return c
+
+
+@pytest.fixture(scope='module')
+def one_slice():
+  """The tiny config's phase on one v5e:2x2 slice: train, eval and the unrolled program."""
+  devices = aot.topology_devices(SLICE)
+  config = _tiny()
+  config.model.num_layers = 4  # FLOPs: compiled at 2 and 3 layers, extended to 4.
+  setup = aot.build(config, devices)
+  return setup, aot.compile_phase(setup, setup.phases[0])
+
+
+def test_a_tiny_config_compiles_for_a_v5e_slice_with_its_figures(one_slice):
+  setup, r = one_slice
+  assert len(setup.devices) == 4 and setup.devices[0].platform == 'tpu'
+  assert chips.by_device_kind(setup.devices[0].device_kind).name == 'v5e'
+  assert dict(setup.mesh.shape) == {'data': 4, 'fsdp': 1, 'tensor': 1}
+  assert r.fits and r.train.fits and r.eval.fits
+  # The compiler's own limit, a little under the 16 GB datasheet figure.
+  assert 15 * aot.GIB < r.train.hbm_limit < 16 * aot.GIB
+  assert 0 < r.train.temporaries < r.train.total < r.train.hbm_limit
+  params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+      jax.eval_shape(setup.objective.init, jax.random.key(0))))
+  # State = params + two AdamW moments, replicated over data: 3x the params on every chip.
+  assert r.train.state == pytest.approx(3 * params, rel=0.01)
+  # Data parallelism: the gradients (at least the parameters' bytes) are all-reduced.
+  count, reduced = r.train.collectives['all-reduce']
+  assert count >= 1 and reduced >= params
+  assert 'all-reduce' not in r.eval.collectives or r.eval.collectives['all-reduce'][1] < params
+  # XLA's count (layers unrolled) is above the formula's model FLOPs: at this width, by the
+  # softmax, LayerNorm, loss and optimizer work the formula leaves out.
+  assert 1.0 < r.flops_ratio < 1.5, r.flops_ratio
+  roof = r.roofline()
+  assert roof['step_s'] == max(roof['compute_s'], roof['memory_s']) > 0
+  assert roof['tokens_per_s'] == pytest.approx(8 * 64 / roof['step_s'])
+  assert 0 < roof['mfu'] < 1
+
+
+def test_the_flop_count_extended_by_layers_equals_the_whole_unrolled_stack(one_slice):
+  setup, r = one_slice
+  assert aot.layer_period(setup.config) == 1
+  flops, accessed = aot._unrolled(setup, setup.phases[0], 4)  # All four layers compiled.
+  assert r.xla_flops == pytest.approx(flops, rel=1e-6)
+  assert r.xla_bytes == pytest.approx(accessed, rel=1e-6)
+
+
+def test_two_slices_put_the_data_axis_across_them():
+  devices = aot.topology_devices(SLICE, slices=2)
+  assert sorted({d.slice_index for d in devices}) == [0, 1]
+  config = _tiny()
+  config.mesh.update(data=-1, dcn_data=2)
+  setup = aot.build(config, devices)
+  assert dict(setup.mesh.shape) == {'data': 8, 'fsdp': 1, 'tensor': 1}
+  # Neighbours along the data axis inside a slice share it; the last half is slice 1.
+  layout = setup.mesh.devices.reshape(-1)
+  assert {d.slice_index for d in layout[:4]} == {0} and {d.slice_index for d in layout[4:]} == {1}
+  r = aot.compile_phase(setup, setup.phases[0], with_eval=False, with_flops=False)
+  assert r.train.fits and r.train.collectives['all-reduce'][0] >= 1
+
+
+def _compile_command(*args):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='3')
+  return subprocess.run([sys.executable, '-m', 'encoder_jax.compile', f'--config={TINY}', *args],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+
+
+def test_an_oversized_batch_is_a_one_line_verdict():
+  # A 40M-row embedding: params and AdamW moments alone (15 GiB a chip) leave no room.
+  proc = _compile_command(f'--topology={SLICE}', '--config.model.vocab_size=40000000',
+                          '--config.train.seq_lens=(64,)', '--config.train.max_predictions=(10,)',
+                          '--config.train.phase_fractions=(1.0,)', '--noeval')
+  assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+  verdicts = [line for line in proc.stdout.splitlines() if 'train step:' in line]
+  assert len(verdicts) == 1 and 'does not fit' in verdicts[0], proc.stdout
+  assert 'exceeds available HBM' in verdicts[0], verdicts[0]
+  assert '--fit' in proc.stdout and 'Traceback' not in proc.stderr
+
+
+def test_a_slice_libtpu_refuses_is_one_error_line():
+  proc = _compile_command('--topology=v5e:3x3')
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert "--topology='v5e:3x3'" in errors[0] and 'libtpu refuses' in errors[0]
+  assert 'Traceback' not in proc.stderr
+
+
+def test_fit_finds_the_smallest_accumulation_that_fits(one_slice, monkeypatch):
+  """With the compiler's limit lowered just under the whole batch's program, --fit's
+  search lands on two micro-batches (the batch of 8 over 4 chips allows 1 or 2)."""
+  setup, whole = one_slice
+  config = setup.config
+  assert aot.accumulation_choices(config, setup.mesh) == [1, 2]
+  monkeypatch.setitem(aot._HBM_LIMITS, setup.devices[0].device_kind, whole.train.total - 1)
+  found = aot.fit(config, setup.devices, 0, remats=(False,))
+  assert [(a, ok) for a, _, ok, _ in found.tried] == [(1, False), (2, True)], found.tried
+  assert found.best[:2] == (2, False) and found.best[2] < whole.train.total
+
+
+HLO = """HloModule m
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %all-reduce.1 = f32[8]{0} all-reduce(%x), replica_groups={}, to_apply=%add
+  %ag = (f32[4]{0}, f32[16]{0}) all-gather-start(%x), dimensions={0}
+  ROOT %t = (s32[], f32[8]) tuple(%i, %all-reduce.1)
+}
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[8], /*index=1*/b: f32[8]) -> f32[8] {
+  %w = (s32[], f32[8]) while(%t0), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"12"}}
+  %all-reduce.2 = bf16[1024]{0} all-reduce(%y), replica_groups={}, to_apply=%add
+  ROOT %r = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_count_a_loop_body_by_its_trip_count():
+  found = aot.collectives(HLO)
+  assert found['all-reduce'] == [13.0, 12 * 32 + 2048]
+  assert found['all-gather'] == [12.0, 12 * (16 + 64) / 2]
+
+
+def test_the_chip_table_answers_by_topology_and_by_device_kind():
+  from encoder_jax import metrics_log  # pylint: disable=g-import-not-at-top
+  assert chips.by_name('v5e:2x4').hbm_gbytes_per_s == 819.0
+  assert chips.by_device_kind('TPU v5 lite').name == 'v5e'
+  assert chips.by_device_kind('TPU v5').name == 'v5p'  # Not taken for a v5e ('TPU v5 lite').
+  assert chips.by_device_kind('NVIDIA H100 80GB HBM3') is None
+  assert metrics_log.PEAK_TFLOPS['TPU v6 lite'] == chips.by_name('v6e').peak_bf16_tflops
+  with pytest.raises(ValueError, match="'v7x'.*known: \\['v4', 'v5e', 'v5p', 'v6e'\\]"):
+    chips.by_name('v7x:2x2')
