@@ -693,7 +693,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument('--scan_unroll', type=int, default=0,
                   help='config.model.scan_unroll: 0 (default here) unrolls the layer scan, the '
                   'fastest step (13-15%% on CPU); 1 is the configs\' default loop.')
-  ap.add_argument('--attention_implementation', choices=('auto', 'xla', 'cudnn'),
+  ap.add_argument('--attention_implementation', choices=('auto', 'xla', 'cudnn', 'splash'),
                   default='auto', help='config.model.attention_implementation (auto = None).')
   ap.add_argument('--attention_dropout', type=float, default=0.1,
                   help="BERT's 0.1 keeps training on the explicit softmax; 0 allows cuDNN.")

@@ -3,6 +3,7 @@ docs/results/tpu_compile.md.
 
   python benchmarks/compile_configs.py --out=/tmp/tpu_compile          # every config
   python benchmarks/compile_configs.py --out=/tmp/tpu_compile --only=bert_base,electra_small
+  python benchmarks/compile_configs.py --out=/tmp/tpu_compile --table_only   # from the JSON
 
 Needs libtpu (``pip install -e '.[tpu]'``), not a TPU. Each row of ``ROWS`` names a config,
 the slice it is compiled for and any overrides (the config's own batch always; a larger
@@ -55,6 +56,7 @@ def table(results: dict[str, dict]) -> str:
   """The Markdown table over the finished configs."""
   lines = ['| config | slice | phase | a chip (tokens x seqs) | HBM a chip, GiB (train / eval, '
            'of limit) | verdict | collectives a train step | roofline tokens/s | MFU ceiling '
+           '(compute bound alone) '
            '| XLA / formula FLOPs | train compile, s |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
   for name, r in results.items():
@@ -73,7 +75,7 @@ def table(results: dict[str, dict]) -> str:
                f'{_gib(train["hbm_limit_bytes"])}',
                'fits' if fits else '**does not fit**', _collectives(train['collectives']),
                f'{roof["tokens_per_s"]:,.0f}' if roof else '',
-               f'{roof["mfu"]:.0%}' if roof else '',
+               f'{roof["mfu"]:.0%} ({roof.get("compute_mfu", 0):.0%})' if roof else '',
                f'{p["flops_ratio"]:.3f}' if p['flops_ratio'] else '',
                f'{train["compile_s"]:.0f}']
       lines.append('| ' + ' | '.join(cells) + ' |')
@@ -85,6 +87,8 @@ def main():
   parser.add_argument('--out', required=True, help='Directory for the JSON files and the table.')
   parser.add_argument('--only', default='', help='Comma-separated row names (default: all).')
   parser.add_argument('--timeout_s', type=int, default=7200, help='Per config.')
+  parser.add_argument('--table_only', action='store_true',
+                      help='Compile nothing: write the table from the JSON files in --out.')
   args = parser.parse_args()
   names = [n for n in args.only.split(',') if n] or list(ROWS)
   unknown = sorted(set(names) - set(ROWS))
@@ -92,6 +96,15 @@ def main():
     parser.error(f'--only: unknown rows {unknown}; known: {sorted(ROWS)}')
   os.makedirs(args.out, exist_ok=True)
   results: dict[str, dict] = {}
+  if args.table_only:
+    for name in names:
+      path = os.path.join(args.out, f'{name}.json')
+      if os.path.exists(path):
+        with open(path, encoding='utf-8') as f:
+          results[name] = json.load(f)
+    with open(os.path.join(args.out, 'tpu_compile.md'), 'w', encoding='utf-8') as f:
+      f.write(table(results))
+    return
   for name in names:
     topology, slices, overrides = ROWS[name]
     path = os.path.join(args.out, f'{name}.json')

@@ -117,15 +117,48 @@ def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: len
 
 
 def make_eval_step(config, objective, mesh, param_shardings, phase: length_phases.Phase):
-  """A jitted ``(params, batch, index) -> metrics``: fixed masks, no dropout."""
+  """A jitted ``(params, batch, index) -> metrics``: fixed masks, no dropout.
+
+  With ``train.grad_accum_steps`` A > 1 the batch is evaluated in A micro-batches, rows i,
+  i+A, ... as in training (a whole batch's forward pass would need A times the memory a
+  training micro-batch's does), and their metrics combined as :func:`evaluate` combines
+  batches': counts summed, a metric weighted by its count, the others averaged."""
+  accum = int(config.train.grad_accum_steps)
   base_key = jax.random.fold_in(jax.random.key(config.seed), _EVAL)
 
-  def step_fn(params, batch, index):
+  def metrics(params, batch, key):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # As make_train_step's.
-      _, m = objective.loss_fn(params, batch, jax.random.fold_in(base_key, index), phase, False)
-    return m
+      return objective.loss_fn(params, batch, key, phase, False)[1]
+
+  def step_fn(params, batch, index):
+    key = jax.random.fold_in(base_key, index)
+    if accum == 1:
+      return metrics(params, batch, key)
+    micro = jax.tree.map(
+        lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+    per = jax.lax.map(lambda ib: metrics(params, ib[1], jax.random.fold_in(key, ib[0])),
+                      (jnp.arange(accum), micro))
+    return combine_metrics(per, objective.metric_weights)
 
   return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
+
+
+def combine_metrics(per_part: dict, metric_weights: dict) -> dict:
+  """Metrics of several parts (each a leading-axis array) as one: a count (a value of
+  ``metric_weights``) summed, a metric named in it averaged weighted by its count, any
+  other averaged."""
+  counts = set(metric_weights.values())
+  out = {}
+  for k, v in per_part.items():
+    v = v.astype(jnp.float32)
+    if k in counts:
+      out[k] = v.sum(0)
+    elif k in metric_weights:
+      w = per_part[metric_weights[k]].astype(jnp.float32)
+      out[k] = (v * w).sum(0) / jnp.maximum(w.sum(0), 1.0)
+    else:
+      out[k] = v.mean(0)
+  return out
 
 
 def evaluate(eval_step, params, eval_batches, mesh, objective,

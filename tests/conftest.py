@@ -1,6 +1,10 @@
-"""Shared test setup: 8 simulated CPU devices, so sharding is exercised without hardware."""
+"""Shared test setup: 8 simulated CPU devices, so sharding is exercised without hardware;
+the tiny config's prepared data (``prepared_dir``), prepared once per test process."""
 
 import os
+import sys
+
+import pytest
 
 # Must be set before JAX initialises its backends (first jax import in the session).
 # The tests compile far more than they run (about 7 of the 12 minutes a cold suite took on 2
@@ -41,3 +45,14 @@ def pytest_collection_modifyitems(config, items):
   the other has run out of work."""
   del config
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
+@pytest.fixture(scope='session')
+def prepared_dir(tmp_path_factory):
+  """tests/tiny_config.py's corpus, prepared once per test process (read-only)."""
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import tiny_config  # pylint: disable=g-import-not-at-top
+  from encoder_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  d = str(tmp_path_factory.mktemp('prepared'))
+  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
+  return d

@@ -32,6 +32,8 @@ MODULES = sorted(
 _IMPORT_ALL = '''
 import importlib, json, sys, traceback
 from absl import flags
+import jax  # Loads libtpu itself where it is installed (its TPU plugin): not ours to defer.
+by_jax = {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}
 failed = {}
 for name in MODULES:
   before = set(flags.FLAGS)
@@ -41,7 +43,7 @@ for name in MODULES:
     failed[name] = traceback.format_exc(limit=-3)
   for flag in set(flags.FLAGS) - before:  # Each command defines its own --config, --workdir...
     delattr(flags.FLAGS, flag)
-loaded = sorted({m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}
+loaded = sorted(({m.split('.')[0] for m in sys.modules if sys.modules[m] is not None} - by_jax)
                 & set(OPTIONAL))
 '''
 
@@ -77,6 +79,9 @@ from encoder_jax.interop import tokenizer
 for name in ('vocab.json', 'merges.txt', 'config.json'):
   open(os.path.join(TMP, name), 'w').close()
 tokenizer.hf_bundle(TMP)'''),
+    'compiling for a TPU slice': ('tpu', '''
+from encoder_jax import aot
+aot.topology_devices('v5e:2x2')'''),
     'pytorch_model.bin': ('peers', '''
 from encoder_jax.interop import hf
 open(os.path.join(TMP, 'pytorch_model.bin'), 'wb').close()

@@ -11,7 +11,6 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from encoder_jax import config_base
 from encoder_jax import console as console_lib
-from encoder_jax import data as data_lib
 from encoder_jax import train
 from encoder_jax import validation
 from encoder_jax import workdir as workdir_lib
@@ -20,12 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import tiny_config  # pylint: disable=wrong-import-position
 
-
-@pytest.fixture(scope='module')
-def prepared_dir(tmp_path_factory):
-  d = str(tmp_path_factory.mktemp('prepared'))
-  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
-  return d
 
 
 def _config(prepared_dir, **train_overrides):

@@ -9,6 +9,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -28,12 +29,6 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import held_run  # pylint: disable=wrong-import-position
 import tiny_config  # pylint: disable=wrong-import-position
 
-
-@pytest.fixture(scope='module')
-def prepared_dir(tmp_path_factory):
-  d = str(tmp_path_factory.mktemp('prepared'))
-  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
-  return d
 
 
 def _config(prepared_dir, **train_overrides):
@@ -157,6 +152,40 @@ def test_gradient_accumulation_equals_the_full_batch(prepared_dir):
   np.testing.assert_allclose(full[1]['loss'], accum[1]['loss'], rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                full[0].params, accum[0].params)
+
+
+def test_evaluation_in_micro_batches_equals_the_whole_batch(prepared_dir):
+  """With grad_accum_steps=2 the eval step runs two micro-batches (rows i, i+2, ...) and
+  combines their metrics; with NSP alone (no random masks) the batch twice over in two
+  micro-batches scores what the batch scores in one."""
+  c = _config(prepared_dir)
+  c.objective.names = ('nsp',)
+  batch, prepared = _batch(prepared_dir, c)
+  mesh = sharding.make_mesh(c.mesh)
+  objective = objectives.build(c, train.vocab_tables(c, prepared))
+  _, shards = train.state_shardings(c, mesh, objective, optimizer.make(c))
+  params = train.create_train_state(c, mesh).params
+  phase = length_phases.phases(c.train)[0]
+
+  def scores(config, host_batch):
+    step = train.make_eval_step(config, objective, mesh, shards.params, phase)
+    return jax.device_get(step(params, feeding.to_global(
+        host_batch, sharding.batch_sharding(mesh)), 0))
+
+  whole = scores(c, batch)
+  c.train.update(grad_accum_steps=2, batch_size=16)
+  parts = scores(c, {k: np.concatenate([v, v]) for k, v in batch.items()})
+  assert set(whole) == set(parts)
+  for key in whole:
+    np.testing.assert_allclose(parts[key], whole[key], rtol=1e-5, err_msg=key)
+
+
+def test_combined_metrics_weigh_each_part_by_its_count():
+  per = {'mlm_accuracy': jnp.array([1.0, 0.0]), 'mlm_count': jnp.array([3.0, 1.0]),
+         'pair_loss': jnp.array([2.0, 4.0])}
+  out = train.combine_metrics(per, {'mlm_accuracy': 'mlm_count'})
+  assert float(out['mlm_accuracy']) == 0.75 and float(out['mlm_count']) == 4.0
+  assert float(out['pair_loss']) == 3.0
 
 
 def test_skip_policy_drops_a_nonfinite_update(prepared_dir):

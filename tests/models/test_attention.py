@@ -408,13 +408,6 @@ def test_splash_in_a_model_with_local_layers_and_packed_rows_equals_xla():
     np.testing.assert_allclose(a, b, atol=2e-5)
 
 
-@pytest.fixture(scope='module')
-def prepared_dir(tmp_path_factory):
-  """tests/tiny_config.py's data (as tests/test_train.py's fixture)."""
-  d = str(tmp_path_factory.mktemp('prepared'))
-  data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
-  return d
-
 
 def _tiny_run_config(prepared_dir, implementation):
   """tests/tiny_config.py at 32 tokens, attention dropout 0, on a 2 x 2 x 2 mesh."""
