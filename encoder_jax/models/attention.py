@@ -111,8 +111,6 @@ def resolve_implementation(requested: str | None, dtype) -> str:
           "attention); this process's JAX backend is 'gpu'. Use 'cudnn', 'xla', or None to "
           'choose per backend.')
     return 'splash'
-  if backend == 'tpu':
-    return 'splash'
   if requested == 'cudnn':
     if backend != 'gpu':
       raise ValueError(
@@ -125,6 +123,8 @@ def resolve_implementation(requested: str | None, dtype) -> str:
           f"'bfloat16' (cuDNN flash attention takes bf16/fp16, not {jnp.dtype(dtype).name}); "
           "use 'xla' or None for float32.")
     return 'cudnn'
+  if backend == 'tpu':
+    return 'splash'
   return 'cudnn' if backend == 'gpu' and low_precision else 'xla'
 
 

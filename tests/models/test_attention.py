@@ -94,6 +94,8 @@ def test_resolution_per_backend_and_dtype(monkeypatch):
   monkeypatch.setattr(attention, '_backend', lambda: 'tpu')
   assert resolve(None, jnp.bfloat16) == resolve(None, jnp.float32) == 'splash'
   assert resolve('xla', jnp.float32) == 'xla'
+  with pytest.raises(ValueError, match=r"'cudnn' needs a CUDA GPU.*'tpu'"):
+    resolve('cudnn', jnp.bfloat16)  # Forced, not quietly replaced by splash.
   monkeypatch.setattr(attention, '_backend', lambda: 'cpu')
   assert resolve('splash', jnp.float32) == 'splash'  # Pallas interpret mode (these tests).
 
