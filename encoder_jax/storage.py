@@ -59,7 +59,6 @@ import urllib.error
 import urllib.request
 
 from encoder_jax import extras
-from encoder_jax import filelock
 
 EMULATOR_HOST = 'STORAGE_EMULATOR_HOST'
 
@@ -241,59 +240,6 @@ class Blob:
     except _failures() as e:
       raise explain(self.url, e) from e
     return True
-
-
-class BucketLock(filelock.FileLock):
-  """A lock file on Cloud Storage (a ``gs://`` workdir's), atomic through generation
-  numbers.
-
-  Every write names the generation it expects (:class:`Blob`): creating the lock only
-  succeeds while there is none (generation 0), so of runs started together exactly one
-  gets it; a stale lock is taken over by replacing the generation that was judged stale
-  (of several runs taking over, one succeeds); the heartbeat rewrites only our own
-  generation and release deletes only it, so neither touches a successor's lock.
-  """
-
-  def __init__(self, path_: str, **kwargs):
-    super().__init__(path_, **kwargs)
-    self._blob = Blob(path_)
-    self._generation: int | None = None  # Of our lock, while we hold it.
-    self._seen: Version | None = None  # The lock as last read.
-    self._adopted: int | None = None  # The generation a take-over wrote, to claim as ours.
-
-  def _create(self, text: str) -> bool:
-    expected, self._adopted = self._adopted or 0, None
-    self._generation = self._blob.write(text, if_generation=expected)
-    return self._generation is not None
-
-  def _read_text(self) -> str | None:
-    self._seen = self._blob.read()
-    return None if self._seen is None else self._seen.text
-
-  def _mtime(self) -> float | None:
-    return None if self._seen is None else self._seen.mtime
-
-  def take_over(self, holder: filelock.Holder) -> bool:
-    """Replaces the stale lock, if it is still the generation read, by a placeholder that
-    the next ``try_acquire`` (its ``_create``) replaces with our lock."""
-    seen = self._seen
-    if seen is None or seen.text != holder.text:
-      return False
-    placeholder = filelock.LockInfo.new().to_text()
-    self._adopted = self._blob.write(placeholder, if_generation=seen.generation)
-    return self._adopted is not None
-
-  def _rewrite(self, text: str) -> None:
-    generation = self._blob.write(text, if_generation=self._generation)
-    if generation is None:
-      raise OSError(f'{self.path} was replaced by another run')
-    self._generation = generation
-
-  def _remove_if(self, text: str) -> bool:
-    now = self._blob.read()
-    if now is None or now.text != text:
-      return False
-    return self._blob.delete(if_generation=now.generation)
 
 
 def _gcsfs(path: str):

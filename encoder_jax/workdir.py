@@ -8,7 +8,7 @@
   <workdir>/checkpoints/<step>/  Orbax checkpoints (see checkpointing.py)
   <workdir>/metrics.jsonl, <workdir>/tensorboard/
   <workdir>/.lock                the run using the workdir now (see WorkdirLock, built on
-                                 encoder_jax.filelock, the package's one lock helper)
+                                 encoder_jax.locks, the package's one lock helper)
 
 Pinning the tokenizer makes a workdir self-contained: evaluation, fill-mask, embeddings
 and export read the ids the checkpoint was trained on, whatever the prepared-data cache
@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from encoder_jax import filelock
+from encoder_jax import locks
 from encoder_jax import storage
 
 CONFIG_JSON = 'config.json'
@@ -57,11 +57,11 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 def _write_atomically(target: epath.Path, text: str) -> None:
   """A temporary file next to ``target``, renamed over it (atomic on local file systems:
-  ``filelock.write_atomically``; a bucket renames by copying)."""
+  ``locks.write_atomically``; a bucket renames by copying)."""
   if '://' not in str(target):
-    filelock.write_atomically(str(target), text)
+    locks.write_atomically(str(target), text)
     return
-  tmp = target.with_name(filelock.beside(target.name, 'tmp'))
+  tmp = target.with_name(locks.beside(target.name, 'tmp'))
   try:
     tmp.write_text(text)
     tmp.replace(target)
@@ -129,20 +129,20 @@ def check_workdir_writable(workdir: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The lock: one run per workdir (on encoder_jax.filelock, the package's one lock helper).
+# The lock: one run per workdir (on encoder_jax.locks, the package's one lock helper).
 
 LOCK_FILE = '.lock'
 HEARTBEAT_S = 60.0  # The holder rewrites the lock this often...
 STALE_AFTER_S = 15 * 60.0  # ...so a lock from another host not rewritten for this long is
 # taken over: that run is dead (or hung). On the same host the pid is checked instead.
 
-LockInfo = filelock.LockInfo  # Who holds a workdir: written as JSON into <workdir>/.lock.
+LockInfo = locks.LockInfo  # Who holds a workdir: written as JSON into <workdir>/.lock.
 
 
 class WorkdirLock:
   """``with WorkdirLock(workdir): ...``: only one run uses a workdir at a time.
 
-  Taking it creates ``<workdir>/.lock`` (JSON: host, pid, start time; see filelock) with
+  Taking it creates ``<workdir>/.lock`` (JSON: host, pid, start time; see encoder_jax.locks) with
   O_EXCL, so of two runs started together exactly one wins; the other raises WorkdirError
   naming the holder. A lock whose holder is gone is taken over with a warning: on the same
   host when its pid no longer runs (or now belongs to another process); from another host
@@ -152,7 +152,7 @@ class WorkdirLock:
   multi-host run) does nothing, so a run holds the lock once.
 
   ``gs://`` workdirs have no O_EXCL: there the lock is created, taken over and refreshed
-  with Cloud Storage's generation preconditions (``storage.BucketLock``), which are as atomic.
+  with Cloud Storage's generation preconditions (``locks.BucketLock``), which are as atomic.
   """
 
   def __init__(self, workdir: str, enabled: bool = True, heartbeat_s: float = HEARTBEAT_S,
@@ -163,7 +163,7 @@ class WorkdirLock:
     self.heartbeat_s = heartbeat_s
     self.stale_after_s = stale_after_s
     self.took_over: LockInfo | None = None  # The dead run's lock, if one was taken over.
-    kind = storage.BucketLock if '://' in workdir else filelock.FileLock
+    kind = locks.BucketLock if '://' in workdir else locks.FileLock
     self._lock = kind(str(self.path), heartbeat_s=heartbeat_s, horizon_s=stale_after_s,
                       on_lost=self._lost, thread_name='workdir-lock-heartbeat')
 

@@ -31,7 +31,7 @@ import pytest
 from encoder_jax import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax import distributed
-from encoder_jax import filelock
+from encoder_jax import locks
 from encoder_jax import sharding
 from encoder_jax import storage
 from encoder_jax import train
@@ -148,11 +148,11 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 def test_lock_of_a_reused_pid_is_taken_over_at_once(tmp_path):
   """A lock naming a live pid of this host whose process started at another time (the pid
   was reused) is its dead owner's: taken over without waiting for stale_s."""
-  start = filelock.process_start(os.getpid())
+  start = locks.process_start(os.getpid())
   if start is None:
     pytest.skip('no /proc: a reused pid cannot be told from its first owner here')
   directory = str(tmp_path / 'prep')
-  info = dataclasses.replace(filelock.LockInfo.new(), token='other', proc_start=start + 1)
+  info = dataclasses.replace(locks.LockInfo.new(), token='other', proc_start=start + 1)
   with open(prepare_once.lock_path(directory), 'w') as f:
     f.write(info.to_text())
   manifest = os.path.join(directory, 'manifest.json')

@@ -201,7 +201,7 @@ def test_heartbeat_refreshes_the_lock(tmp_path):
 
 
 
-# The gs:// variant (storage.BucketLock): against the emulator in tests/gcs/test_bucket_lock.py.
+# The gs:// variant (locks.BucketLock): against the emulator in tests/gcs/test_bucket_lock.py.
 
 _RACER = '''
 import glob, os, sys, time

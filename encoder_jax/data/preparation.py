@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from encoder_jax import filelock
+from encoder_jax import locks
 from encoder_jax import storage
 from encoder_jax.data import prepare_once
 from encoder_jax.data import seeding
@@ -262,7 +262,7 @@ def _partial_directory(directory: str) -> str:
 
   Unique per process, so hosts sharing a file system can prepare the same directory at
   once (the first to finish wins; the others use its result). The name records its owner
-  as a lock file does (``filelock.pid_running`` judges it: a pid reused by a process
+  as a lock file does (``locks.pid_running`` judges it: a pid reused by a process
   started at another time is not the owner); a name without the start time (written by
   an earlier version, or where /proc is missing) is judged by its pid alone.
   """
@@ -270,11 +270,11 @@ def _partial_directory(directory: str) -> str:
   prefix = f"{directory.rstrip('/')}.partial-{host}-"
   for stale in glob.glob(glob.escape(prefix) + '*'):
     owner = _partial_owner(stale[len(prefix):])
-    if owner is not None and not filelock.pid_running(*owner):
+    if owner is not None and not locks.pid_running(*owner):
       logging.warning('Removing the unfinished preparation %s', stale)
       shutil.rmtree(stale, ignore_errors=True)
   pid = os.getpid()
-  start = filelock.process_start(pid)
+  start = locks.process_start(pid)
   partial = prefix + (f'{pid}-{start}' if start is not None else str(pid))
   shutil.rmtree(partial, ignore_errors=True)
   os.makedirs(partial)

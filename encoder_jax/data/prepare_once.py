@@ -7,10 +7,10 @@ others wait for the manifest. So a shared file system prepares once. Hosts with 
 disks (TPU VM workers) share prepared data through a bucket instead (``through_bucket``,
 for a ``gs://`` config.data.prepared_dir): one process of all of them prepares and uploads
 it, under a lock object made atomic by Cloud Storage's generation preconditions
-(``storage.BucketLock``), and each host copies it once to its disk. No JAX is involved: the
+(``locks.BucketLock``), and each host copies it once to its disk. No JAX is involved: the
 lock also serialises unrelated runs (or test workers) that share a prepared directory.
 
-The lock is encoder_jax.filelock's (the package's one lock helper; WorkdirLock uses it
+The lock is encoder_jax.locks's (the package's one lock helper; WorkdirLock uses it
 too): its owner refreshes it every ``HEARTBEAT_S`` while it works. A lock whose owner died
 (its pid is gone on this host, or a waiter saw it unrefreshed for ``STALE_S``) is taken
 over, so a run killed mid-preparation never blocks the next one; two waiters taking over at
@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Callable
 
-from encoder_jax import filelock
+from encoder_jax import locks
 from encoder_jax import storage
 
 HEARTBEAT_S = 10.0
@@ -60,11 +60,11 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
                     '(the first complete directory wins).', path,
                     holder.describe() if holder else 'missing', _who(holder), directory)
 
-  kind = storage.BucketLock if on_bucket else filelock.FileLock
+  kind = locks.BucketLock if on_bucket else locks.FileLock
   lock = kind(path, heartbeat_s=heartbeat_s, horizon_s=stale_s,
                            horizon_on_this_host=True, on_lost=lost,
                            thread_name='prepare-heartbeat')
-  idle = filelock.IdleClock()  # Host clocks may disagree: staleness is timed with ours.
+  idle = locks.IdleClock()  # Host clocks may disagree: staleness is timed with ours.
   start = reported = time.monotonic()
   seen = None  # The lock as last observed.
   told = ()  # The owner last reported as being waited for (none yet).
@@ -111,7 +111,7 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
     time.sleep(_POLL_S)
 
 
-def _who(owner: filelock.LockInfo | None) -> str:
+def _who(owner: locks.LockInfo | None) -> str:
   if owner is None:
     return 'another process'
   return f'process {owner.pid} on {owner.host}'

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from encoder_jax import data as data_lib
-from encoder_jax import filelock
+from encoder_jax import locks
 from encoder_jax.data import preparation
 
 
@@ -152,7 +152,7 @@ def test_unfinished_preparations_of_dead_or_reused_pids_are_removed(tmp_path):
   prefix = f'{directory}.partial-{socket.gethostname()}-'
   live = subprocess.Popen(['sleep', '60'])
   try:
-    start = filelock.process_start(live.pid)
+    start = locks.process_start(live.pid)
     if start is None:
       pytest.skip('no /proc: a reused pid cannot be told from its first owner here')
     dead = subprocess.Popen(['true'])
@@ -162,7 +162,7 @@ def test_unfinished_preparations_of_dead_or_reused_pids_are_removed(tmp_path):
     for path in (kept, reused, gone, old_style):
       os.makedirs(path)
     mine = preparation._partial_directory(directory)
-    assert mine == f'{prefix}{os.getpid()}-{filelock.process_start(os.getpid())}'
+    assert mine == f'{prefix}{os.getpid()}-{locks.process_start(os.getpid())}'
     assert os.path.isdir(kept) and os.path.isdir(mine)
     assert not any(os.path.exists(p) for p in (reused, gone, old_style))
   finally:

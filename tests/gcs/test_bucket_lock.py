@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from encoder_jax import filelock
+from encoder_jax import locks
 from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 
 
-def _lock(url: str, heartbeat_s: float = 0.0) -> storage.BucketLock:
-  return storage.BucketLock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)
+def _lock(url: str, heartbeat_s: float = 0.0) -> locks.BucketLock:
+  return locks.BucketLock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)
 
 
 def test_the_bucket_lock_is_created_once_refreshed_and_released(bucket):
@@ -35,7 +35,7 @@ def test_the_bucket_lock_is_created_once_refreshed_and_released(bucket):
 
 def test_a_stale_lock_is_taken_over_by_exactly_one_of_two(bucket):
   url = f'{bucket}/run/{workdir_lib.LOCK_FILE}'
-  dead = filelock.LockInfo(host='tpu-worker-9', pid=4242, heartbeat=time.time() - 3600,
+  dead = locks.LockInfo(host='tpu-worker-9', pid=4242, heartbeat=time.time() - 3600,
                            token='dead')
   assert storage.Blob(url).write(dead.to_text(), if_generation=0)
   first, second = _lock(url), _lock(url)
@@ -50,10 +50,10 @@ def test_a_stale_lock_is_taken_over_by_exactly_one_of_two(bucket):
 def test_the_heartbeat_never_overwrites_a_successor(bucket):
   url = f'{bucket}/run/{workdir_lib.LOCK_FILE}'
   lost = []
-  ours = storage.BucketLock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
+  ours = locks.BucketLock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
   assert ours.try_acquire()
   version = storage.Blob(url).read()
-  successor = filelock.LockInfo.new()
+  successor = locks.LockInfo.new()
   assert storage.Blob(url).write(successor.to_text(), if_generation=version.generation)
   deadline = time.time() + 10
   while not lost and time.time() < deadline:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from encoder_jax import locks
 from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 
@@ -18,7 +19,7 @@ def test_a_missing_bucket_is_named_with_the_command_that_creates_it(gcs_emulator
   assert str(e.value).startswith('--workdir=gs://no-such-bucket-x/run: cannot write there')
   assert 'the bucket no-such-bucket-x does not exist. Create it (gcloud storage buckets ' \
          'create gs://no-such-bucket-x)' in str(e.value)
-  lock = storage.BucketLock('gs://no-such-bucket-x/run/.lock', heartbeat_s=0,
+  lock = locks.BucketLock('gs://no-such-bucket-x/run/.lock', heartbeat_s=0,
                                  horizon_s=60.0)
   with pytest.raises(storage.StorageError, match=r'bucket no-such-bucket-x does not exist'):
     lock.try_acquire()

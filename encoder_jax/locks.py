@@ -44,6 +44,8 @@ import time
 import uuid
 from typing import Callable
 
+from encoder_jax import storage
+
 UNREADABLE_S = 60.0  # A lock is written right after its creation: unreadable longer, dead.
 
 _log = logging.getLogger(__name__)
@@ -336,3 +338,56 @@ def write_atomically(path: str, text: str) -> None:
   finally:
     if os.path.exists(tmp):
       os.unlink(tmp)
+
+
+class BucketLock(FileLock):
+  """A lock file on Cloud Storage (a ``gs://`` workdir's), atomic through generation
+  numbers.
+
+  Every write names the generation it expects (:class:`Blob`): creating the lock only
+  succeeds while there is none (generation 0), so of runs started together exactly one
+  gets it; a stale lock is taken over by replacing the generation that was judged stale
+  (of several runs taking over, one succeeds); the heartbeat rewrites only our own
+  generation and release deletes only it, so neither touches a successor's lock.
+  """
+
+  def __init__(self, path_: str, **kwargs):
+    super().__init__(path_, **kwargs)
+    self._blob = storage.Blob(path_)
+    self._generation: int | None = None  # Of our lock, while we hold it.
+    self._seen: storage.Version | None = None  # The lock as last read.
+    self._adopted: int | None = None  # The generation a take-over wrote, to claim as ours.
+
+  def _create(self, text: str) -> bool:
+    expected, self._adopted = self._adopted or 0, None
+    self._generation = self._blob.write(text, if_generation=expected)
+    return self._generation is not None
+
+  def _read_text(self) -> str | None:
+    self._seen = self._blob.read()
+    return None if self._seen is None else self._seen.text
+
+  def _mtime(self) -> float | None:
+    return None if self._seen is None else self._seen.mtime
+
+  def take_over(self, holder: Holder) -> bool:
+    """Replaces the stale lock, if it is still the generation read, by a placeholder that
+    the next ``try_acquire`` (its ``_create``) replaces with our lock."""
+    seen = self._seen
+    if seen is None or seen.text != holder.text:
+      return False
+    placeholder = LockInfo.new().to_text()
+    self._adopted = self._blob.write(placeholder, if_generation=seen.generation)
+    return self._adopted is not None
+
+  def _rewrite(self, text: str) -> None:
+    generation = self._blob.write(text, if_generation=self._generation)
+    if generation is None:
+      raise OSError(f'{self.path} was replaced by another run')
+    self._generation = generation
+
+  def _remove_if(self, text: str) -> bool:
+    now = self._blob.read()
+    if now is None or now.text != text:
+      return False
+    return self._blob.delete(if_generation=now.generation)

@@ -1,4 +1,4 @@
-"""encoder_jax.filelock, the one lock-file helper: exclusive acquisition, staleness and
+"""encoder_jax.locks, the one lock-file helper: exclusive acquisition, staleness and
 take-over, the heartbeat, and a release that leaves a successor's lock alone."""
 
 import dataclasses
@@ -11,18 +11,18 @@ import time
 
 import pytest
 
-from encoder_jax import filelock
+from encoder_jax import locks
 
 
 def _lock(tmp_path, **kw):
   kw = dict(heartbeat_s=0, horizon_s=60.0) | kw
-  return filelock.FileLock(str(tmp_path / 'x.lock'), **kw)
+  return locks.FileLock(str(tmp_path / 'x.lock'), **kw)
 
 
 def _write(tmp_path, **fields) -> str:
   """Another holder's lock file; returns its text."""
   now = time.time()
-  info = dataclasses.replace(filelock.LockInfo.new(), token='other', started=now, heartbeat=now)
+  info = dataclasses.replace(locks.LockInfo.new(), token='other', started=now, heartbeat=now)
   text = dataclasses.replace(info, **fields).to_text()
   (tmp_path / 'x.tmp').write_text(text)
   os.replace(tmp_path / 'x.tmp', tmp_path / 'x.lock')  # Atomic, as a heartbeat reads it.
@@ -36,25 +36,25 @@ def _dead_pid() -> int:
 
 
 def test_of_callers_racing_exactly_one_acquires_and_the_others_see_it(tmp_path):
-  locks = [_lock(tmp_path) for _ in range(8)]
-  barrier = threading.Barrier(len(locks))
-  got = [None] * len(locks)
+  contenders = [_lock(tmp_path) for _ in range(8)]
+  barrier = threading.Barrier(len(contenders))
+  got = [None] * len(contenders)
 
   def race(i):
     barrier.wait()
-    got[i] = locks[i].try_acquire()
+    got[i] = contenders[i].try_acquire()
 
-  threads = [threading.Thread(target=race, args=(i,)) for i in range(len(locks))]
+  threads = [threading.Thread(target=race, args=(i,)) for i in range(len(contenders))]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
   assert sorted(got) == [False] * 7 + [True]
-  winner, loser = locks[got.index(True)], locks[got.index(False)]
+  winner, loser = contenders[got.index(True)], contenders[got.index(False)]
   holder = loser.read()
   assert holder.info == winner.info and holder.info.pid == os.getpid()
   assert holder.info.host == socket.gethostname() and holder.info.proc_start == (
-      filelock.process_start(os.getpid()))
+      locks.process_start(os.getpid()))
   assert loser.stale_reason(holder) is None  # Its holder (this process) runs.
   assert not loser.take_over(dataclasses.replace(holder, text='{}'))  # Not what is there.
   assert loser.read() == holder and not loser.try_acquire()
@@ -73,11 +73,11 @@ def test_lock_of_a_dead_or_reused_pid_on_this_host_is_taken_over(tmp_path):
   assert lock.take_over(holder) and not (tmp_path / 'x.lock').exists()
   assert lock.try_acquire() and lock.info.pid == os.getpid() and lock.release()
 
-  if filelock.process_start(os.getpid()) is None:
+  if locks.process_start(os.getpid()) is None:
     pytest.skip('no /proc: a reused pid cannot be told from its first owner here')
-  _write(tmp_path, proc_start=filelock.process_start(os.getpid()) + 1)  # Our pid, reused.
+  _write(tmp_path, proc_start=locks.process_start(os.getpid()) + 1)  # Our pid, reused.
   assert 'no longer running' in lock.stale_reason(lock.read())
-  _write(tmp_path, proc_start=filelock.process_start(os.getpid()))  # Us: alive.
+  _write(tmp_path, proc_start=locks.process_start(os.getpid()))  # Us: alive.
   assert lock.stale_reason(lock.read()) is None
 
 
@@ -104,7 +104,7 @@ def test_an_unreadable_lock_is_waited_for_then_taken_over(tmp_path):
   (tmp_path / 'x.lock').write_text('')  # Created, not yet written.
   holder = lock.read()
   assert holder.info is None and lock.stale_reason(holder) is None
-  old = time.time() - filelock.UNREADABLE_S - 5
+  old = time.time() - locks.UNREADABLE_S - 5
   os.utime(tmp_path / 'x.lock', (old, old))
   holder = lock.read()
   assert lock.stale_reason(holder).startswith("unreadable ('') for 65 s")
@@ -115,13 +115,13 @@ def test_an_unreadable_lock_is_waited_for_then_taken_over(tmp_path):
                                   '{"host": "h", "pid": "12"}', '{"host": 3, "pid": 12}'])
 def test_a_text_naming_no_holder_is_not_a_lock(text):
   with pytest.raises((ValueError, TypeError)):
-    filelock.LockInfo.from_text(text)
+    locks.LockInfo.from_text(text)
 
 
 def test_lock_info_round_trips_and_old_locks_with_host_and_pid_only_read():
-  info = filelock.LockInfo.new()
-  assert filelock.LockInfo.from_text(info.to_text()) == info
-  old = filelock.LockInfo.from_text('{"host": "h", "pid": 12, "started": 1.5, "extra": 1}')
+  info = locks.LockInfo.new()
+  assert locks.LockInfo.from_text(info.to_text()) == info
+  old = locks.LockInfo.from_text('{"host": "h", "pid": 12, "started": 1.5, "extra": 1}')
   assert (old.host, old.pid, old.started, old.heartbeat, old.token) == ('h', 12, 1.5, None, '')
 
 
@@ -164,7 +164,7 @@ def test_release_and_take_over_leave_a_successors_lock_alone(tmp_path):
 
 
 def test_idle_clock_restarts_when_the_lock_changes(tmp_path):
-  lock, idle = _lock(tmp_path), filelock.IdleClock()
+  lock, idle = _lock(tmp_path), locks.IdleClock()
   _write(tmp_path, heartbeat=1.0)
   holder = lock.read()
   assert idle(holder) < 0.05
