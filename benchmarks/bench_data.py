@@ -20,7 +20,7 @@ Prints:
     Timed: the first read (an empty cache filled from the bucket) and a warm one (the
     cache's manifest checked against the bucket's), as tokens/s of the prepared data, and
     the loader's tokens/s on the cached copy against the local directory. Point
-    ``STORAGE_EMULATOR_HOST`` at an emulator (``python -m encoder_jax.storage --bucket=B``)
+    ``STORAGE_EMULATOR_HOST`` at an emulator (``python -m encoder_jax.storage_emulator --bucket=B``)
     to measure without a Cloud project; the cache is ``<workdir>/cache``.
 """
 

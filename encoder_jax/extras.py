@@ -7,7 +7,7 @@ of ``setup.cfg``, named for what it is for:
   tfds      TensorFlow Datasets sources (``tfds:NAME[:SPLIT]``), in pretraining and
             fine-tuning data.
   gcs       ``gs://`` paths: gcsfs (etils.epath's files) with google-cloud-storage (the
-            workdir lock; see ``encoder_jax.storage``), and TensorFlow where it still reads
+            workdir lock; see ``encoder_jax.storage_client``), and TensorFlow where it still reads
             them (corpus globs, TensorBoard event files written to a bucket).
   plot      the loss-curve and bake-off figures (matplotlib).
   finetune  fine-tuning scores: accuracy/F1/MCC (scikit-learn), correlations (SciPy), entity
@@ -20,7 +20,7 @@ of ``setup.cfg``, named for what it is for:
   tpu       libtpu, the TPU runtime and compiler: runs on a TPU VM, and
             ``python -m encoder_jax.compile``, which compiles for a TPU slice on any host.
   test      everything the test suite needs: every extra above, pytest, import-linter and
-            fake-gcs-server (the Cloud Storage emulator of ``storage.Emulator``).
+            fake-gcs-server (the Cloud Storage emulator of ``storage_emulator.Emulator``).
 
 Each import site of an optional package goes through :func:`require` (or :func:`locate`
 for a package whose import has side effects), inside the function that needs it, so a bare

@@ -20,7 +20,7 @@ from absl import logging
 
 from encoder_jax import chips
 from encoder_jax import extras
-from encoder_jax import storage
+from encoder_jax import storage_appends
 from encoder_jax import workdir as workdir_lib
 
 # Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind: the
@@ -68,7 +68,7 @@ class MetricWriter:
                                            int(resume_step))
       self._tb = _summary_writer(str(workdir_lib.path(workdir, 'tensorboard')),
                                  None if resume_step is None else int(resume_step) + 1)
-      self._jsonl = storage.open_append(path)  # gs://: appends by compose.
+      self._jsonl = storage_appends.open_append(path)  # gs://: appends by compose.
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
     if not self.enabled:
@@ -91,14 +91,14 @@ class MetricWriter:
 
 def _summary_writer(logdir: str, purge_step: int | None = None):
   """TensorBoard event files: tensorboardX locally and on gs:// (there through
-  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage); TensorFlow's
-  writer for other remote file systems.
+  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage_appends);
+  TensorFlow's writer for other remote file systems.
 
   ``purge_step``: TensorBoard hides this run's earlier events at steps >= it (redone after
   a resume). tf.summary has no such flag; TensorBoard drops the out-of-order steps itself.
   """
   if logdir.startswith('gs://'):
-    storage.tensorboardx(logdir)  # Appends by compose; the gcs extra, or one line naming it.
+    storage_appends.tensorboardx(logdir)  # Appends by compose; or the gcs extra named.
   if '://' not in logdir or logdir.startswith('gs://'):
     import tensorboardX  # pylint: disable=g-import-not-at-top
     return tensorboardX.SummaryWriter(logdir, purge_step=purge_step)
@@ -157,7 +157,7 @@ def _supersede_after(path, superseded_path, resume_step: int) -> int:
     row = json.loads(line)
     row.update(superseded_by_resume_from=resume_step, superseded_time=stamp)
     tagged.append(json.dumps(row) + '\n')
-  with storage.open_append(superseded_path) as f:
+  with storage_appends.open_append(superseded_path) as f:
     f.writelines(tagged)
   tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
   tmp.write_text(''.join(keep))

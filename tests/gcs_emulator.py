@@ -4,7 +4,7 @@ A pytest plugin (``tests/conftest.py`` registers it), so every test directory ca
 Each pytest-xdist worker starts its own, lazily: only when a test asks for ``gcs_emulator``
 (a start takes a fraction of a second), on a free port with its objects in a temporary
 directory, removed at the end. The session's environment then points every storage layer at
-it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage.configure_environment``),
+it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage_client.configure_environment``),
 as a user rehearsing a pod run would; tests use a bucket of their own (``bucket``) so they
 can share it.
 """
@@ -15,7 +15,8 @@ import uuid
 
 import pytest
 
-from encoder_jax import storage
+from encoder_jax import storage_client
+from encoder_jax import storage_emulator
 
 # The variables configure_environment derives from STORAGE_EMULATOR_HOST.
 _DERIVED = ('TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING',
@@ -25,12 +26,12 @@ _DERIVED = ('TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING',
 @pytest.fixture(scope='session')
 def gcs_emulator():
   """The running emulator; the environment names it for this process and its children."""
-  saved = {k: os.environ.get(k) for k in (storage.EMULATOR_HOST,) + _DERIVED}
-  with storage.Emulator() as emulator:
-    os.environ[storage.EMULATOR_HOST] = emulator.url
+  saved = {k: os.environ.get(k) for k in (storage_client.EMULATOR_HOST,) + _DERIVED}
+  with storage_emulator.Emulator() as emulator:
+    os.environ[storage_client.EMULATOR_HOST] = emulator.url
     for key in _DERIVED:
       os.environ.pop(key, None)
-    storage.configure_environment()
+    storage_client.configure_environment()
     try:
       yield emulator
     finally:

@@ -34,6 +34,7 @@ from encoder_jax import distributed
 from encoder_jax import locks
 from encoder_jax import sharding
 from encoder_jax import storage
+from encoder_jax import storage_client
 from encoder_jax import train
 from encoder_jax.data import prepare_once
 
@@ -249,7 +250,7 @@ def _objects(url):
   """The names of the objects under ``gs://`` ``url``, relative to it."""
   bucket, prefix = storage.split(url)
   return {b.name[len(prefix) + 1:]
-          for b in storage.client().list_blobs(bucket, prefix=prefix + '/')}
+          for b in storage_client.client().list_blobs(bucket, prefix=prefix + '/')}
 
 
 def _final_params(workdir, config):

@@ -14,6 +14,7 @@ import pytest
 from encoder_jax import config_base
 from encoder_jax import data as data_lib
 from encoder_jax import storage
+from encoder_jax import storage_client
 from encoder_jax.data import embedded
 from encoder_jax.data import prepare_once
 from encoder_jax.data import sources
@@ -48,7 +49,7 @@ def test_text_and_jsonl_globs_on_a_bucket_prepare_what_local_files_do(bucket, tm
   }
   local = tmp_path / 'corpus'
   local.mkdir()
-  client = storage.client()
+  client = storage_client.client()
   for name, data in files.items():
     (local / name).write_bytes(data)
     bucket_name, prefix = storage.split(f'{bucket}/corpus/{name}')
@@ -93,7 +94,7 @@ def test_hosts_prepare_once_through_the_bucket_and_each_reads_its_copy(bucket, t
       str(tmp_path / f'host{i}') for i in range(3)]
   copies = [_files(d) for d in directories]
   assert len(copies[0]) > 2 and copies[0] == copies[1] == copies[2]
-  objects = {b.name.split('/', 1)[1] for b in storage.client().list_blobs(
+  objects = {b.name.split('/', 1)[1] for b in storage_client.client().list_blobs(
       storage.split(url)[0], prefix='prepared/')}
   assert 'manifest.json' in objects and set(copies[0]) <= objects
   assert not storage.exists(prepare_once.lock_path(url))  # Released.

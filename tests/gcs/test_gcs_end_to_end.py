@@ -25,6 +25,7 @@ import pytest
 
 from encoder_jax import data as data_lib
 from encoder_jax import storage
+from encoder_jax import storage_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.slow
 def _run(module: str, *flags: str, endpoint: str | None = None) -> subprocess.CompletedProcess:
   env = dict(os.environ)
   if endpoint:  # Everything derived from STORAGE_EMULATOR_HOST follows it.
-    env[storage.EMULATOR_HOST] = endpoint
+    env[storage_client.EMULATOR_HOST] = endpoint
     env.pop('TENSORSTORE_GCS_HTTP_URL')
   return subprocess.run([sys.executable, '-m', f'encoder_jax.{module}', *flags], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -77,7 +78,7 @@ def _objects(url: str) -> dict[str, int]:
   """Object name (under ``url``) -> generation."""
   bucket, prefix = storage.split(url)
   return {b.name[len(prefix) + 1:]: b.generation
-          for b in storage.client().list_blobs(bucket, prefix=prefix + '/')}
+          for b in storage_client.client().list_blobs(bucket, prefix=prefix + '/')}
 
 
 def _metrics(workdir: str, split: str = 'train', key: str = 'step') -> list:
@@ -175,7 +176,7 @@ def _check_the_reading_commands_read_the_bucket(capsys, trained, tmp_path):
 
 def _bytes(url: str) -> bytes:
   bucket, name = storage.split(url)
-  return storage.client().bucket(bucket).blob(name).download_as_bytes()
+  return storage_client.client().bucket(bucket).blob(name).download_as_bytes()
 
 
 def _check_convert_both_ways(capsys, workdir: str):
@@ -262,7 +263,7 @@ def _check_a_killed_run_resumes_bit_exactly_through_server_errors(trained, fault
   every = {'python-gcsfs': 120, 'gcloud-python': 20, 'tensorstore': 30}
   proxy, faulty = faulty_proxy(every), 'gs://e2e/faulty'
   flags = _main_flags(prepared, faulty)
-  env = dict(os.environ, **{storage.EMULATOR_HOST: proxy.url})
+  env = dict(os.environ, **{storage_client.EMULATOR_HOST: proxy.url})
   env.pop('TENSORSTORE_GCS_HTTP_URL')
   marker = tmp_path / 'at_step_6'
   killed = subprocess.Popen([sys.executable, '-c', HANG_AT_STEP_6, str(marker), *flags],
@@ -298,7 +299,7 @@ def _check_a_garbled_newest_checkpoint_is_set_aside(trained):
   from encoder_jax import train  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
   bucket, prefix = storage.split(workdir)
-  for blob in storage.client().list_blobs(bucket, prefix=f'{prefix}/checkpoints/12/params/'):
+  for blob in storage_client.client().list_blobs(bucket, prefix=f'{prefix}/checkpoints/12/params/'):
     blob.upload_from_string(b'')
   c = tiny_config.get_config(f'prepared_dir={prepared}')
   c.train.num_steps, c.checkpoint.every_steps = 12, 4

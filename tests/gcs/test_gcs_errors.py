@@ -8,6 +8,7 @@ import pytest
 
 from encoder_jax import locks
 from encoder_jax import storage
+from encoder_jax import storage_client
 from encoder_jax import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,7 +28,7 @@ def test_a_missing_bucket_is_named_with_the_command_that_creates_it(gcs_emulator
 
 def test_a_bucket_without_credentials_is_one_line_from_main(tmp_path):
   env = {k: v for k, v in os.environ.items()
-         if k not in (storage.EMULATOR_HOST, 'GOOGLE_APPLICATION_CREDENTIALS',
+         if k not in (storage_client.EMULATOR_HOST, 'GOOGLE_APPLICATION_CREDENTIALS',
                       'TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING')}
   env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path), NO_GCE_CHECK='True')
   proc = subprocess.run(
@@ -43,7 +44,7 @@ def test_a_bucket_without_credentials_is_one_line_from_main(tmp_path):
 
 def test_a_refused_permission_names_the_bucket_and_the_role():
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-  error = storage.explain('gs://bkt/run/.lock', exceptions.Forbidden(
+  error = storage_client.explain('gs://bkt/run/.lock', exceptions.Forbidden(
       'POST https://storage.googleapis.com/upload/storage/v1/b/bkt/o: sa@p.iam does not '
       'have storage.objects.create access'))
   assert str(error).startswith('gs://bkt/run/.lock: permission denied on bucket bkt (')
