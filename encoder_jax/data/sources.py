@@ -10,14 +10,16 @@ Spec grammar (several specs are separated by commas)::
                                       a document boundary. ``gs://`` globs go through gcsfs.
   jsonl:GLOB[;field=text]             one JSON object per line; its ``field`` string is one
                                       document (lines are paragraphs, split into sentences)
-  tfds:NAME[:SPLIT][;data_dir=DIR][;field=text]
+  tfds:NAME[:SPLIT][;data_dir=DIR][;field=text][;prepare=true]
                                       a prepared tensorflow-datasets dataset (``wikipedia/
                                       20230601.en``, ``wiki40b/en``, ``c4/en``), read in file
                                       order; ``data_dir`` defaults to config.data.tfds_data_dir.
                                       A ``gs://`` data_dir: the dataset's directory is copied
                                       to a local cache first (:func:`tfds_local_data_dir`).
                                       SPLIT defaults to ``train`` and may be a slice
-                                      (``train[:1%]``).
+                                      (``train[:1%]``). Not prepared: refused, naming
+                                      ``tfds build``; ``prepare=true`` builds it now
+                                      (:class:`TfdsSplit`, fine-tuning's reader too).
 
 Files may be compressed: gzip (``.gz``), bzip2 and xz are read transparently, recognised by
 their first bytes whatever the file is called; zstd, zip and other archives stop with the
@@ -58,7 +60,7 @@ from encoder_jax.data import prepare_once
 _KINDS = ('embedded', 'text', 'jsonl', 'tfds')
 _OPTIONS = {'embedded': {'max_documents'}, 'text': {'max_documents'},
             'jsonl': {'max_documents', 'field'},
-            'tfds': {'max_documents', 'field', 'data_dir'}}
+            'tfds': {'max_documents', 'field', 'data_dir', 'prepare'}}
 _MAX_EXAMPLES = 5
 
 
@@ -122,7 +124,7 @@ class Source:
   def documents(self, report: Report) -> Iterator[RawDocument]:
     limit = int(self.options.get('max_documents', 0)) or None
     stream = {'embedded': self._embedded, 'text': self._text, 'jsonl': self._jsonl,
-              'tfds': self._tfds}[self.kind](report)
+              'tfds': self._tfds_documents}[self.kind](report)
     for i, doc in enumerate(stream):
       if limit is not None and i >= limit:
         break
@@ -246,51 +248,29 @@ class Source:
   def _tfds_split(self) -> str:
     return tfds_name_split(self.argument)[1]
 
-  def _tfds_data_dir(self) -> str | None:
-    return self.options.get('data_dir') or self.tfds_data_dir or None
-
-  def _tfds_builder(self):
-    name, data_dir = self._tfds_name(), self._tfds_data_dir()
-    if not name:
+  def _tfds(self) -> 'TfdsSplit':
+    """The spec's dataset and split, read by the one tfds reader (:class:`TfdsSplit`)."""
+    if not self._tfds_name():
       raise ValueError(f'config.data.sources: {self.spec!r} needs a dataset name after '
                        "'tfds:' (e.g. 'tfds:wikipedia/20230601.en:train')")
-    tfds = _import_optional('tensorflow_datasets', self.spec, 'tensorflow-datasets')
     origin = 'the spec' if 'data_dir' in self.options else 'config.data.tfds_data_dir'
-    where = f'data_dir {data_dir!r} (from {origin})' if data_dir else 'the default data_dir'
-    if data_dir and data_dir.startswith('gs://'):
-      data_dir = tfds_local_data_dir(data_dir, name, f'config.data.sources: {self.spec!r}: '
-                                     f'{where}')
-    elif data_dir:
-      tf = _import_optional('tensorflow', self.spec, 'tensorflow')
-      if not tf.io.gfile.isdir(data_dir):
-        raise FileNotFoundError(f'config.data.sources: {self.spec!r}: {where} does not exist.')
-    try:
-      builder = tfds.builder(name, data_dir=data_dir)
-    except Exception as e:  # pylint: disable=broad-except  (tfds raises several kinds)
-      raise FileNotFoundError(
-          f'config.data.sources: {self.spec!r}: tensorflow-datasets cannot find dataset '
-          f'{name!r} in {where}: {e}') from e
-    if not builder.is_prepared():
-      raise FileNotFoundError(
-          f'config.data.sources: {self.spec!r}: dataset {name!r} is not prepared in {where} '
-          f'(looked in {builder.data_dir!r}). Prepare it first, see docs/configs_and_data.md.')
-    return builder
+    return TfdsSplit(self._tfds_name(), self._tfds_split(),
+                     self.options.get('data_dir') or self.tfds_data_dir,
+                     _true(self.options.get('prepare', 'false')),
+                     f'config.data.sources: {self.spec!r}', origin)
 
-  def _tfds(self, report: Report) -> Iterator[RawDocument]:
-    builder = self._tfds_builder()
-    split, field = self._tfds_split(), self.options.get('field', 'text')
+  def _tfds_builder(self):
+    return self._tfds().builder()
+
+  def _tfds_documents(self, report: Report) -> Iterator[RawDocument]:
+    split = self._tfds()
+    builder, field = split.builder(), self.options.get('field', 'text')
     features = getattr(builder.info.features, 'keys', lambda: [])()
     if field not in features:
       raise ValueError(f'config.data.sources: {self.spec!r}: the dataset has no feature '
                        f'{field!r}; features: {sorted(features)}. Set ;field=NAME.')
-    try:
-      ds = builder.as_dataset(split=split, shuffle_files=False)
-    except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f'config.data.sources: {self.spec!r}: cannot read split {split!r}: '
-                       f'{e}') from e
-    name = self._tfds_name()
-    for i, example in enumerate(ds.as_numpy_iterator()):
-      where = f'{name}:{split}:{i}'
+    for i, example in enumerate(split.examples(builder)):
+      where = f'{split.name}:{split.split}:{i}'
       value = example[field]
       try:
         text = value.decode('utf-8') if isinstance(value, bytes) else str(value)
@@ -484,6 +464,121 @@ def tfds_name_split(argument: str, default_split: str | None = 'train') -> tuple
   return name, split
 
 
+def _true(value: str, what: str = '') -> bool:
+  """A spec option's true/false value."""
+  if value.strip().lower() not in ('true', 'false', '1', '0'):
+    raise ValueError(f'{what}: expected true or false, got {value!r}')
+  return value.strip().lower() in ('true', '1')
+
+
+def tfds_module(what: str):
+  """tensorflow-datasets, or a one-line error naming the extra that brings it."""
+  return extras.require('tensorflow_datasets', extra='tfds',
+                        what=f'{what} is a tfds: source, which needs tensorflow-datasets')
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsSplit:
+  """A split of a tensorflow-datasets dataset: the one tfds reader, for pretraining's
+  ``config.data.sources`` and fine-tuning's splits alike.
+
+  One rule for a dataset that is not prepared in its data_dir: it is refused, naming the
+  command that prepares it (``tfds build``), unless the spec asks for it to be built now
+  (``;prepare=true``: ``download_and_prepare``, for a dataset tfds can build on this
+  machine, e.g. one generated from local files). One rule for a ``gs://`` data_dir: the
+  dataset's directory is copied to a local cache through ``storage``
+  (:func:`tfds_local_data_dir`), which reaches the Cloud Storage emulator too.
+  """
+  name: str
+  split: str
+  data_dir: str = ''  # '' = tfds's default (~/tensorflow_datasets).
+  prepare: bool = False  # Build it now when it is not prepared (not on gs://).
+  what: str = ''  # The setting that named it, the start of every error message.
+  origin: str = ''  # Where data_dir was set, for the messages.
+
+  def _where(self) -> str:
+    if not self.data_dir:
+      return 'the default data_dir'
+    return f'data_dir {self.data_dir!r}' + (f' (from {self.origin})' if self.origin else '')
+
+  def builder(self):
+    """The dataset's builder, prepared (see the class docstring for the rules)."""
+    tfds = tfds_module(self.what)
+    data_dir, where = self.data_dir or None, self._where()
+    if data_dir and data_dir.startswith('gs://'):
+      if self.prepare:
+        raise ValueError(f'{self.what}: prepare=true builds a dataset in a local data_dir; '
+                         f'{where} is a bucket: build it locally and copy it there, see '
+                         'docs/configs_and_data.md.')
+      data_dir = tfds_local_data_dir(data_dir, self.name, f'{self.what}: {where}')
+    elif data_dir and not self.prepare:
+      tf = extras.require('tensorflow', extra='tfds',
+                          what=f'{self.what} is a tfds: source, which needs tensorflow')
+      if not tf.io.gfile.isdir(data_dir):
+        raise FileNotFoundError(f'{self.what}: {where} does not exist. {self._hint()}')
+    try:
+      builder = tfds.builder(self.name, data_dir=data_dir)
+    except Exception as e:  # pylint: disable=broad-except  (tfds raises several kinds)
+      raise FileNotFoundError(f'{self.what}: tensorflow-datasets cannot find dataset '
+                              f'{self.name!r} in {where}: {e}') from e
+    if not builder.is_prepared():
+      if not self.prepare:
+        raise FileNotFoundError(f'{self.what}: dataset {self.name!r} is not prepared in '
+                                f'{where} (looked in {builder.data_dir!r}). {self._hint()}')
+      builder.download_and_prepare()
+    return builder
+
+  def _hint(self) -> str:
+    """The command that prepares the dataset, for the errors."""
+    target = f' --data_dir={self.data_dir}' if self.data_dir else ''
+    return (f'Prepare it first: tfds build {self.name}{target} (a dataset defined in your '
+            'own module: add --imports=MODULE), or add ;prepare=true to the spec to build '
+            'it now; see docs/configs_and_data.md.')
+
+  def examples(self, builder=None) -> Iterator[dict]:
+    """The split's examples as dicts of numpy values, in file order (``builder``: this
+    split's :meth:`builder`, when the caller has it already)."""
+    try:
+      ds = (builder or self.builder()).as_dataset(split=self.split, shuffle_files=False)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f'{self.what}: cannot read split {self.split!r}: {e}') from e
+    return ds.as_numpy_iterator()
+
+  def label_names(self, keys, builder=None) -> dict[str, list[str]]:
+    """The class names the dataset declares for the features ``keys`` (those that have)."""
+    features, names = (builder or self.builder()).info.features, {}
+    for key in keys:
+      feature = features[key] if key in features else None
+      feature = getattr(feature, 'feature', feature)  # Sequence(ClassLabel) -> ClassLabel.
+      if hasattr(feature, 'names'):
+        names[key] = list(feature.names)
+    return names
+
+
+def tfds_split(spec: str, data_dir: str = '', what: str = '') -> TfdsSplit:
+  """A fine-tuning split's ``tfds:NAME:SPLIT[;data_dir=DIR][;prepare=true]`` (the split is
+  required); ``data_dir`` where the spec sets none (config.data.tfds_data_dir)."""
+  what = what or f'config.data: {spec!r}'
+  head, *items = spec.split(';')
+  options = parse_options(items, ('data_dir', 'prepare'), what)
+  name, split = tfds_name_split(head.partition(':')[2], None)
+  origin = 'the spec' if 'data_dir' in options else 'config.data.tfds_data_dir'
+  return TfdsSplit(name, split, options.get('data_dir') or data_dir,
+                   _true(options.get('prepare', 'false'), f'{what}: prepare'), what, origin)
+
+
+def parse_options(items, valid, what: str) -> dict[str, str]:
+  """A spec's ``;KEY=VALUE`` options (the items after its first ``;``); a key not in
+  ``valid`` or an item without ``=`` is an error naming ``what`` and the valid keys."""
+  options = {}
+  for item in items:
+    key, sep, value = item.partition('=')
+    if not sep or key.strip() not in valid:
+      raise ValueError(f'{what}: bad option {item!r}; valid: {sorted(valid)} as key=value')
+    options[key.strip()] = value.strip()
+  return options
+
+
 def parse_sources(data_config) -> list[Source]:
   """Parses ``config.data.sources`` (see the module docstring); errors name the spec."""
   specs = [s.strip() for s in str(data_config.sources).split(',') if s.strip()]
@@ -503,15 +598,12 @@ def parse_sources(data_config) -> list[Source]:
         raise ValueError(f'config.data.sources: {spec!r}: the weight must be > 0')
     head, *option_items = body.split(';')
     kind, argument = split_spec(head, _KINDS, 'config.data.sources', shown=repr(spec))
-    options = {}
-    for item in option_items:
-      key, sep, value = item.partition('=')
-      if not sep or key.strip() not in _OPTIONS[kind]:
-        raise ValueError(f'config.data.sources: {spec!r}: bad option {item!r}; valid for '
-                         f'{kind!r}: {sorted(_OPTIONS[kind])} as key=value')
-      options[key.strip()] = value.strip()
+    options = parse_options(option_items, _OPTIONS[kind],
+                            f'config.data.sources: {spec!r} ({kind!r})')
     if 'max_documents' in options and not options['max_documents'].isdigit():
       raise ValueError(f'config.data.sources: {spec!r}: max_documents must be an integer')
+    if 'prepare' in options:
+      _true(options['prepare'], f'config.data.sources: {spec!r}: prepare')
     if kind == 'embedded' and argument:
       raise ValueError(f"config.data.sources: {spec!r}: 'embedded' takes no argument")
     out.append(Source(spec=spec, kind=kind, argument=argument.strip(), options=options,

@@ -24,8 +24,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from encoder_jax import extras
-from encoder_jax import extras
 from encoder_jax.data import sources
 from encoder_jax.data.builders import packing
 from encoder_jax.data import tokenizer as tokenizer_lib
@@ -58,13 +56,14 @@ def _decode(x) -> Any:
 
 
 KINDS = ('tsv', 'jsonl', 'tfds')  # Source kinds of a labelled split.
-EXPECTED = "'tfds:NAME:SPLIT', 'tsv:PATH' or 'jsonl:PATH'"
+EXPECTED = "'tfds:NAME:SPLIT[;data_dir=DIR][;prepare=true]', 'tsv:PATH' or 'jsonl:PATH'"
 
 
 def read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Sequence[str]
               ) -> tuple[list[dict], dict[str, list[str]]]:
   """Rows as dicts, and the label names tfds declares for ``label_keys`` (if any); the spec
-  parsed by the sources' one parser (``data.sources.split_spec``)."""
+  parsed by the sources' one parser (``data.sources.split_spec``), a tfds split read by
+  the sources' one tfds reader (``data.sources.TfdsSplit``)."""
   kind, rest = sources.split_spec(spec, KINDS, 'config.data', EXPECTED)
   if kind != 'tfds':
     if not os.path.exists(rest):
@@ -73,31 +72,10 @@ def read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Seq
       if kind == 'tsv':
         return list(csv.DictReader(f, delimiter='\t', quoting=csv.QUOTE_NONE)), {}
       return [json.loads(line) for line in f if line.strip()], {}
-  builder = tfds_builder(spec, data_config.tfds_data_dir)
-  names = {}
-  for key in label_keys:
-    feature = builder.info.features[key] if key in builder.info.features else None
-    feature = getattr(feature, 'feature', feature)  # Sequence(ClassLabel) -> ClassLabel.
-    if hasattr(feature, 'names'):
-      names[key] = list(feature.names)
-  split = sources.tfds_name_split(spec.partition(':')[2], None)[1]
-  rows = [{k: _decode(v) for k, v in ex.items()}
-          for ex in tfds_module(spec).as_numpy(builder.as_dataset(split=split))]
-  return rows, names
-
-
-def tfds_module(spec: str):
-  """tensorflow-datasets, or a one-line error naming the extra that brings it."""
-  return extras.require('tensorflow_datasets', extra='tfds',
-                        what=f'config.data: {spec!r} is a tfds: split, which needs it')
-
-
-def tfds_builder(spec: str, data_dir: str = ''):
-  """The prepared (prepared now when it is not) tfds builder of a ``tfds:NAME:SPLIT`` spec."""
-  name, _ = sources.tfds_name_split(spec.partition(':')[2], None)
-  builder = tfds_module(spec).builder(name, data_dir=data_dir or None)
-  builder.download_and_prepare()  # A no-op when prepared (no network needed then).
-  return builder
+  split = sources.tfds_split(spec, data_config.tfds_data_dir)
+  builder = split.builder()
+  rows = [{k: _decode(v) for k, v in ex.items()} for ex in split.examples(builder)]
+  return rows, split.label_names(label_keys, builder)
 
 
 def field(row: dict, key: str, spec: str):

@@ -256,8 +256,14 @@ def test_tfds_dataset_built_locally(hf_dir, tmp_path):
       for i, (s, label) in enumerate(rows * repeat):
         yield i, {'sentence': s, 'label': label}
 
+  data_dir = str(tmp_path / 'tfds')
   config = _config(hf_dir, 'sequence_classification', 'tfds:tiny_sentiment:train',
-                   'tfds:tiny_sentiment:validation', tfds_data_dir=str(tmp_path / 'tfds'))
+                   'tfds:tiny_sentiment:validation', tfds_data_dir=data_dir)
+  # Not prepared: refused, naming the command that prepares it (pretraining's rule too).
+  with pytest.raises(FileNotFoundError, match=f'tfds build tiny_sentiment --data_dir={data_dir}'):
+    train.finetune(config)
+  # ;prepare=true builds it now (tfds generates this one locally, no network).
+  config.data.train = 'tfds:tiny_sentiment:train;prepare=true'
   result = train.finetune(config)
   assert result['labels'] == ['negative', 'positive']  # From the ClassLabel feature.
   assert result['eval_examples'] == 12 and result['eval_accuracy'] >= 0.9, result

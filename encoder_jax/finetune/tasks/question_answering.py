@@ -54,10 +54,8 @@ def _squad_json(spec: str, path: str) -> list[Example]:
 
 
 def _squad_tfds(spec: str, tfds_data_dir: str) -> list[Example]:
-  builder = data_lib.tfds_builder(spec, tfds_data_dir)
-  split = sources.tfds_name_split(spec.partition(':')[2], None)[1]
   out = []
-  for ex in data_lib.tfds_module(spec).as_numpy(builder.as_dataset(split=split)):
+  for ex in sources.tfds_split(spec, tfds_data_dir).examples():
     texts = [t.decode('utf-8') for t in ex['answers']['text']]
     starts = [int(s) for s in ex['answers']['answer_start']]
     out.append(Example(ex['id'].decode('utf-8'), ex['question'].decode('utf-8'),
