@@ -24,6 +24,7 @@ from absl import flags
 from absl import logging
 
 from encoder_jax import extras
+from encoder_jax import storage_client
 
 _TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the Python traceback of a user error '
                                '(bad config, corpus, checkpoint, refused resume).')
@@ -44,6 +45,7 @@ def run(main: Callable[[list[str]], None]) -> None:
 
   def wrapped(argv):
     quiet_logging()
+    storage_client.configure()  # gs:// (and an emulator STORAGE_EMULATOR_HOST names).
     try:
       return main(argv)
     except user_errors() as e:  # pylint: disable=catching-non-exception

@@ -101,16 +101,10 @@ class Blob:
     return True
 
 
-def _gcsfs(path: str):
-  storage_client.require(path)
-  import fsspec  # pylint: disable=g-import-not-at-top
-  return fsspec.filesystem('gs')
-
-
 def glob(pattern: str) -> list[str]:
   """The ``gs://`` objects matching ``pattern`` (``*``, ``?``, ``[...]``, ``**``), sorted."""
   try:
-    found = _gcsfs(pattern).glob(pattern)
+    found = storage_client.gcsfs(pattern).glob(pattern)
   except FileNotFoundError:
     return []
   return sorted(f'gs://{p}' for p in found)
@@ -119,11 +113,12 @@ def glob(pattern: str) -> list[str]:
 def open_read(path: str):
   """A binary reader of a ``gs://`` object, as ``open(path, 'rb')`` gives (gcsfs's ranged
   reads, seekable; wrapped for ``readline(size)``, which gcsfs's file lacks)."""
-  return io.BufferedReader(_gcsfs(path).open(path, 'rb', block_size=4 << 20), 1 << 20)
+  return io.BufferedReader(storage_client.gcsfs(path).open(path, 'rb', block_size=4 << 20),
+                           1 << 20)
 
 
 def size(path: str) -> int:
-  return int(_gcsfs(path).size(path))
+  return int(storage_client.gcsfs(path).size(path))
 
 
 def exists(path: str) -> bool:

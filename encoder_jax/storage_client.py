@@ -23,15 +23,23 @@ Three client libraries reach it, each where it is the one that can:
                                    files through tensorboardX: ``storage_appends``) composes
                                    objects.
 
-All three retry transient failures (HTTP 408/429/5xx, dropped connections) with backoff.
+All three retry transient failures (HTTP 408/429/5xx, dropped connections) with backoff,
+each for its own window: google-cloud-storage for 120 s (its default deadline), tensorstore
+for up to 32 attempts with delays growing to 32 s, and gcsfs, which on its own gives up after
+6 attempts (about 30 s: too short for the checkpoint metadata and commit marker Orbax writes
+through epath), for :data:`RETRY_WINDOW_S` here (:func:`configure` registers gcsfs's
+file system with that window for ``gs://``).
 
 **One switch.** Google's client libraries read ``STORAGE_EMULATOR_HOST`` (``host:port``
 or a URL) and then talk to that endpoint without credentials; gcsfs does too. tensorstore
 reads ``TENSORSTORE_GCS_HTTP_URL`` and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` instead, and gcsfs
 would first probe the bucket's type over gRPC (a minute against an emulator).
-:func:`configure_environment`, run when this module is imported (``workdir`` imports it,
-so every command does), derives all of those from ``STORAGE_EMULATOR_HOST`` alone. So a pod
-run can be rehearsed on a laptop against a local emulator::
+:func:`configure_environment` derives all of those from ``STORAGE_EMULATOR_HOST`` alone.
+Nothing is set when a module is imported: :func:`configure` runs where a command starts
+(``cli.run``), and again, lazily, before a client is first used (:func:`client`,
+:func:`gcsfs`, ``workdir.path`` for a URL), so a library user (``encoder_jax.load`` in a
+notebook) reaches an emulator too. So a pod run can be rehearsed on a laptop against a local
+emulator::
 
     python -m encoder_jax.storage_emulator --bucket=bkt &   # prints STORAGE_EMULATOR_HOST=...
     STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT python -m encoder_jax.main \\
@@ -47,12 +55,28 @@ emulator too.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
+import random
+import time
 
 from encoder_jax import extras
 
 EMULATOR_HOST = 'STORAGE_EMULATOR_HOST'
+# How long gcsfs keeps retrying one request through an outage (its own retries give up after
+# about 30 s). Under the workdir lock's 15 minutes, so a run still retrying holds its lock.
+# ENCODER_JAX_GCS_RETRY_S overrides it (the tests shorten it).
+RETRY_WINDOW_S = 600.0
+RETRY_WINDOW_VARIABLE = 'ENCODER_JAX_GCS_RETRY_S'
+
+
+def configure() -> None:
+  """Readies every storage layer for ``gs://``: the environment (:func:`configure_environment`)
+  and gcsfs's retry window (:func:`gcsfs`). Cheap and idempotent: run where a command starts
+  and before each first use of a client."""
+  configure_environment()
+  _register_patient_gcsfs()
 
 
 def configure_environment(environ=None) -> dict[str, str]:
@@ -116,6 +140,7 @@ def _client(emulator: str):
 
 def client():
   """A google-cloud-storage client for the endpoint ``STORAGE_EMULATOR_HOST`` names now."""
+  configure()
   return _client(os.environ.get(EMULATOR_HOST, '').replace('default', ''))
 
 
@@ -156,4 +181,61 @@ def failures() -> tuple[type[BaseException], ...]:
   return exceptions.GoogleAPIError, auth.GoogleAuthError, requests.ConnectionError
 
 
-configure_environment()
+
+def retry_window_s() -> float:
+  """:data:`RETRY_WINDOW_S`, or the ``ENCODER_JAX_GCS_RETRY_S`` environment variable."""
+  value = os.environ.get(RETRY_WINDOW_VARIABLE, '')
+  try:
+    return float(value) if value else RETRY_WINDOW_S
+  except ValueError:
+    raise ValueError(f'{RETRY_WINDOW_VARIABLE}={value!r} is not a number; expected seconds '
+                     f'(default {RETRY_WINDOW_S:g})') from None
+
+
+def gcsfs(path: str):
+  """gcsfs's file system for ``gs://`` (the one etils.epath uses), retrying for
+  :func:`retry_window_s`; a one-line MissingExtra without the gcs extra."""
+  require(path)
+  configure()
+  import fsspec  # pylint: disable=g-import-not-at-top
+  return fsspec.filesystem('gs')
+
+
+@functools.lru_cache(maxsize=None)
+def _patient_gcsfs_class():
+  """gcsfs's ``GCSFileSystem`` whose requests retry for :func:`retry_window_s`: each try is
+  gcsfs's own six (about 30 s); a transient failure after them is tried again, with backoff,
+  until the window is spent. gcsfs fixes its retry count when it is imported, so a subclass
+  is the one place to lengthen it."""
+  import gcsfs as gcsfs_lib  # pylint: disable=g-import-not-at-top
+  from gcsfs import retry  # pylint: disable=g-import-not-at-top
+
+  class PatientGCSFileSystem(gcsfs_lib.GCSFileSystem):
+    """gcsfs, retrying a transient failure for the project's window, not 30 s."""
+
+    async def _request(self, method, path, *args, **kwargs):
+      deadline = time.monotonic() + retry_window_s()
+      delay = 1.0
+      while True:
+        try:
+          return await super()._request(method, path, *args, **kwargs)
+        except Exception as e:  # pylint: disable=broad-except  (gcsfs's own retriable set)
+          if not retry.is_retriable(e) or time.monotonic() + delay > deadline:
+            raise
+        await asyncio.sleep(delay * (0.5 + random.random()))
+        delay = min(2 * delay, 32.0)
+
+  return PatientGCSFileSystem
+
+
+def _register_patient_gcsfs() -> None:
+  """Makes fsspec (and so etils.epath and Orbax's metadata) use the patient gcsfs for
+  ``gs://``; nothing without the gcs extra."""
+  try:
+    cls = _patient_gcsfs_class()
+  except ImportError:
+    return
+  import fsspec  # pylint: disable=g-import-not-at-top
+  if fsspec.get_filesystem_class('gs') is not cls:
+    fsspec.register_implementation('gs', cls, clobber=True)
+    fsspec.register_implementation('gcs', cls, clobber=True)

@@ -32,6 +32,7 @@ from absl import logging
 from etils import epath
 
 from encoder_jax import locks
+from encoder_jax import storage_client
 from encoder_jax import storage
 
 CONFIG_JSON = 'config.json'
@@ -44,7 +45,10 @@ UNIGRAM_COUNTS = 'unigram_counts.npy'
 
 
 def path(workdir: str, *parts: str) -> epath.Path:
-  """A path inside ``workdir`` (absolute for local directories; URLs kept as they are)."""
+  """A path inside ``workdir`` (absolute for local directories; URLs kept as they are, the
+  storage layers readied for them first: ``storage_client.configure``)."""
+  if '://' in workdir:
+    storage_client.configure()
   root = workdir if '://' in workdir else os.path.abspath(workdir)
   return epath.Path(root).joinpath(*parts)
 

@@ -4,7 +4,7 @@ A pytest plugin (``tests/conftest.py`` registers it), so every test directory ca
 Each pytest-xdist worker starts its own, lazily: only when a test asks for ``gcs_emulator``
 (a start takes a fraction of a second), on a free port with its objects in a temporary
 directory, removed at the end. The session's environment then points every storage layer at
-it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage_client.configure_environment``),
+it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage_client.configure``),
 as a user rehearsing a pod run would; tests use a bucket of their own (``bucket``) so they
 can share it.
 """
@@ -31,7 +31,7 @@ def gcs_emulator():
     os.environ[storage_client.EMULATOR_HOST] = emulator.url
     for key in _DERIVED:
       os.environ.pop(key, None)
-    storage_client.configure_environment()
+    storage_client.configure()
     try:
       yield emulator
     finally:

@@ -1,11 +1,19 @@
 """encoder_jax.storage_client: one variable points every layer at an endpoint;
 encoder_jax.storage_appends: appends compose."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from encoder_jax import storage
 from encoder_jax import storage_appends
 from encoder_jax import storage_client
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_DERIVED = ('TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING',
+            'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'GOOGLE_CLOUD_PROJECT')
 
 
 def test_storage_emulator_host_alone_points_every_layer_at_the_endpoint():
@@ -40,3 +48,44 @@ def test_appends_compose_and_a_concurrent_writer_is_an_error(bucket):
   writer.write('6\n')
   with pytest.raises(storage.StorageError, match='changed by another writer'):
     writer.flush()
+
+
+_IMPORT_EVERYTHING = '''
+import os, sys
+import jax  # Sets TPU_* variables itself: not the package's doing.
+before = dict(os.environ)
+import encoder_jax, encoder_jax.main, encoder_jax.api, encoder_jax.storage_emulator
+from encoder_jax import storage, storage_appends, storage_client, workdir, metrics_log, cli
+changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+print('changed:', changed)
+'''
+
+
+def test_importing_the_package_writes_no_environment():
+  env = {k: v for k, v in os.environ.items() if k not in _DERIVED + ('EPATH_USE_TF',)}
+  env[storage_client.EMULATOR_HOST] = 'http://127.0.0.1:9'
+  proc = subprocess.run([sys.executable, '-c', _IMPORT_EVERYTHING], env=env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, check=True)
+  assert 'changed: []' in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+_LOAD_FROM_A_NOTEBOOK = '''
+import os, encoder_jax
+try:
+  encoder_jax.load(%r)
+except FileNotFoundError as e:
+  print('refused:', e)
+print('tensorstore:', os.environ.get('TENSORSTORE_GCS_HTTP_URL'))
+'''
+
+
+def test_a_library_user_reaches_the_emulator_without_a_command(gcs_emulator, bucket):
+  """encoder_jax.load in a notebook: no command set the environment up; the first gs:// path
+  does, so the emulator STORAGE_EMULATOR_HOST names is what answers."""
+  env = {k: v for k, v in os.environ.items() if k not in _DERIVED + ('EPATH_USE_TF',)}
+  env[storage_client.EMULATOR_HOST] = gcs_emulator.url
+  proc = subprocess.run([sys.executable, '-c', _LOAD_FROM_A_NOTEBOOK % f'{bucket}/nothing'],
+                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        check=True)
+  assert f"refused: '{bucket}/nothing' does not exist" in proc.stdout, proc.stderr[-2000:]
+  assert f'tensorstore: {gcs_emulator.url}' in proc.stdout
