@@ -168,7 +168,7 @@ class Source:
   def _lines(self, path: str, report: Report) -> Iterator[tuple[int, str | None]]:
     """(line number, decoded line without newline) with bounded memory; None = skipped."""
     cap = self.max_line_bytes
-    with _open(path, self.spec) as f:
+    with _open(path, f'config.data.sources: {self.spec!r}') as f:
       empty = True
       number = 0
       while True:
@@ -336,8 +336,9 @@ def _open_raw(path: str):
   return open(path, 'rb')
 
 
-def _open(path: str, spec: str = ''):
-  """A binary reader of ``path``'s text, decompressed if it is gzip, bzip2 or xz."""
+def _open(path: str, what: str = ''):
+  """A binary reader of ``path``'s text, decompressed if it is gzip, bzip2 or xz; errors
+  start with ``what`` (the setting that named the file)."""
   raw = _open_raw(path)
   try:
     head = raw.read(10)
@@ -351,15 +352,43 @@ def _open(path: str, spec: str = ''):
   for magic, name in _UNSUPPORTED.items():
     if head.startswith(magic):
       raw.close()
-      raise ValueError(f'config.data.sources: {spec!r}: {path} is a {name} file; expected text '
+      raise ValueError(f'{what}: {path} is a {name} file; expected text '
                        'or JSONL, plain or gzip/bzip2/xz-compressed. Decompress it first.')
   for bom, name in _OTHER_ENCODINGS:
     if head.startswith(bom):  # Would read as UTF-8 with a NUL in every other byte.
       raw.close()
-      raise ValueError(f'config.data.sources: {spec!r}: {path} is {name} text (it starts with '
+      raise ValueError(f'{what}: {path} is {name} text (it starts with '
                        f'its byte-order mark); expected UTF-8. Convert it first, e.g. iconv -f '
                        f'{name} -t UTF-8.')
   return raw
+
+
+def text_lines(path: str, what: str) -> Iterator[str]:
+  """The lines of a file read whole (fine-tuning's TSV, JSONL and SQuAD JSON), each with
+  its line end, opened as pretraining's sources open theirs: local or ``gs://``, plain or
+  gzip/bzip2/xz, UTF-8 (a byte-order mark dropped). A missing file or a line that is not
+  UTF-8 is an error naming ``what`` (the setting that named the file) and the place."""
+  if path.startswith('gs://'):
+    extras.require('gcsfs', extra='gcs', what=f'{what} is a gs:// path, read through gcsfs')
+    found = storage.exists(path)
+  else:
+    found = os.path.isfile(path)
+  if not found:
+    raise FileNotFoundError(f'{what}: {path} does not exist')
+  with _open(path, what) as f:
+    number = 0
+    while True:
+      raw = f.readline()
+      if not raw:
+        return
+      number += 1
+      if number == 1 and raw.startswith(b'\xef\xbb\xbf'):
+        raw = raw[3:]
+      try:
+        yield raw.decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise ValueError(f'{what}: {path}:{number} is not UTF-8 ({e.reason} at byte '
+                         f'{e.start})') from None
 
 
 def _file_size(path: str) -> int:

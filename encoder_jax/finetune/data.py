@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 from typing import Any, Sequence
 
 import ml_collections
@@ -65,17 +64,27 @@ def read_rows(spec: str, data_config: ml_collections.ConfigDict, label_keys: Seq
   parsed by the sources' one parser (``data.sources.split_spec``), a tfds split read by
   the sources' one tfds reader (``data.sources.TfdsSplit``)."""
   kind, rest = sources.split_spec(spec, KINDS, 'config.data', EXPECTED)
-  if kind != 'tfds':
-    if not os.path.exists(rest):
-      raise FileNotFoundError(f'config.data: {spec!r}: {rest} does not exist')
-    with open(rest, encoding='utf-8', newline='') as f:
-      if kind == 'tsv':
-        return list(csv.DictReader(f, delimiter='\t', quoting=csv.QUOTE_NONE)), {}
-      return [json.loads(line) for line in f if line.strip()], {}
+  what = f'config.data: {spec!r}'
+  if kind == 'tsv':
+    lines = sources.text_lines(rest, what)
+    return list(csv.DictReader(lines, delimiter='\t', quoting=csv.QUOTE_NONE)), {}
+  if kind == 'jsonl':
+    return list(jsonl_objects(rest, what)), {}
   split = sources.tfds_split(spec, data_config.tfds_data_dir)
   builder = split.builder()
   rows = [{k: _decode(v) for k, v in ex.items()} for ex in split.examples(builder)]
   return rows, split.label_names(label_keys, builder)
+
+
+def jsonl_objects(path: str, what: str):
+  """The JSON value of every non-blank line of ``path`` (``data.sources.text_lines``: local
+  or gs://, plain or compressed); a line that is not JSON is an error naming its place."""
+  for number, line in enumerate(sources.text_lines(path, what), 1):
+    if line.strip():
+      try:
+        yield json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{what}: {path}:{number} is not JSON ({e.msg})') from None
 
 
 def field(row: dict, key: str, spec: str):

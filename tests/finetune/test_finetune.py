@@ -269,6 +269,30 @@ def test_tfds_dataset_built_locally(hf_dir, tmp_path):
   assert result['eval_examples'] == 12 and result['eval_accuracy'] >= 0.9, result
 
 
+def test_files_are_read_as_pretraining_reads_its_sources(tmp_path):
+  """TSV and JSONL splits go through the sources' opener: gzip, a byte-order mark; a
+  missing file, a line that is not JSON and a zstd file are errors naming the place."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  d = ml_collections.ConfigDict(dict(tfds_data_dir=''))
+  tsv = tmp_path / 'rows.tsv.gz'
+  with gzip.open(tsv, 'wt', encoding='utf-8') as f:
+    f.write('\ufeffsentence\tlabel\nthe film was good.\tpositive\n')
+  assert data_lib.read_rows(f'tsv:{tsv}', d, ['label'])[0] == [
+      {'sentence': 'the film was good.', 'label': 'positive'}]
+  jsonl = tmp_path / 'rows.jsonl'
+  jsonl.write_text('{"sentence": "a", "label": 1}\n\n{"sentence": "b", "label": 0}\n')
+  assert [r['sentence'] for r in data_lib.read_rows(f'jsonl:{jsonl}', d, [])[0]] == ['a', 'b']
+  jsonl.write_text('{"sentence": "a", "label": 1}\nnot json\n')
+  with pytest.raises(ValueError, match=r'rows.jsonl:2 is not JSON'):
+    data_lib.read_rows(f'jsonl:{jsonl}', d, [])
+  with pytest.raises(FileNotFoundError, match=r"config.data: 'jsonl:.*nope.jsonl does not"):
+    data_lib.read_rows(f'jsonl:{tmp_path}/nope.jsonl', d, [])
+  zstd = tmp_path / 'rows.zst'
+  zstd.write_bytes(b'\x28\xb5\x2f\xfd' + b'\0' * 16)
+  with pytest.raises(ValueError, match='is a zstd file'):
+    data_lib.read_rows(f'tsv:{zstd}', d, [])
+
+
 def test_metrics():
   names = ['O', 'B-PER', 'I-PER', 'B-LOC']
   gold = np.array([[0, 1, 2, 0, 3, -1]])

@@ -37,10 +37,11 @@ class Example:
 
 
 def _squad_json(spec: str, path: str) -> list[Example]:
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'{spec!r}: {path} does not exist')
-  with open(path, encoding='utf-8') as f:
-    doc = json.load(f)
+  text = ''.join(sources.text_lines(path, f'config.data: {spec!r}'))
+  try:
+    doc = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{spec!r}: {path} is not JSON ({e})') from None
   if not isinstance(doc, dict) or 'data' not in doc:
     raise ValueError(f"{spec!r}: expected SQuAD JSON (an object with 'data')")
   out = []
