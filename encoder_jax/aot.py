@@ -20,11 +20,14 @@ Per phase (:func:`compile_phase`) the compiled programs say, per chip:
   its output on the chip.
 * FLOPs and bytes accessed: ``cost_analysis()`` counts a while loop's body once, so these
   come from the same step compiled with its layers unrolled (``model.scan_unroll=0``) at
-  one micro-batch (``grad_accum_steps=1``), at one and two periods of the layer stack and
-  extended linearly to all of it (:func:`unrolled_cost`); the step's figure is that
-  micro-batch's times ``grad_accum_steps`` (the optimizer update, a few FLOPs per
-  parameter, is then counted that many times). The objective's own formula
-  (``flops_per_sequence``, what MFU divides by) is printed beside it.
+  one micro-batch (``grad_accum_steps=1``), at two stack depths and extended linearly to
+  all of it (:func:`unrolled_cost`); the step's figure is that micro-batch's times
+  ``grad_accum_steps`` (the optimizer update, a few FLOPs per parameter, is then counted
+  that many times). It also counts a conditional as its costliest branch, so a stack of
+  local and global layers (ModernBERT's ``lax.cond`` on the scanned layer index) is
+  counted from programs whose scanned layers are all global or all local, weighted by the
+  stack's own layers of each kind. The objective's own formula (``flops_per_sequence``,
+  what MFU divides by) is printed beside it.
 * A roofline: the step takes at least ``max(FLOPs / peak, bytes / HBM bandwidth)`` on a
   chip (``chips.TPUS``), which bounds tokens/s from above, and the MFU that bound allows.
 
@@ -35,6 +38,7 @@ and whether ``model.remat`` is needed for each phase to fit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import math
@@ -58,6 +62,7 @@ from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.data import builders
+from encoder_jax.models import attention as attention_lib
 from encoder_jax.objectives import masking
 
 GIB = 2.0 ** 30
@@ -382,11 +387,45 @@ def compile_phase(setup: Setup, phase: length_phases.Phase, *, with_eval: bool =
   return report
 
 
+@contextlib.contextmanager
+def scanned_layers_as(kind: str | None):
+  """Within it, every layer of a layer scan traces its attention as ``kind`` ('global' or
+  'local'), where the run selects it by a ``lax.cond`` on the scanned layer index; a
+  layer whose index is a Python int (the last layer at the predicted rows) keeps its own.
+  None changes nothing.
+
+  For XLA's FLOP count only: ``cost_analysis()`` counts a conditional as its costliest
+  branch, so the run's program counts every local layer as a global one (ModernBERT-base
+  at 8,192 tokens: 1.86x its formula). A program with one kind in the scan has no
+  conditional, and its count is what each of those layers computes. Not thread-safe
+  (it swaps ``models.attention.per_layer`` while the step is traced).
+  """
+  if kind is None:
+    yield
+    return
+  if kind not in ('global', 'local'):
+    raise ValueError(f"scanned_layers_as: expected 'global', 'local' or None; got {kind!r}")
+  real = attention_lib.per_layer
+
+  def per_layer(c, layer, core, *operands):
+    if layer is None or isinstance(layer, int) or not c.has_local_layers:
+      return real(c, layer, core, *operands)
+    return core(kind == 'local', *operands)
+
+  attention_lib.per_layer = per_layer
+  try:
+    yield
+  finally:
+    attention_lib.per_layer = real
+
+
 def _unrolled(setup: Setup, phase: length_phases.Phase, num_layers: int,
-              attention: str | None = None) -> tuple[float, float]:
+              attention: str | None = None, scanned: str | None = None) -> tuple[float, float]:
   """(FLOPs, bytes accessed) a chip of one micro-batch's train step with ``num_layers``
   layers, every layer unrolled (``model.scan_unroll=0``), compiled for the slice; with
-  ``attention``, that ``model.attention_implementation`` instead of the config's."""
+  ``attention``, that ``model.attention_implementation`` instead of the config's; with
+  ``scanned`` ('global' or 'local'), the layer scan's layers all of that kind
+  (:func:`scanned_layers_as`)."""
   c = setup.config
   micro = int(c.train.batch_size) // int(c.train.grad_accum_steps)
   changes = {'model.scan_unroll': 0, 'model.num_layers': num_layers,
@@ -397,8 +436,9 @@ def _unrolled(setup: Setup, phase: length_phases.Phase, num_layers: int,
   s = build(flat, setup.devices)
   state = train_state.abstract_state(flat, s.mesh, s.objective, s.tx)
   step = train.make_train_step(flat, s.objective, s.tx, s.schedule_fn, s.mesh, s.shards, phase)
-  cost = _tpu_compile(step.lower(state, abstract_batch(flat, s.mesh, phase.seq_len)))
-  cost = cost.cost_analysis()
+  with scanned_layers_as(scanned):
+    lowered = step.lower(state, abstract_batch(flat, s.mesh, phase.seq_len))
+  cost = _tpu_compile(lowered).cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost.get('flops', 0.0)), float(cost.get('bytes accessed', 0.0))
 
@@ -409,20 +449,68 @@ def layer_period(config: ml_collections.ConfigDict) -> int:
   return int(m.get('global_attn_every_n_layers', 1)) if m.get('local_attention', 0) else 1
 
 
-def _by_layers(setup: Setup, count) -> tuple[float, ...]:
-  """``count(num_layers)`` (figures linear in the layers) at the whole stack, from two
-  stacks a period apart (see :func:`unrolled_cost`)."""
-  total = int(setup.config.model.num_layers)
-  period = layer_period(setup.config)
-  first = (total - 1) % period + 1
-  if first == 1 and total >= 1 + 2 * period:
-    first += period  # A one-layer stack skips the layer scan: not yet the per-layer program.
-  base = count(first)
-  if total == first:
-    return base
-  step = count(first + period)
-  periods = (total - first) // period
-  return tuple(b + periods * (n - b) for b, n in zip(base, step))
+def has_local_layers(config: ml_collections.ConfigDict) -> bool:
+  """Whether some layer of the stack attends within a sliding window (the config's
+  ``EncoderConfig.has_local_layers``)."""
+  period = layer_period(config)
+  return any(i % period for i in range(int(config.model.num_layers)))
+
+
+def layer_kinds(config: ml_collections.ConfigDict) -> tuple[int, int]:
+  """(global, local) layers among the layer scan's (all but the last, which runs apart at
+  the predicted rows): (num_layers - 1, 0) without local attention."""
+  n, period = int(config.model.num_layers), layer_period(config)
+  global_layers = sum(1 for i in range(n - 1) if i % period == 0)
+  return global_layers, n - 1 - global_layers
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCosts:
+  """A linear count split by layer: ``fixed`` (embeddings, the last layer, heads, loss and
+  optimizer) plus ``global_layer`` per scanned global layer and ``local_layer`` per scanned
+  local one; each a tuple of figures (FLOPs, bytes accessed)."""
+  fixed: tuple[float, ...]
+  global_layer: tuple[float, ...]
+  local_layer: tuple[float, ...]
+
+  def total(self, global_layers: int, local_layers: int) -> tuple[float, ...]:
+    return tuple(f + global_layers * g + local_layers * l
+                 for f, g, l in zip(self.fixed, self.global_layer, self.local_layer))
+
+
+def layer_costs(setup: Setup, count) -> LayerCosts:
+  """``count(num_layers, scanned)`` (figures linear in the scanned layers, see
+  :func:`unrolled_cost`) split into the fixed part and one scanned layer of each kind.
+
+  One kind of layer: stacks of ``n`` and ``n + 1`` layers (``n = 2``: one layer skips the
+  layer scan, so is not yet the per-layer program); a stack of at most two layers is
+  compiled whole, its count all in ``fixed``. Global and local layers: stacks of ``n``
+  layers, where ``n`` leaves the last layer (which runs apart) of the kind of the real
+  stack's last (``n = num_layers`` modulo the period) and at least one layer in the scan,
+  and of ``n + period``: the scan all local at both depths gives the local layer and the
+  fixed part, and all global at ``n`` the global layer (the global programs hold the most
+  memory: only the shallower one is compiled).
+  """
+  c = setup.config
+  total = int(c.model.num_layers)
+  if not has_local_layers(c):
+    n = 2 if total >= 3 else total
+    base = count(n, None)
+    if n == total:
+      zeros = tuple(0.0 for _ in base)
+      return LayerCosts(base, zeros, zeros)
+    per_layer = tuple(d - b for b, d in zip(base, count(n + 1, None)))
+    return LayerCosts(tuple(b - (n - 1) * p for b, p in zip(base, per_layer)), per_layer,
+                      per_layer)
+  period = layer_period(c)
+  n = (total - 1) % period + 1
+  if n == 1:
+    n += period  # At least one layer in the scan.
+  local, deeper = count(n, 'local'), count(n + period, 'local')
+  per_local = tuple((d - b) / period for b, d in zip(local, deeper))
+  fixed = tuple(b - (n - 1) * p for b, p in zip(local, per_local))
+  per_global = tuple((g - f) / (n - 1) for g, f in zip(count(n, 'global'), fixed))
+  return LayerCosts(fixed, per_global, per_local)
 
 
 def unrolled_cost(setup: Setup, phase: length_phases.Phase,
@@ -430,26 +518,33 @@ def unrolled_cost(setup: Setup, phase: length_phases.Phase,
   """XLA's (FLOPs, bytes accessed) a chip of one micro-batch's train step, every layer
   counted (``cost_analysis`` counts a loop's body once).
 
-  The count is linear in the layers: the step is some fixed work plus the same program
-  for each period of the stack (one layer; ModernBERT's global + local layers). So it is
-  compiled unrolled at ``n`` layers (the remainder of the stack, so that the last layer is of
-  the same type as the real stack's last, which runs at the predicted rows only; at least
-  two layers, since one layer skips the layer scan) and at ``n + period``, and extended by
-  whole periods to ``model.num_layers``: the count of the whole unrolled stack without
-  compiling it (on a 4-layer model: within 0.1% of the FLOPs, 1% of the bytes).
+  The count is linear in the layers: the step is some fixed work plus one layer's program
+  for each layer of the layer scan, of one kind, or of two (ModernBERT: global and local
+  attention). So it is compiled unrolled at two depths and extended to
+  ``model.num_layers`` (:func:`layer_costs`): the count of the whole unrolled stack
+  without compiling it (on a 4-layer model: within 0.1% of the FLOPs, 1% of the bytes).
+  With two kinds, each layer is counted as its own kind: the run selects a layer's
+  attention by a ``lax.cond`` on its traced index, which ``cost_analysis`` counts as its
+  costliest branch (global attention for every layer), so the counted programs have one
+  kind throughout the scan (:func:`scanned_layers_as`), weighted by the stack's layers of
+  each kind (:func:`layer_kinds`).
 
   A Pallas kernel (splash attention) is opaque to XLA's FLOP count, so where the program
   has one (``kernels``) the FLOPs are those of the same step with XLA's attention (the same
   arithmetic, counted), and the bytes the program's own. When that step does not fit the
   chip (or a counted program does not), the figure is 0 (unknown).
   """
+  kinds = layer_kinds(setup.config)
+
   def counted(attention=None) -> tuple[float, float]:
     try:
-      return _by_layers(setup, lambda n: _unrolled(setup, phase, n, attention))
+      costs = layer_costs(setup, lambda n, scanned: _unrolled(setup, phase, n, attention,
+                                                             scanned))
     except Exception as e:  # pylint: disable=broad-except
       if _refusal(e) is None:
         raise
       return 0.0, 0.0  # That program does not fit a chip: unknown.
+    return costs.total(*kinds)
 
   own = counted()
   return (counted('xla')[0], own[1]) if kernels else own

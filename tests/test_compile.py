@@ -3,8 +3,10 @@ encoder_jax.compile``): libtpu's compiler sees the run's own train and eval step
 config on the smallest multi-chip v5e slice, and on two such slices; the figures it prints
 are the compiled program's (HBM within the compiler's limit, the gradient all-reduce with at
 least the parameters' bytes, XLA's FLOPs beside the formula); an oversized batch is the one
-line ``does not fit`` (exit 1); a slice libtpu refuses is one ``error:`` line. The HLO
-collective counter is checked on a hand-written module (loops count their trip count).
+line ``does not fit`` (exit 1); a slice libtpu refuses is one ``error:`` line. A stack of
+local and global layers (ModernBERT) counts each layer as its own kind, not as the
+conditional that selects it. The HLO collective counter is checked on a hand-written
+module (loops count their trip count).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from encoder_jax import aot
 from encoder_jax import chips
+from encoder_jax.models import modernbert
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, 'tests', 'tiny_config.py')
@@ -80,6 +83,61 @@ def test_the_flop_count_extended_by_layers_equals_the_whole_unrolled_stack(one_s
   # The same program per layer; the compiler's fusion choices differ by a few ops.
   assert r.xla_flops == pytest.approx(flops, rel=1e-3)
   assert r.xla_bytes == pytest.approx(accessed, rel=1e-2)
+
+
+@pytest.fixture(scope='module')
+def local_layers():
+  """A tiny ModernBERT stack for the same slice: 4 layers, every other one global (the
+  scan's layers 0 and 2 global, 1 local; the last, 3, local), a 16-token window at 128
+  tokens, XLA attention (counted); with the unrolled programs' counts memoized."""
+  devices = aot.topology_devices(SLICE)
+  config = _tiny()
+  config.model.update(modernbert.PUBLISHED)
+  config.model.update(num_layers=4, local_attention=16, global_attn_every_n_layers=2,
+                      max_position_embeddings=128, attention_implementation='xla')
+  config.objective.names = ('mlm',)
+  config.data.pair_kind = 'full_sentences'
+  config.train.seq_lens = (128,)
+  setup = aot.build(config, devices)
+  counts = {}
+  real = aot._unrolled
+
+  def unrolled(s, phase, num_layers, attention=None, scanned=None):
+    key = (num_layers, attention, scanned)  # One setup and phase here.
+    if key not in counts:
+      counts[key] = real(s, phase, num_layers, attention, scanned)
+    return counts[key]
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(aot, '_unrolled', unrolled)
+    flops, _ = aot.unrolled_cost(setup, setup.phases[0], kernels=False)
+    costs = aot.layer_costs(setup, lambda n, kind: unrolled(setup, setup.phases[0], n, None,
+                                                            kind))
+  return setup, flops, costs, counts
+
+
+def test_local_layers_are_counted_as_local_not_as_the_conditional(local_layers):
+  """XLA counts a conditional as its costliest branch: the run's scan (local or global by
+  ``lax.cond`` on the layer index) counts every layer as global. The count takes each kind
+  from a scan of that kind alone, so the local layers save what the formula says, and the
+  step's FLOPs are within the margin of the all-global tiny model (softmax, LayerNorm,
+  loss and optimizer work the formula leaves out)."""
+  setup, flops, costs, counts = local_layers
+  phase, c = setup.phases[0], setup.config
+  assert aot.layer_kinds(c) == (2, 1) and aot.has_local_layers(c)
+  # The cause: the run's own program (the conditional) counts its local scanned layer
+  # (layer 1 of 0-2) as a global one.
+  conditional, _ = aot._unrolled(setup, phase, 4)
+  assert conditional == pytest.approx(costs.total(3, 0)[0], rel=0.01)
+  # A global layer costs more than a local one by the formula's attention difference:
+  # 12 d (s - keys) FLOPs a token, keys = 17 in the window (XLA's bands compute 24).
+  per_chip = int(c.train.batch_size) // len(setup.devices)
+  saved = 12 * c.model.hidden_size * (128 - 17) * 128 * per_chip
+  assert costs.global_layer[0] - costs.local_layer[0] == pytest.approx(saved, rel=0.05)
+  assert flops == pytest.approx(costs.total(2, 1)[0])
+  formula = setup.objective.flops_per_sequence(phase) * int(c.train.batch_size)
+  ratio = flops * len(setup.devices) / formula
+  assert 1.0 < ratio < 1.2, ratio  # 1.30 when the local layer is counted as global.
 
 
 def test_two_slices_put_the_data_axis_across_them():
