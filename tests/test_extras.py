@@ -62,8 +62,8 @@ probe.frozen({}, {}, None)'''),
 from encoder_jax import plot
 plot.plot(TMP)'''),
     'bake-off figure': ('bakeoff', '''
-from encoder_jax import bakeoff
-bakeoff.plot({'rows': {}}, os.path.join(TMP, 'bakeoff.png'))'''),
+from encoder_jax import bakeoff_report
+bakeoff_report.plot({'rows': {}}, os.path.join(TMP, 'bakeoff.png'))'''),
     'TensorBoard on gs://': ('gcs', '''
 from encoder_jax import metrics_log
 metrics_log._summary_writer('gs://bucket/run/tensorboard')'''),

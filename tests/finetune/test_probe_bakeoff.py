@@ -14,6 +14,7 @@ import types
 import pytest
 
 from encoder_jax import bakeoff
+from encoder_jax import bakeoff_report
 from encoder_jax import cli
 from encoder_jax import train
 from encoder_jax import validation
@@ -362,7 +363,7 @@ def test_a_reference_is_a_marked_line_of_the_table_with_its_chosen_rate():
                                    points=[line], starts_from='/models/minilm')},
              'from_scratch': {'bert': dict(line, accuracy=0.8)},
              'references': {'all-MiniLM-L6-v2': dict(line, accuracy=0.95, learning_rate=1e-4)}}
-  table = bakeoff.table(results)
+  table = bakeoff_report.table(results)
   assert '| bert [from models/minilm] | 6 |' in table
   ref = [l for l in table.splitlines() if 'all-MiniLM-L6-v2' in l]
   assert len(ref) == 1 and ref[0].startswith(
