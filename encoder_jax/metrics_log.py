@@ -44,6 +44,13 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
 
 METRICS_FILE = 'metrics.jsonl'
 SUPERSEDED_FILE = 'metrics_superseded.jsonl'
+# On gs://, metrics.jsonl is appended to by a thread of its own this often (a compose per
+# period, never a request on the training thread: storage_appends.BackgroundAppender), and
+# tensorboardX's thread flushes event files this often; its queue holds this many events,
+# so a flush slowed by an outage does not make add_scalar wait.
+JSONL_FLUSH_S = 10.0
+TENSORBOARD_FLUSH_S = 120.0
+TENSORBOARD_QUEUE = 10_000
 
 
 class MetricWriter:
@@ -52,6 +59,9 @@ class MetricWriter:
   ``resume_step``: the step training continues from (0 for a start from scratch): lines
   of later steps, left by a run that died after them, are superseded (see the module
   docstring). None appends without looking (a tool adding lines to a finished run).
+
+  On ``gs://`` neither a slow bucket nor an outage reaches training: ``write`` queues what it
+  writes, and a failed flush is logged and tried again (JSONL_FLUSH_S, TENSORBOARD_FLUSH_S).
   """
 
   def __init__(self, workdir: str, enabled: bool = True, resume_step: int | None = None):
@@ -68,7 +78,8 @@ class MetricWriter:
                                            int(resume_step))
       self._tb = _summary_writer(str(workdir_lib.path(workdir, 'tensorboard')),
                                  None if resume_step is None else int(resume_step) + 1)
-      self._jsonl = storage_appends.open_append(path)  # gs://: appends by compose.
+      self._jsonl = storage_appends.open_append(  # gs://: appends by compose, in a thread.
+          path, background_s=JSONL_FLUSH_S)
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = 'train') -> None:
     if not self.enabled:
@@ -78,7 +89,7 @@ class MetricWriter:
       self._tb.add_scalar(f'{prefix}/{k}', v, step)
     self._jsonl.write(json.dumps({'step': step, 'split': prefix, 'time': time.time(),
                                   **scalars}) + '\n')
-    self._jsonl.flush()
+    self._jsonl.flush()  # Local files now; gs:// in the appender's thread.
     # The full line goes to the log; the console shows a short one (encoder_jax.console).
     logging.info('[%s] step %d %s', prefix, step,
                  ' '.join(f'{k}={_fmt(v)}' for k, v in scalars.items()))
@@ -101,7 +112,8 @@ def _summary_writer(logdir: str, purge_step: int | None = None):
     storage_appends.tensorboardx(logdir)  # Appends by compose; or the gcs extra named.
   if '://' not in logdir or logdir.startswith('gs://'):
     import tensorboardX  # pylint: disable=g-import-not-at-top
-    return tensorboardX.SummaryWriter(logdir, purge_step=purge_step)
+    return tensorboardX.SummaryWriter(logdir, purge_step=purge_step, max_queue=TENSORBOARD_QUEUE,
+                                      flush_secs=TENSORBOARD_FLUSH_S)
   return _TfSummaryWriter(logdir)
 
 

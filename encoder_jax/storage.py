@@ -14,6 +14,7 @@ import dataclasses
 import io
 import os
 import tempfile
+import uuid
 
 from encoder_jax import storage_client
 
@@ -200,3 +201,26 @@ def local_copy(path: str):
     yield local
 
 
+
+
+def check_access(url: str) -> None:
+  """Raises StorageError unless this machine may do in ``url``'s bucket what a run does:
+  create, list and delete objects under ``url`` and read the bucket's metadata
+  (``storage.buckets.get``: Orbax reads it to list and delete checkpoint steps, so a run
+  without it trains, then fails at its first old checkpoint's deletion and at every
+  resume). Each refusal names the permission it lacked; the probe object is removed."""
+  bucket_name, prefix = storage_client.split(url.rstrip('/') + '/')
+  probe = Blob(f'gs://{bucket_name}/{prefix}.write_test-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+  generation = probe.write('probe', if_generation=0)  # storage.objects.create
+  try:
+    for permission, call in (
+        ('storage.objects.list', lambda: list(storage_client.client().list_blobs(
+            bucket_name, prefix=prefix, max_results=1))),
+        ('storage.buckets.get', lambda: storage_client.client().get_bucket(bucket_name))):
+      try:
+        call()
+      except storage_client.failures() as e:
+        raise storage_client.explain(url, e, permission=permission) from e
+  finally:
+    if generation is not None:
+      probe.delete(if_generation=generation)  # storage.objects.delete

@@ -148,9 +148,21 @@ class StorageError(OSError):
   """A Cloud Storage failure a user must act on; the message names the path and the fix."""
 
 
-def explain(path: str, error: BaseException) -> StorageError:
+# What a run does in its bucket, and a role that grants each: roles/storage.objectAdmin
+# grants the storage.objects.* permissions but not storage.buckets.get, which Orbax needs
+# (listing and deleting checkpoint steps read the bucket's metadata); the legacy bucket
+# reader role adds it, bucket-scoped.
+PERMISSIONS = ('storage.objects.create', 'storage.objects.get', 'storage.objects.list',
+               'storage.objects.delete', 'storage.buckets.get')
+ROLES_ADVICE = ('grant this machine\'s account roles/storage.objectAdmin and '
+                'roles/storage.legacyBucketReader on the bucket (or roles/storage.admin, or a '
+                'custom role with ' + ', '.join(PERMISSIONS) + ')')
+
+
+def explain(path: str, error: BaseException, permission: str = '') -> StorageError:
   """One line for a failure on ``path``: a missing bucket, missing credentials, a refused
-  permission (each with what to do), or the error as it came."""
+  permission (``permission``: the one the failed call needs, if known), each with what to
+  do, or the error as it came."""
   text = ' '.join(str(error).split())[:300]
   name = type(error).__name__
   bucket = split(path)[0] if str(path).startswith('gs://') else path
@@ -162,9 +174,10 @@ def explain(path: str, error: BaseException) -> StorageError:
         'use a local emulator.')
   status = getattr(error, 'code', None) or getattr(error, 'status', None)
   if name == 'Forbidden' or status == 403 or '403' in text[:40]:
+    needs = f' (this needs {permission})' if permission else ''
     return StorageError(
-        f'{path}: permission denied on bucket {bucket} ({text}). Grant this machine\'s '
-        'account roles/storage.objectAdmin on it, or use another bucket.')
+        f'{path}: permission denied on bucket {bucket}{needs}: {text}. A run needs '
+        f'{", ".join(PERMISSIONS)}: {ROLES_ADVICE}, or use another bucket.')
   if 'bucket' in text.lower() and (name == 'NotFound' or status == 404 or
                                    'does not exist' in text.lower()):
     return StorageError(f'{path}: the bucket {bucket} does not exist. Create it (gcloud storage '

@@ -95,10 +95,7 @@ def check_workdir_writable(workdir: str) -> None:
     probe = path(workdir, f'.write_test-{os.getpid()}-{uuid.uuid4().hex[:8]}')
     try:
       if str(probe).startswith('gs://'):  # Cloud Storage's own errors, each with its fix.
-        blob = storage.Blob(str(probe))
-        generation = blob.write('probe', if_generation=0)
-        if generation is not None:
-          blob.delete(if_generation=generation)
+        storage.check_access(workdir)  # Write, list, delete, and what Orbax needs.
         return
       probe.write_text('probe')
       probe.unlink()

@@ -52,17 +52,33 @@ def bucket(gcs_emulator) -> str:
 
 class FaultyProxy:
   """An HTTP proxy in front of the emulator that answers some requests with 503 Service
-  Unavailable instead of forwarding them: a transient server error, which every storage
-  client must retry. ``every`` maps a client library (the first word of its User-Agent:
-  ``python-gcsfs``, ``gcloud-python``, ``tensorstore``) to N: every N-th request of that
-  library fails; a library not named gets ``every['*']`` (default: none fails).
-  ``injected[library]`` and ``forwarded[library]`` count the requests."""
+  Unavailable: a transient server error, which every storage client must retry.
 
-  def __init__(self, target: str, every: dict[str, int]):
+  Three faults, each counted per client library (the first word of its User-Agent:
+  ``python-gcsfs``, ``gcloud-python``, ``tensorstore``):
+
+    every        library -> N: every N-th request of that library fails before it is
+                 forwarded; a library not named gets ``every['*']`` (default: none fails).
+                 ``injected[library]`` counts them.
+    lose_reply   ``(library, method, path) -> bool``: a request it picks is forwarded (the
+                 write lands) and then answered 503, as when the reply is lost on the way
+                 back; the retry meets a write that already happened. ``lost[library]``.
+    down         while True, every request fails before it is forwarded: an outage.
+                 ``refused`` counts them.
+    deny         ``(library, method, path) -> bool``: a request it picks is answered 403
+                 Forbidden, as a missing IAM permission is (the emulator checks none).
+
+  ``forwarded[library]`` counts the requests that reached the emulator.
+  """
+
+  def __init__(self, target: str, every: dict[str, int] | None = None, lose_reply=None,
+               deny=None):
     import collections  # pylint: disable=g-import-not-at-top
     import http.server  # pylint: disable=g-import-not-at-top
-    self.target, self.every = target, every
+    self.target, self.every, self.lose_reply, self.deny = target, every or {}, lose_reply, deny
     self.forwarded, self.injected = collections.Counter(), collections.Counter()
+    self.lost = collections.Counter()
+    self.down, self.refused = False, 0
     self._lock = threading.Lock()
     proxy = self
 
@@ -105,10 +121,16 @@ class FaultyProxy:
     with self._lock:
       fail = bool(every) and (self.forwarded[library] + self.injected[library] + 1) % every == 0
       self.injected[library] += fail
-      self.forwarded[library] += not fail
-    if fail:
-      _reply(handler, 503, [('Content-Type', 'application/json')],
-             b'{"error": {"code": 503, "message": "injected by the test proxy"}}')
+      self.forwarded[library] += not fail and not self.down
+      self.refused += self.down
+      lose = not fail and not self.down and bool(self.lose_reply) and self.lose_reply(
+          library, handler.command, handler.path)
+      self.lost[library] += lose
+    if fail or self.down:
+      _reply(handler, 503, [('Content-Type', 'application/json')], _UNAVAILABLE)
+      return
+    if self.deny and self.deny(library, handler.command, handler.path):
+      _reply(handler, 403, [('Content-Type', 'application/json')], _FORBIDDEN)
       return
     host, port = self.target.removeprefix('http://').split(':')
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
@@ -121,11 +143,19 @@ class FaultyProxy:
     headers = [(k, v.replace(self.target, self.url)) for k, v in response.getheaders()
                if k.lower() not in ('connection', 'transfer-encoding', 'content-length',
                                     'date', 'server')]
+    if lose:  # Landed; the client hears only that it failed.
+      _reply(handler, 503, [('Content-Type', 'application/json')], _UNAVAILABLE)
+      return
     _reply(handler, response.status, headers, data)
 
   def close(self) -> None:
     self._server.shutdown()
     self._server.server_close()
+
+
+_UNAVAILABLE = b'{"error": {"code": 503, "message": "injected by the test proxy"}}'
+_FORBIDDEN = (b'{"error": {"code": 403, "message": "account@emulator does not have the permission '
+              b'(denied by the test proxy)"}}')
 
 
 def _reply(handler, status: int, headers, data: bytes) -> None:
@@ -140,11 +170,11 @@ def _reply(handler, status: int, headers, data: bytes) -> None:
 
 @pytest.fixture
 def faulty_proxy(gcs_emulator):
-  """``make(every)``: a FaultyProxy in front of the session's emulator."""
+  """``make(every, lose_reply, deny)``: a FaultyProxy in front of the session's emulator."""
   proxies = []
 
-  def make(every: dict[str, int]) -> FaultyProxy:
-    proxies.append(FaultyProxy(gcs_emulator.url, every))
+  def make(every: dict[str, int] | None = None, lose_reply=None, deny=None) -> FaultyProxy:
+    proxies.append(FaultyProxy(gcs_emulator.url, every, lose_reply, deny))
     return proxies[-1]
 
   yield make
