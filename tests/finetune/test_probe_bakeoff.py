@@ -173,36 +173,54 @@ def test_every_row_gets_the_same_training_flops(tmp_path):
     validation.validate(bakeoff.row_config(name, preset, 'jsonl:/x.jsonl', str(tmp_path), 10))
 
 
+def test_rows_are_the_configs_recipes_and_say_how_they_differ(tmp_path):
+  """Every row names a config of configs/ (or starts from a checkpoint), and each field it
+  sets over that config's recipe changes it (no override restates the config); a former
+  row name is an error that points to the renames."""
+  for name, row in bakeoff.ROWS.items():
+    if not row.config:
+      assert row.init, name
+      continue
+    recipe = bakeoff.config_recipe(row.config)
+    for section, fields in row.differs.items():
+      for key, value in fields.items():
+        assert recipe.get(section, {}).get(key, '<unset>') != value, (name, section, key)
+  c = bakeoff.row_config('albert', bakeoff.PRESETS['cpu'], 'jsonl:/x.jsonl', str(tmp_path), 10)
+  assert (c.model.kind, c.model.embedding_size, c.model.hidden_size) == ('albert', 64, 128)
+  with pytest.raises(ValueError, match=r"unknown bake-off row 'crammed'.*renamed rows"):
+    bakeoff.row_name('crammed')
+
+
 def test_set_changes_one_rows_fields_and_its_equal_flops_steps(tmp_path):
   """--set ROW.section.field=value: that row's config and FLOPs change (a masking rate
   also brings its predictions), no other row's; typos are errors naming the item."""
   preset = bakeoff.PRESETS['cpu']
-  names = ['bert', 'crammed', 'crammed_contrastive']
+  names = ['bert', 'modernbert', 'modernbert_contrastive']
   overrides = bakeoff.parse_overrides(
-      ['crammed.objective.mask_rate=0.15',
-       'crammed_contrastive.objective.contrastive_weight=1.0',
-       "crammed_contrastive.optim.schedule='linear'"], names)
-  assert overrides == {'crammed': {'objective': {'mask_rate': 0.15}},
-                       'crammed_contrastive': {'objective': {'contrastive_weight': 1.0},
+      ['modernbert.objective.mask_rate=0.15',
+       'modernbert_contrastive.objective.contrastive_weight=1.0',
+       "modernbert_contrastive.optim.schedule='linear'"], names)
+  assert overrides == {'modernbert': {'objective': {'mask_rate': 0.15}},
+                       'modernbert_contrastive': {'objective': {'contrastive_weight': 1.0},
                                                'optim': {'schedule': 'linear'}}}
   args = ('jsonl:/x.jsonl', str(tmp_path))
-  c = bakeoff.row_config('crammed', preset, *args, 10, overrides=overrides['crammed'])
+  c = bakeoff.row_config('modernbert', preset, *args, 10, overrides=overrides['modernbert'])
   assert c.objective.mask_rate == 0.15 and tuple(c.train.max_predictions) == (20,)
-  c = bakeoff.row_config('crammed_contrastive', preset, *args, 10,
-                         overrides=overrides['crammed_contrastive'])
+  c = bakeoff.row_config('modernbert_contrastive', preset, *args, 10,
+                         overrides=overrides['modernbert_contrastive'])
   assert (c.objective.contrastive_weight, c.optim.schedule) == (1.0, 'linear')
   plain = bakeoff.plan(names, preset, *args, 400)
   changed = bakeoff.plan(names, preset, *args, 400, overrides)
-  assert changed['bert'] == plain['bert'] and changed['crammed'][0] > plain['crammed'][0]
-  assert changed['crammed_contrastive'] == plain['crammed_contrastive']  # Same FLOPs.
-  assert bakeoff.overrides_text(overrides['crammed']) == 'objective.mask_rate=0.15'
+  assert changed['bert'] == plain['bert'] and changed['modernbert'][0] > plain['modernbert'][0]
+  assert changed['modernbert_contrastive'] == plain['modernbert_contrastive']  # Same FLOPs.
+  assert bakeoff.overrides_text(overrides['modernbert']) == 'objective.mask_rate=0.15'
   # A value out of range is refused by the plan, naming the field, before any row runs.
-  bad = bakeoff.parse_overrides(['crammed.objective.mask_rate=1.5'], names)
+  bad = bakeoff.parse_overrides(['modernbert.objective.mask_rate=1.5'], names)
   with pytest.raises(ValueError, match='config.objective.mask_rate=1.5'):
     bakeoff.plan(names, preset, *args, 400, bad)
-  for item, says in (('crammed.objective.mask_rte=0.2', 'config.objective.mask_rte'),
+  for item, says in (('modernbert.objective.mask_rte=0.2', 'config.objective.mask_rte'),
                      ('roberta.objective.mask_rate=0.2', "row 'roberta' is not run"),
-                     ('crammed.mask_rate=0.2', 'expected ROW.section.field=value')):
+                     ('modernbert.mask_rate=0.2', 'expected ROW.section.field=value')):
     with pytest.raises(ValueError, match=says):
       bakeoff.parse_overrides([item], names)
 
