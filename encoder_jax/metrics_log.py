@@ -44,11 +44,12 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
 
 METRICS_FILE = 'metrics.jsonl'
 SUPERSEDED_FILE = 'metrics_superseded.jsonl'
-# On gs://, metrics.jsonl is appended to by a thread of its own this often (a compose per
-# period, never a request on the training thread: storage_appends.BackgroundAppender), and
+# On gs://, metrics.jsonl is appended to by a thread of its own, soon after each write and at
+# most this often (never a request on the training thread:
+# storage_appends.BackgroundAppender), and
 # tensorboardX's thread flushes event files this often; its queue holds this many events,
 # so a flush slowed by an outage does not make add_scalar wait.
-JSONL_FLUSH_S = 10.0
+JSONL_FLUSH_S = 1.0
 TENSORBOARD_FLUSH_S = 120.0
 TENSORBOARD_QUEUE = 10_000
 

@@ -17,7 +17,7 @@ would otherwise grow one composite's component count without bound.
 
 Cloud Storage allows about one update a second to one object, and every request is a round
 trip: writers that append often go through :class:`BackgroundAppender`, which flushes from a
-thread of its own every few seconds, so a training step never waits on the bucket, and a
+thread of its own, at most once a second, so a training step never waits on the bucket, and a
 failed flush (an outage past every retry window) keeps its bytes for the next one instead
 of ending the run. TensorBoard's event files are flushed from tensorboardX's own thread;
 their appender never raises there (:class:`_EventFile`), since an exception would end that
@@ -35,7 +35,7 @@ from absl import logging
 from encoder_jax import storage_client
 
 COMPACT_EVERY = 1000  # Composes before the object is uploaded whole again.
-FLUSH_EVERY_S = 10.0  # BackgroundAppender's period: at most one update of an object per 10 s.
+FLUSH_EVERY_S = 1.0  # BackgroundAppender: at most one update of an object a second.
 
 
 def open_append(path, background_s: float | None = None):
@@ -210,36 +210,48 @@ class Appender:
 
 
 class BackgroundAppender:
-  """An :class:`Appender` flushed by a daemon thread every ``every_s`` seconds: ``write``
-  never waits on the bucket, and a failed flush is logged and tried again at the next
-  period with what was written meanwhile, so neither a slow request nor an outage reaches
-  the writer's thread. ``close`` flushes what is left, waiting at most ``close_timeout_s``,
-  and logs what could not be written."""
+  """An :class:`Appender` flushed by a daemon thread: ``write`` never waits on the bucket.
+
+  The thread flushes soon after a write, but never sooner than ``every_s`` seconds after
+  its previous flush (Cloud Storage allows about one update a second to an object); a
+  failed flush is logged and tried again ``retry_s`` seconds later with what was written
+  meanwhile, so neither a slow request nor an outage reaches the writer's thread. ``close``
+  flushes what is left, waiting at most ``close_timeout_s``, and logs what could not be
+  written.
+  """
 
   def __init__(self, appender: Appender, every_s: float = FLUSH_EVERY_S,
-               close_timeout_s: float = 300.0):
-    self.appender, self.every_s = appender, float(every_s)
+               retry_s: float = 10.0, close_timeout_s: float = 300.0):
+    self.appender, self.every_s, self.retry_s = appender, float(every_s), float(retry_s)
     self.close_timeout_s = close_timeout_s
     self.url = appender.url
     self.failures = 0  # Flushes that failed (each logged).
     self.closed = False
-    self._stop = threading.Event()
+    self._stop, self._wake = threading.Event(), threading.Event()
     self._thread = threading.Thread(target=self._run, name=f'append {appender.name}',
                                     daemon=True)
     self._thread.start()
 
   def write(self, data) -> int:
-    return self.appender.write(data)
+    written = self.appender.write(data)
+    self._wake.set()
+    return written
 
   def writelines(self, lines) -> None:
     self.appender.writelines(lines)
+    self._wake.set()
 
   def flush(self) -> None:
-    """Nothing now: the thread flushes every ``every_s`` seconds."""
+    """Nothing here: the thread flushes (at most every ``every_s`` seconds)."""
 
   def _run(self) -> None:
-    while not self._stop.wait(self.every_s):
-      self._flush_logged()
+    while not self._stop.is_set():
+      self._wake.wait()
+      self._wake.clear()
+      ok = self._flush_logged()
+      self._stop.wait(self.every_s if ok else self.retry_s)
+      if not ok:
+        self._wake.set()  # Try again, with what came meanwhile.
     self._flush_logged()
 
   def _flush_logged(self) -> bool:
@@ -249,7 +261,7 @@ class BackgroundAppender:
     except Exception as e:  # pylint: disable=broad-except  (kept, and tried again)
       self.failures += 1
       logging.warning('Appending to %s failed (%s); %d bytes are kept and tried again in '
-                      '%gs.', self.url, e, self.appender.pending(), self.every_s)
+                      '%gs.', self.url, e, self.appender.pending(), self.retry_s)
       return False
 
   def close(self) -> None:
@@ -257,6 +269,7 @@ class BackgroundAppender:
       return
     self.closed = True
     self._stop.set()
+    self._wake.set()
     self._thread.join(self.close_timeout_s)
     left = self.appender.pending()
     if self._thread.is_alive() or left:

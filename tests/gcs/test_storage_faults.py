@@ -91,7 +91,8 @@ def test_an_outage_keeps_appends_for_the_next_flush(bucket, faulty_proxy, monkey
   proxy = faulty_proxy()
   _through(proxy, monkeypatch)
   url = f'{bucket}/metrics.jsonl'
-  writer = storage_appends.BackgroundAppender(storage_appends.Appender(url), every_s=0.05)
+  writer = storage_appends.BackgroundAppender(storage_appends.Appender(url), every_s=0.05,
+                                             retry_s=0.05)
   writer.write('1\n')
   _wait(lambda: storage.Blob(url).read() is not None)
   proxy.down = True
