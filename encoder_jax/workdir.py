@@ -23,7 +23,6 @@ import io
 import json
 import os
 import tempfile
-import time
 import uuid
 
 import ml_collections
@@ -134,8 +133,11 @@ def check_workdir_writable(workdir: str) -> None:
 
 LOCK_FILE = '.lock'
 HEARTBEAT_S = 60.0  # The holder rewrites the lock this often...
-STALE_AFTER_S = 15 * 60.0  # ...so a lock from another host not rewritten for this long is
-# taken over: that run is dead (or hung). On the same host the pid is checked instead.
+STALE_AFTER_S = 15 * 60.0  # ...so a lock from another machine not rewritten for this long is
+# taken over: that run is dead (or hung). On the same machine the pid is checked instead.
+WAIT_S = STALE_AFTER_S + 3 * HEARTBEAT_S  # A restart waits this long for a lock that may be
+# a dead run's: long enough for a hard-killed run's lock to go stale.
+WAIT_ENV = 'ENCODER_JAX_LOCK_WAIT_S'  # Sets that wait (seconds; 0: refuse at once).
 
 LockInfo = locks.LockInfo  # Who holds a workdir: written as JSON into <workdir>/.lock.
 
@@ -143,94 +145,119 @@ LockInfo = locks.LockInfo  # Who holds a workdir: written as JSON into <workdir>
 class WorkdirLock:
   """``with WorkdirLock(workdir): ...``: only one run uses a workdir at a time.
 
-  Taking it creates ``<workdir>/.lock`` (JSON: host, pid, start time; see encoder_jax.locks) with
-  O_EXCL, so of two runs started together exactly one wins; the other raises WorkdirError
-  naming the holder. A lock whose holder is gone is taken over with a warning: on the same
-  host when its pid no longer runs (or now belongs to another process); from another host
+  Taking it creates ``<workdir>/.lock`` (``locks.Lock``: a file, or an object on a bucket,
+  created atomically), so of two runs started together exactly one wins. A holder proven
+  alive (its process runs on this machine, or its lock is refreshed while this run looks)
+  is refused at once with WorkdirError naming it; any other holder is waited for, up to
+  ``wait_s``, with one line saying so: a run hard-killed on another machine (or on a
+  machine of the same name: a pod's) left a lock that only staleness can clear, and its
+  automatic restart should take over rather than fail. A lock whose holder is gone is
+  taken over with a warning: on the same machine when its pid no longer runs; otherwise
   when it was not refreshed for ``stale_after_s`` (the holder rewrites it every
-  ``heartbeat_s`` from a daemon thread; a pid on another machine cannot be checked).
-  Released on exit, also on an exception. ``enabled=False`` (every process but 0 of a
-  multi-host run) does nothing, so a run holds the lock once.
+  ``heartbeat_s`` from a daemon thread). Released on exit, also on an exception.
+  ``enabled=False`` (every process but 0 of a multi-host run) does nothing, so a run holds
+  the lock once.
 
-  ``gs://`` workdirs have no O_EXCL: there the lock is created, taken over and refreshed
-  with Cloud Storage's generation preconditions (``locks.BucketLock``), which are as atomic.
+  A lock that can no longer be confirmed is lost (``locks.Lock``): ``check()`` then raises
+  ``locks.LockLost``, and so does leaving the ``with`` block normally.
   """
 
   def __init__(self, workdir: str, enabled: bool = True, heartbeat_s: float = HEARTBEAT_S,
-               stale_after_s: float = STALE_AFTER_S):
+               stale_after_s: float = STALE_AFTER_S, wait_s: float | None = None):
     self.workdir = workdir
     self.enabled = enabled
     self.path = path(workdir, LOCK_FILE)
-    self.heartbeat_s = heartbeat_s
-    self.stale_after_s = stale_after_s
-    self.took_over: LockInfo | None = None  # The dead run's lock, if one was taken over.
-    kind = locks.BucketLock if '://' in workdir else locks.FileLock
-    self._lock = kind(str(self.path), heartbeat_s=heartbeat_s, horizon_s=stale_after_s,
-                      on_lost=self._lost, thread_name='workdir-lock-heartbeat')
+    self.wait_s = (stale_after_s + 3 * heartbeat_s) if wait_s is None else wait_s
+    self._lock = locks.Lock(str(self.path), heartbeat_s=heartbeat_s, horizon_s=stale_after_s,
+                            on_lost=self._lost)
 
   @property
   def info(self) -> LockInfo | None:
     """Our lock, while we hold it."""
     return self._lock.info
 
+  @property
+  def took_over(self) -> LockInfo | None:
+    """The lock of the dead run taken over, if one was."""
+    return self._lock.took_over
+
   def __enter__(self) -> 'WorkdirLock':
     if self.enabled:
       self.acquire()
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, exc_type, *exc) -> None:
+    lost = self._lock.lost
     self.release()
+    if lost is not None and exc_type is None:
+      raise lost
 
   def acquire(self) -> None:
     """Takes the lock or raises WorkdirError naming its holder; a no-op if already held."""
     if self.info is not None:
       return
     path(self.workdir).mkdir(parents=True, exist_ok=True)
-    for _ in range(20):  # Retries only while another run is creating or taking over it.
-      if self._lock.try_acquire():
-        if self.took_over:
-          logging.warning('Took over the lock %s of a run that is gone (%s).', self.path,
-                          self.took_over.describe())
-        return
-      holder = self._lock.read()
-      if holder is None:
-        continue  # Removed since our create: try again.
-      why = self._lock.stale_reason(holder)
-      if why is None and holder.info is None:  # Being written right now: look again.
-        time.sleep(0.2)
-        continue
-      if why is None:
-        raise WorkdirError(
-            f'{self.workdir} is in use by another run ({holder.info.describe()}; lock file '
-            f'{self.path}). Wait for it to finish, stop it, or use another --workdir. If that '
-            'run is gone, delete the lock file.')
-      if holder.info is None:
-        logging.warning('The lock %s is %s; taking it over.', self.path, why)
-      else:
-        logging.warning('The lock %s is held by a run that is gone (%s): %s.', self.path,
-                        holder.info.describe(), why)
-        self.took_over = holder.info
-      self._lock.take_over(holder)
-    raise WorkdirError(f'Could not take the lock {self.path}: another run keeps replacing it.')
+    try:
+      self._lock.acquire(self.wait_s, refuse_alive=True, on_wait=self._waiting)
+    except locks.LockHeld as e:
+      who = e.holder.info.describe() if e.holder.info else 'its lock is being written'
+      raise WorkdirError(
+          f'{self.workdir} is in use by another run ({who}; lock file '
+          f'{self.path}): {e.why}. Wait for it to finish, stop it, or use another --workdir. '
+          'If that run is gone, delete the lock file.') from None
+    if self.took_over:
+      logging.warning('Took over the lock %s of a run that is gone (%s).', self.path,
+                      self.took_over.describe())
 
-  def _lost(self, holder: LockInfo | None) -> None:
-    logging.error('The lock %s is no longer ours (now: %s); another run may be writing to %s.',
-                  self.path, holder.describe() if holder else 'missing', self.workdir)
+  def _waiting(self, holder: locks.Holder, waited_s: float) -> None:
+    del waited_s  # Printed: shown at any verbosity.
+    print(f'Waiting up to {locks.duration(self.wait_s)} for the lock {self.path}: it is held '
+          f'by {holder.info.describe()}, last refreshed {locks.duration(holder.heartbeat_age())}'
+          ' ago, a run this machine cannot check (killed, or running elsewhere). Taken over '
+          f'once unrefreshed for {locks.duration(self._lock.horizon_s)}; refused at once if '
+          'refreshed meanwhile.', flush=True)
+
+  def check(self, everywhere: bool = False) -> None:
+    """Raises ``locks.LockLost`` once this run's lock is lost: the run must stop before
+    another run takes its workdir. Cheap; call it between steps. ``everywhere``: a
+    collective of a multi-host run (every process calls it at the same step), after which
+    every process raises if process 0, the holder, lost the lock."""
+    lost = None
+    try:
+      self._lock.check()
+    except locks.LockLost as e:
+      lost = e
+    import jax  # pylint: disable=g-import-not-at-top
+    if everywhere and jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if int(multihost_utils.broadcast_one_to_all(np.int32(lost is not None))) and not lost:
+        lost = locks.LockLost(f'process 0 lost the lock of {self.workdir} (its log says how)')
+    if lost is not None:
+      raise lost
+
+  def _lost(self, error: locks.LockLost) -> None:
+    logging.error('%s; this run stops at its next check so that another run can take %s.',
+                  error, self.workdir)
 
   def release(self) -> None:
     """Stops the heartbeat and removes the lock if it is still ours; safe to call twice."""
     self._lock.release()
 
 
-def run_lock(workdir: str) -> WorkdirLock:
-  """The lock of a training run, held: ``with workdir.run_lock(workdir): train...``.
+def run_lock(workdir: str, wait_s: float | None = None) -> WorkdirLock:
+  """The lock of a training run, held: ``with workdir.run_lock(workdir) as lock: train...``,
+  calling ``lock.check()`` between steps.
 
-  Process 0 takes it (a run holds it once however many hosts it has) and every process
-  learns the outcome, so all of them stop when it is refused instead of the others
-  waiting in their first collective. A collective call in multi-host runs.
+  Process 0 takes it (a run holds it once however many hosts it has), waiting up to
+  ``wait_s`` (default: $ENCODER_JAX_LOCK_WAIT_S, else ``WAIT_S``) for a holder that may be
+  dead, and every process learns the outcome, so all of them stop when it is refused
+  instead of the others waiting in their first collective. A collective call in
+  multi-host runs.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  lock = WorkdirLock(workdir, enabled=jax.process_index() == 0)
+  if wait_s is None:
+    wait_s = float(os.environ.get(WAIT_ENV) or WAIT_S)
+  lock = WorkdirLock(workdir, enabled=jax.process_index() == 0, wait_s=wait_s)
   error = None
   if lock.enabled:
     try:

@@ -3,6 +3,7 @@ take-over, the heartbeat, and a release that leaves a successor's lock alone."""
 
 import dataclasses
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from encoder_jax import locks
 
 def _lock(tmp_path, **kw):
   kw = dict(heartbeat_s=0, horizon_s=60.0) | kw
-  return locks.FileLock(str(tmp_path / 'x.lock'), **kw)
+  return locks.Lock(str(tmp_path / 'x.lock'), **kw)
 
 
 def _write(tmp_path, **fields) -> str:
@@ -56,7 +57,7 @@ def test_of_callers_racing_exactly_one_acquires_and_the_others_see_it(tmp_path):
   assert holder.info.host == socket.gethostname() and holder.info.proc_start == (
       locks.process_start(os.getpid()))
   assert loser.stale_reason(holder) is None  # Its holder (this process) runs.
-  assert not loser.take_over(dataclasses.replace(holder, text='{}'))  # Not what is there.
+  assert not loser.take_over(dataclasses.replace(holder, version='{}'))  # Not what is there.
   assert loser.read() == holder and not loser.try_acquire()
   assert winner.release() and not (tmp_path / 'x.lock').exists()
   assert not winner.release()  # Twice: nothing left to do.
@@ -143,7 +144,7 @@ def test_heartbeat_refreshes_the_lock_and_stops_once_it_is_taken(tmp_path):
     if not lost and (tmp_path / 'x.lock').read_text() != successor:
       # A beat that had read its own lock just before rewrote it: take it over again.
       successor = _write(tmp_path, token='successor')
-  assert [h.token for h in lost] == ['successor']
+  assert [e.holder.token for e in lost] == ['successor']
   time.sleep(0.2)  # The heartbeat has stopped: it does not write over the successor's lock.
   assert (tmp_path / 'x.lock').read_text() == successor
   assert not lock.release() and (tmp_path / 'x.lock').read_text() == successor
@@ -172,3 +173,159 @@ def test_idle_clock_restarts_when_the_lock_changes(tmp_path):
   assert idle(holder) >= 0.1
   _write(tmp_path, heartbeat=2.0)
   assert idle(lock.read()) < 0.05
+
+
+def test_a_pid_is_checked_only_on_this_machine_host_name_and_boot_id_alike(tmp_path):
+  lock, dead = _lock(tmp_path, horizon_s=60.0), _dead_pid()
+  _write(tmp_path, pid=dead)  # This host, this boot: the pid decides.
+  assert lock.read().info.on_this_machine() and 'no longer running' in lock.stale_reason(
+      lock.read())
+  # The same host name on another machine (a pod's), or this one before a reboot: a pid
+  # there cannot be checked here, so only the horizon frees the lock.
+  for other in ('another-boot', ''):  # '': a lock written before boot ids were recorded.
+    _write(tmp_path, pid=dead, boot_id=other)
+    holder = lock.read()
+    assert not holder.info.on_this_machine() and lock.stale_reason(holder) is None
+    assert lock.stale_reason(holder, idle_s=61.0).startswith('it was last refreshed 61 s')
+  if locks.boot_id():
+    assert locks.LockInfo.new().boot_id == locks.boot_id()
+
+
+def _until(condition, timeout_s=10.0):
+  deadline = time.monotonic() + timeout_s
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  return condition()
+
+
+def test_a_heartbeat_whose_storage_fails_retries_then_stops_the_holder_before_the_horizon(
+    tmp_path):
+  """The lock file turned into a link to a directory: every read and rewrite fails. A short
+  outage is ridden out; a long one loses the lock, naming why, before a waiter could take
+  it over (horizon 2 s), and check() raises in the working thread."""
+  lost = []
+  lock = _lock(tmp_path, heartbeat_s=0.05, horizon_s=2.0, on_lost=lost.append)
+  path, aside = tmp_path / 'x.lock', tmp_path / 'aside'
+  assert lock.try_acquire() and lock.lost_after_s == pytest.approx(1.9)
+
+  def break_storage():  # Atomically: the file is never missing (that would be a loss).
+    shutil.copy(path, aside)
+    os.symlink(tmp_path, tmp_path / 'link')
+    os.replace(tmp_path / 'link', path)
+
+  def mend_storage():
+    os.replace(aside, path)
+
+  break_storage()
+  time.sleep(0.4)  # Several failed beats.
+  mend_storage()
+  beat = lock.info.heartbeat
+  assert _until(lambda: lock.info.heartbeat > beat), (lost, os.listdir(tmp_path))  # Recovered.
+  assert not lost and lock.lost is None
+  lock.check()
+
+  break_storage()
+  last_refresh = lock.info.heartbeat
+  assert _until(lambda: lost, timeout_s=10)
+  noticed = time.time()
+  assert noticed - last_refresh < lock.horizon_s  # Before anyone may take it over.
+  assert 'could not be refreshed for' in str(lost[0]) and 'IsADirectoryError' in str(lost[0])
+  with pytest.raises(locks.LockLost, match=r'x\.lock could not be refreshed'):
+    lock.check()
+  mend_storage()
+  assert lock.release()  # Still ours on disk: removed.
+
+
+def test_check_raises_when_the_heartbeat_is_stuck(tmp_path):
+  """A heartbeat blocked in a storage call confirms nothing: check() says so by itself."""
+  lock = _lock(tmp_path, heartbeat_s=3600.0, horizon_s=0.4)
+  assert lock.try_acquire()
+  lock.check()
+  time.sleep(0.3)
+  with pytest.raises(locks.LockLost, match=r'last confirmed 0 s ago; another process may '
+                     r'take it over after 0 s'):
+    lock.check()
+  assert lock.release()
+
+
+def test_a_heartbeat_adopts_its_own_write_whose_reply_was_lost(tmp_path):
+  """The lock holds our token but not the text we last recorded (a rewrite that landed
+  after its caller gave up on it): still ours, refreshed on, not lost."""
+  lost = []
+  lock = _lock(tmp_path, heartbeat_s=0.05, on_lost=lost.append)
+  assert lock.try_acquire()
+  landed = dataclasses.replace(lock.info, heartbeat=time.time() + 1)
+  locks.write_atomically(str(tmp_path / 'x.lock'), landed.to_text())
+  assert _until(lambda: lock.read().info.heartbeat not in (landed.heartbeat,))
+  assert lock.read().info.token == lock.info.token and not lost
+  assert lock.release() and not (tmp_path / 'x.lock').exists()
+
+
+def test_backoff_grows_to_its_cap_with_jitter():
+  import random  # pylint: disable=g-import-not-at-top
+  backoff = locks.Backoff(0.5, 4.0, random.Random(0))
+  delays = [backoff() for _ in range(12)]
+  assert 0.25 <= delays[0] <= 0.5 and all(2.0 <= d <= 4.0 for d in delays[6:])
+  assert sum(delays[:6]) < sum(delays[6:]) and len(set(delays[6:])) == 6  # Jittered.
+  other = locks.Backoff(0.5, 4.0, random.Random(1))
+  assert [other() for _ in range(12)] != delays  # Two hosts do not poll in step.
+
+
+def test_acquire_refuses_a_holder_alive_on_this_machine_at_once(tmp_path):
+  holder = _lock(tmp_path)
+  assert holder.try_acquire()
+  began = time.monotonic()
+  with pytest.raises(locks.LockHeld, match='its process runs on this machine') as e:
+    _lock(tmp_path).acquire(wait_s=60.0, refuse_alive=True)
+  assert time.monotonic() - began < 1.0 and e.value.holder.info.token == holder.info.token
+  with pytest.raises(locks.LockHeld, match='it is in use'):
+    _lock(tmp_path).acquire()  # wait_s=0: refused whoever holds it.
+  assert holder.release()
+
+
+def test_acquire_waits_out_another_machines_lock_until_it_is_stale(tmp_path):
+  """A hard-killed run elsewhere left a fresh lock: the waiter reports once, then takes it
+  over when it has stayed unrefreshed for the horizon."""
+  _write(tmp_path, host='tpu-worker-3', pid=4242)
+  lock, waits = _lock(tmp_path, horizon_s=1.0), []
+  began = time.monotonic()
+  assert lock.acquire(wait_s=5.0, refuse_alive=True, on_wait=lambda h, s: waits.append(h))
+  assert 1.0 <= time.monotonic() - began < 4.0
+  assert lock.took_over.host == 'tpu-worker-3' and [h.info.pid for h in waits] == [4242]
+  assert lock.release()
+  _write(tmp_path, host='tpu-worker-3', pid=4242)  # A wait too short to outlast it.
+  with pytest.raises(locks.LockHeld, match=r'still held after 0 s') as e:
+    _lock(tmp_path, horizon_s=60.0).acquire(wait_s=0.3)
+  assert 0.3 <= e.value.waited_s < 1.0
+
+
+def test_acquire_refuses_a_holder_seen_refreshing_and_stops_when_asked(tmp_path):
+  _write(tmp_path, host='tpu-worker-3', pid=4242, heartbeat=time.time() - 5)
+  stop = threading.Event()
+
+  def beat():  # Another machine's live run.
+    while not stop.wait(0.05):
+      _write(tmp_path, host='tpu-worker-3', pid=4242)
+
+  thread = threading.Thread(target=beat)
+  thread.start()
+  try:
+    with pytest.raises(locks.LockHeld, match='refreshed while this process waited'):
+      _lock(tmp_path, horizon_s=60.0).acquire(wait_s=30.0, refuse_alive=True)
+    done = threading.Timer(0.3, lambda: None)
+    done.start()
+    assert not _lock(tmp_path).acquire(wait_s=30.0, until=lambda: not done.is_alive())
+  finally:
+    stop.set()
+    thread.join()
+
+
+def test_acquire_tells_a_live_holder_that_let_go_from_one_taken_over(tmp_path):
+  """prepare_once stops its waiters on this: a preparer that let go without a manifest."""
+  holder = _lock(tmp_path)
+  assert holder.try_acquire()
+  token = holder.info.token
+  threading.Timer(0.3, holder.release).start()
+  lock = _lock(tmp_path, horizon_s=5.0)
+  assert lock.acquire(wait_s=10.0)
+  assert lock.released_by.token == token and lock.took_over is None and lock.release()

@@ -137,7 +137,7 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
   dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
                         capture_output=True, text=True, check=True).stdout.strip()
   with open(prepare_once.lock_path(directory), 'w') as f:
-    json.dump(dict(host=socket.gethostname(), pid=int(dead)), f)
+    json.dump(dict(host=socket.gethostname(), pid=int(dead), boot_id=locks.boot_id()), f)
   manifest = os.path.join(directory, 'manifest.json')
   assert prepare_once.prepare_once(directory, manifest, lambda: None)
   # Another host's lock that nobody touches is stale after stale_s.

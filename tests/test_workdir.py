@@ -6,11 +6,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from encoder_jax import config_base
+from encoder_jax import locks
 from encoder_jax import workdir as workdir_lib
 
 
@@ -157,7 +159,8 @@ def test_lock_is_released_on_an_exception_and_disabled_on_other_processes(tmp_pa
 def _write_lock(tmp_path, **fields):
   now = time.time()
   info = dict(host=socket.gethostname(), pid=os.getpid(), start_time='2024-01-01T00:00:00+00:00',
-              started=now, heartbeat=now, token='other', proc_start=None)
+              started=now, heartbeat=now, token='other', proc_start=None,
+              boot_id=locks.boot_id())
   info.update(fields)
   (tmp_path / workdir_lib.LOCK_FILE).write_text(json.dumps(info))
 
@@ -183,11 +186,64 @@ def test_lock_of_a_dead_process_on_this_host_is_taken_over(tmp_path):
 def test_lock_from_another_host_is_kept_until_its_heartbeat_is_stale(tmp_path):
   _write_lock(tmp_path, host='tpu-worker-7', pid=12345, heartbeat=time.time() - 60)
   with pytest.raises(workdir_lib.WorkdirError, match=r'host tpu-worker-7, pid 12345, started'):
-    workdir_lib.WorkdirLock(str(tmp_path)).acquire()
+    workdir_lib.WorkdirLock(str(tmp_path), wait_s=0).acquire()
   _write_lock(tmp_path, host='tpu-worker-7', pid=12345,
               heartbeat=time.time() - workdir_lib.STALE_AFTER_S - 60)
   with workdir_lib.WorkdirLock(str(tmp_path)) as lock:
     assert lock.took_over.host == 'tpu-worker-7'
+
+
+def test_a_restart_waits_out_the_lock_of_a_run_hard_killed_elsewhere(tmp_path, capsys):
+  """The killed run's lock is fresh and names a machine whose pid this one cannot check
+  (another host, or this host name before a reboot): the restart waits, saying so in one
+  line, and takes it over once it has gone unrefreshed for the horizon."""
+  _write_lock(tmp_path, host=socket.gethostname(), pid=12345, boot_id='before-the-reboot')
+  began = time.monotonic()
+  with workdir_lib.WorkdirLock(str(tmp_path), heartbeat_s=0.1, stale_after_s=1.0) as lock:
+    assert lock.wait_s == pytest.approx(1.3) and lock.took_over.pid == 12345
+  assert 1.0 <= time.monotonic() - began < 5.0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      f'Waiting up to 1 s for the lock {tmp_path / workdir_lib.LOCK_FILE}: it is held by '
+      f'host {socket.gethostname()}, pid 12345, started 2024-01-01T00:00:00+00:00, last '
+      'refreshed 0 s ago, a run this machine cannot check'), lines
+  assert 'Taken over once unrefreshed for 1 s; refused at once if refreshed' in lines[0]
+
+
+def test_a_run_refreshing_its_lock_elsewhere_is_refused_while_the_restart_waits(tmp_path):
+  _write_lock(tmp_path, host='tpu-worker-7', pid=12345)
+  beating = threading.Event()
+
+  def beat():  # The holder is alive on another host.
+    while not beating.wait(0.05):
+      _write_lock(tmp_path, host='tpu-worker-7', pid=12345)
+
+  thread = threading.Thread(target=beat)
+  thread.start()
+  try:
+    began = time.monotonic()
+    with pytest.raises(workdir_lib.WorkdirError, match=r'host tpu-worker-7, pid 12345.*it was '
+                       r'refreshed while this process waited: that run is alive'):
+      workdir_lib.WorkdirLock(str(tmp_path), wait_s=60.0).acquire()
+    assert time.monotonic() - began < 5.0
+  finally:
+    beating.set()
+    thread.join()
+
+
+def test_a_lost_lock_stops_the_run_at_its_next_check(tmp_path):
+  """Another run took the workdir (here: its lock written over ours): check() raises a
+  LockLost naming the lock, and leaving the block normally raises it too."""
+  with pytest.raises(locks.LockLost, match=r'\.lock is no longer ours \(now: host tpu-worker'):
+    with workdir_lib.WorkdirLock(str(tmp_path), heartbeat_s=0.05) as lock:
+      lock.check()
+      _write_lock(tmp_path, host='tpu-worker-7', pid=12345)
+      deadline = time.monotonic() + 10
+      with pytest.raises(locks.LockLost):
+        while time.monotonic() < deadline:  # The next beats find the lock replaced.
+          lock.check()
+          time.sleep(0.02)
+  assert _lock_info(tmp_path)['host'] == 'tpu-worker-7'  # The successor's lock is kept.
 
 
 def test_heartbeat_refreshes_the_lock(tmp_path):
@@ -249,6 +305,7 @@ def test_run_lock_is_taken_once_per_run_and_every_process_learns_a_refusal(tmp_p
   assert not (tmp_path / workdir_lib.LOCK_FILE).exists()
 
   _write_lock(tmp_path, host='tpu-worker-0', pid=4242)  # Another run's live lock.
+  monkeypatch.setenv(workdir_lib.WAIT_ENV, '0')  # Refused at once, not waited for.
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(multihost_utils, 'broadcast_one_to_all', lambda x: np.int32(0))
   with pytest.raises(workdir_lib.WorkdirError, match=r'host tpu-worker-0, pid 4242'):

@@ -1,22 +1,23 @@
 """One preparer per prepared directory, however many processes ask for it at the same time.
 
 Every process of a multi-host run calls ``load_or_prepare`` with the same config, and
-preparing is minutes to hours of work. The first process to create ``<directory>.lock``
-(an atomic exclusive create on the file system that holds the directory) prepares; the
-others wait for the manifest. So a shared file system prepares once. Hosts with local
+preparing is minutes to hours of work. The process that takes ``<directory>.lock``
+(``locks.Lock``: an exclusive create on the file system that holds the directory, or on a
+bucket with Cloud Storage's generation preconditions) prepares; the others wait for the
+manifest, looking again after growing, jittered delays (``locks.Backoff``: a pod's hosts
+do not poll a bucket in step). So a shared file system prepares once. Hosts with local
 disks (TPU VM workers) share prepared data through a bucket instead (``through_bucket``,
 for a ``gs://`` config.data.prepared_dir): one process of all of them prepares and uploads
-it, under a lock object made atomic by Cloud Storage's generation preconditions
-(``locks.BucketLock``), and each host copies it once to its disk. No JAX is involved: the
-lock also serialises unrelated runs (or test workers) that share a prepared directory.
+it, and each host copies it once to its disk. No JAX is involved: the lock also
+serialises unrelated runs (or test workers) that share a prepared directory.
 
-The lock is encoder_jax.locks's (the package's one lock helper; WorkdirLock uses it
-too): its owner refreshes it every ``HEARTBEAT_S`` while it works. A lock whose owner died
-(its pid is gone on this host, or a waiter saw it unrefreshed for ``STALE_S``) is taken
-over, so a run killed mid-preparation never blocks the next one; two waiters taking over at
-once both prepare, which ``prepare`` tolerates (the first complete directory wins). A lock
-released without a manifest means the owner's preparation failed: waiters stop with that,
-instead of repeating the failure one after another. A waiter gives up after ``timeout_s``.
+The lock's owner refreshes it every ``HEARTBEAT_S`` while it works. A lock whose owner died
+(its pid is gone on this machine, or a waiter saw it unrefreshed for ``STALE_S``) is taken
+over, so a run killed mid-preparation never blocks the next one: the next preparer
+replaces what a killed upload left on the bucket. Two waiters taking over at once both
+prepare, which ``prepare`` tolerates (the first complete directory wins). A lock released
+without a manifest means the owner's preparation failed: waiters stop with that, instead
+of repeating the failure one after another. A waiter gives up after ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from encoder_jax import storage
 HEARTBEAT_S = 10.0
 STALE_S = 180.0  # Several missed heartbeats, with room for slow network file systems.
 TIMEOUT_S = 12 * 3600.0  # A live preparer of a very large corpus; see the error message.
-_POLL_S = 0.5
 _REPORT_EVERY_S = 600.0
 
 
@@ -51,64 +51,42 @@ def prepare_once(directory: str, manifest: str, prepare: Callable[[], object], *
   Returns True if this process prepared, False if it waited for (or found) ``manifest``.
   """
   path = lock_path(directory)
-  on_bucket = directory.startswith('gs://')
-  if not on_bucket:
+  if not directory.startswith('gs://'):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
-  def lost(holder):
-    logging.warning('The lock %s is no longer ours (now: %s): %s may be preparing %s too '
-                    '(the first complete directory wins).', path,
-                    holder.describe() if holder else 'missing', _who(holder), directory)
+  def lost(error: locks.LockLost) -> None:
+    logging.warning('%s: %s may be preparing %s too (the first complete directory wins).',
+                    error, _who(error.holder), directory)
 
-  kind = locks.BucketLock if on_bucket else locks.FileLock
-  lock = kind(path, heartbeat_s=heartbeat_s, horizon_s=stale_s,
-                           horizon_on_this_host=True, on_lost=lost,
-                           thread_name='prepare-heartbeat')
-  idle = locks.IdleClock()  # Host clocks may disagree: staleness is timed with ours.
-  start = reported = time.monotonic()
-  seen = None  # The lock as last observed.
-  told = ()  # The owner last reported as being waited for (none yet).
-  while True:
-    if storage.exists(manifest):
+  def waiting(holder: locks.Holder, waited_s: float) -> None:  # Printed: any verbosity.
+    print(f'Waiting for {_who(holder.info)} to prepare {directory} ({waited_s:.0f} s so far).',
+          flush=True)
+
+  # Host clocks may disagree: staleness is timed by how long this process saw it unchanged.
+  lock = locks.Lock(path, heartbeat_s=heartbeat_s, horizon_s=stale_s,
+                    horizon_on_this_host=True, trust_holder_clock=False, on_lost=lost)
+  try:
+    if not lock.acquire(timeout_s, until=lambda: storage.exists(manifest), on_wait=waiting,
+                        report_every_s=_REPORT_EVERY_S):
       return False
-    if seen is not None and not storage.exists(path):  # Released: done, failed or taken over.
-      time.sleep(1.0)  # A take-over recreates the lock at once.
-      if not storage.exists(manifest) and not storage.exists(path):
-        raise FileNotFoundError(
-            f'{_who(seen.info)} stopped preparing {directory} without writing {manifest} '
-            "(its preparation failed: see that process's log). Fix the cause and rerun.")
-      seen = None
-      continue
-    if lock.try_acquire():
-      logging.info('No prepared data in %s: preparing it now (lock %s).', directory, path)
-      try:
-        prepare()
-      finally:
-        lock.release()
-      return True
-    seen = lock.read()
-    if seen is None:  # Released since our attempt.
-      continue
-    why = lock.stale_reason(seen, idle(seen))
-    if why is not None:
-      logging.warning('Taking over the preparation of %s from %s (lock %s: %s).', directory,
-                      _who(seen.info), path, why)
-      lock.take_over(seen)
-      seen = None
-      continue
-    now = time.monotonic()
-    if now - start > timeout_s:
-      raise TimeoutError(
-          f'Waited {timeout_s:.0f} s for {_who(seen.info)} to prepare {directory} (lock '
-          f'{path}, still alive) and no {os.path.basename(manifest)} appeared. Prepare the '
-          'data once beforehand with python -m encoder_jax.prepare --config=... (the same '
-          f'config), or delete {path} if that process is stuck.')
-    owner = seen.info and (seen.info.host, seen.info.pid, seen.info.token)
-    if now - reported >= _REPORT_EVERY_S or owner != told:  # Printed: shown at any verbosity.
-      print(f'Waiting for {_who(seen.info)} to prepare {directory} ({now - start:.0f} s so far).',
-            flush=True)
-      reported, told = now, owner
-    time.sleep(_POLL_S)
+  except locks.LockHeld as e:
+    raise TimeoutError(
+        f'Waited {timeout_s:.0f} s for {_who(e.holder.info)} to prepare {directory} (lock '
+        f'{path}, still alive) and no {os.path.basename(manifest)} appeared. Prepare the '
+        'data once beforehand with python -m encoder_jax.prepare --config=... (the same '
+        f'config), or delete {path} if that process is stuck.') from None
+  try:
+    if storage.exists(manifest):  # Written just before its preparer let the lock go.
+      return False
+    if lock.released_by is not None:
+      raise FileNotFoundError(
+          f'{_who(lock.released_by)} stopped preparing {directory} without writing {manifest} '
+          "(its preparation failed: see that process's log). Fix the cause and rerun.")
+    logging.info('No prepared data in %s: preparing it now (lock %s).', directory, path)
+    prepare()
+  finally:
+    lock.release()
+  return True
 
 
 def _who(owner: locks.LockInfo | None) -> str:

@@ -2,10 +2,12 @@
 (create-if-absent, conditional take-over, heartbeat and release of our own generation
 only). The workdir lock and the prepared-data lock, each raced by several processes."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,10 +15,11 @@ import pytest
 from encoder_jax import locks
 from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
+from encoder_jax.data import prepare_once
 
 
-def _lock(url: str, heartbeat_s: float = 0.0) -> locks.BucketLock:
-  return locks.BucketLock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)
+def _lock(url: str, heartbeat_s: float = 0.0) -> locks.Lock:
+  return locks.Lock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)
 
 
 def test_the_bucket_lock_is_created_once_refreshed_and_released(bucket):
@@ -47,10 +50,67 @@ def test_a_stale_lock_is_taken_over_by_exactly_one_of_two(bucket):
   assert not second.release() and first.release()
 
 
+def test_the_bucket_lock_store_is_chosen_by_the_path(bucket, tmp_path):
+  assert type(locks.store_for(f'{bucket}/x.lock')).__name__ == '_BucketStore'
+  assert type(locks.store_for(str(tmp_path / 'x.lock'))).__name__ == '_FileStore'
+  with pytest.raises(ValueError, match=r's3://b/x\.lock: a lock needs a local path or a gs://'):
+    locks.store_for('s3://b/x.lock')
+
+
+def test_the_heartbeat_adopts_its_own_write_whose_reply_was_lost(bucket):
+  """A rewrite that landed while its caller saw an error leaves a newer generation of our
+  own lock: the next beat finds its precondition failed, reads the lock, sees our token,
+  and refreshes on from there instead of taking the lock as lost."""
+  url = f'{bucket}/run/{workdir_lib.LOCK_FILE}'
+  lost = []
+  ours = locks.Lock(url, heartbeat_s=0.1, horizon_s=60.0, on_lost=lost.append)
+  assert ours.try_acquire()
+  version = storage.Blob(url).read()
+  landed = dataclasses.replace(ours.info, heartbeat=time.time() + 1).to_text()
+  assert storage.Blob(url).write(landed, if_generation=version.generation)
+  deadline = time.time() + 10
+  while storage.Blob(url).read().text == landed and time.time() < deadline:
+    time.sleep(0.05)
+  now = storage.Blob(url).read()
+  assert now.text != landed and json.loads(now.text)['token'] == ours.info.token and not lost
+  assert ours.release() and storage.Blob(url).read() is None
+
+
+def test_a_heartbeat_on_a_bucket_rides_out_failures_then_stops_the_holder_in_time(
+    bucket, faulty_proxy, monkeypatch):
+  """Requests on the lock refused (403: not retried by the client) for a moment: the
+  heartbeat tries again and recovers. Refused for good: the lock is lost, naming the
+  storage error, before another process could take it over (horizon 3 s)."""
+  refusing, name = threading.Event(), storage.split(bucket + '/x')[0]
+  proxy = faulty_proxy(deny=lambda library, method, path: refusing.is_set() and name in path)
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', proxy.url)
+  url, lost = f'{bucket}/run/{workdir_lib.LOCK_FILE}', []
+  lock = locks.Lock(url, heartbeat_s=0.1, horizon_s=3.0, on_lost=lost.append)
+  assert lock.try_acquire()
+  refusing.set()
+  time.sleep(0.5)
+  refusing.clear()
+  beat, deadline = lock.info.heartbeat, time.time() + 10
+  while lock.info.heartbeat == beat and time.time() < deadline:
+    time.sleep(0.02)
+  assert lock.info.heartbeat > beat and not lost
+  lock.check()
+  refusing.set()
+  last_refresh, deadline = lock.info.heartbeat, time.time() + 10
+  while not lost and time.time() < deadline:
+    time.sleep(0.02)
+  assert lost and time.time() - last_refresh < lock.horizon_s
+  assert 'could not be refreshed' in str(lost[0]) and 'permission denied' in str(lost[0])
+  with pytest.raises(locks.LockLost):
+    lock.check()
+  refusing.clear()
+  assert lock.release() and storage.Blob(url).read() is None
+
+
 def test_the_heartbeat_never_overwrites_a_successor(bucket):
   url = f'{bucket}/run/{workdir_lib.LOCK_FILE}'
   lost = []
-  ours = locks.BucketLock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
+  ours = locks.Lock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
   assert ours.try_acquire()
   version = storage.Blob(url).read()
   successor = locks.LockInfo.new()
@@ -58,7 +118,7 @@ def test_the_heartbeat_never_overwrites_a_successor(bucket):
   deadline = time.time() + 10
   while not lost and time.time() < deadline:
     time.sleep(0.02)
-  assert lost and lost[0].token == successor.token
+  assert lost and lost[0].holder.token == successor.token
   assert not ours.release()
   assert json.loads(storage.Blob(url).read().text)['token'] == successor.token
 

@@ -20,8 +20,7 @@ def test_a_missing_bucket_is_named_with_the_command_that_creates_it(gcs_emulator
   assert str(e.value).startswith('--workdir=gs://no-such-bucket-x/run: cannot write there')
   assert 'the bucket no-such-bucket-x does not exist. Create it (gcloud storage buckets ' \
          'create gs://no-such-bucket-x)' in str(e.value)
-  lock = locks.BucketLock('gs://no-such-bucket-x/run/.lock', heartbeat_s=0,
-                                 horizon_s=60.0)
+  lock = locks.Lock('gs://no-such-bucket-x/run/.lock', heartbeat_s=0, horizon_s=60.0)
   with pytest.raises(storage.StorageError, match=r'bucket no-such-bucket-x does not exist'):
     lock.try_acquire()
 
