@@ -118,7 +118,8 @@ def through_bucket(url: str, manifest_name: str, prepare: Callable[[str], object
     with tempfile.TemporaryDirectory(prefix='prepared_upload_') as staging:
       local = os.path.join(staging, 'prepared')
       prepare(local)
-      storage.upload_tree(local, url, last=manifest_name)
+      _replace_leftovers(local, url)
+      storage.upload_tree(local, url, last=manifest_name, overwrite=True)
 
   if prepare_once(url, f'{url}/{manifest_name}', prepare_and_upload):
     logging.info('Prepared %s once for every host.', url)
@@ -139,3 +140,17 @@ def through_bucket(url: str, manifest_name: str, prepare: Callable[[str], object
 
   prepare_once(local, manifest, download)
   return local
+
+
+def _replace_leftovers(local: str, url: str) -> None:
+  """Deletes the objects under ``url`` that ``local`` does not hold: an upload killed
+  half-way left them (no manifest, so nothing reads them). The lock holder is the only
+  writer of ``url``, so it may delete them, and overwrite the others."""
+  ours = {os.path.relpath(os.path.join(root, f), local)
+          for root, _, files in os.walk(local) for f in files}
+  leftovers = {name: generation for name, generation in storage.generations(url).items()
+               if name not in ours}
+  if leftovers:
+    logging.warning('Deleting %d objects an unfinished upload left in %s.', len(leftovers), url)
+  for name, generation in leftovers.items():
+    storage.Blob(f'{url}/{name}').delete(if_generation=generation)

@@ -202,3 +202,46 @@ def test_of_processes_asking_at_once_for_data_on_a_bucket_exactly_one_prepares(b
     outcomes = sorted(line[1] for line in lines if line[0] == str(r))
     assert outcomes == ['prepared'] + ['waited'] * (processes - 1), (r, outcomes)
     assert not storage.exists(f'{bucket}/prepared/round{r}.lock')  # Released.
+
+
+def test_a_half_uploaded_prepared_tree_is_replaced_by_the_next_preparer(bucket, tmp_path,
+                                                                       monkeypatch):
+  """A preparer killed mid-upload left objects and no manifest: the next one (holding the
+  lock, the only writer) replaces them, and deletes those the new tree lacks."""
+  monkeypatch.setenv(prepare_once.CACHE_ENV, str(tmp_path / 'cache'))
+  url = f'{bucket}/prepared'
+  for name, text in (('train/0.bin', 'half'), ('stale-shard.bin', 'old')):
+    assert storage.Blob(f'{url}/{name}').write(text, if_generation=0)
+
+  def prepare(local):
+    os.makedirs(os.path.join(local, 'train'))
+    for name, text in (('train/0.bin', 'whole'), ('tokenizer.model', 'vocab'),
+                       ('manifest.json', '{"complete": true}')):
+      with open(os.path.join(local, name), 'w', encoding='utf-8') as f:
+        f.write(text)
+
+  local = prepare_once.through_bucket(url, 'manifest.json', prepare)
+  objects = {name: storage.Blob(f'{url}/{name}').read().text
+             for name in storage.generations(url)}
+  assert objects == {'train/0.bin': 'whole', 'tokenizer.model': 'vocab',
+                     'manifest.json': '{"complete": true}'}
+  with open(os.path.join(local, 'train', '0.bin'), encoding='utf-8') as f:
+    assert f.read() == 'whole'
+  assert not os.path.exists(os.path.join(local, 'stale-shard.bin'))
+  assert not storage.exists(prepare_once.lock_path(url))
+
+
+def test_waiting_hosts_poll_the_bucket_with_backoff(bucket, faulty_proxy, monkeypatch):
+  """A host waiting 5 s for another's preparation sends a few requests, not the ~70 of a
+  steady poll every 0.5 s (7 requests a look)."""
+  url = f'{bucket}/prepared'
+  holder = locks.Lock(prepare_once.lock_path(url), heartbeat_s=0, horizon_s=180.0)
+  assert holder.try_acquire()  # A live preparer (this process): never stale here.
+  proxy = faulty_proxy({})  # Forwards every request, counting them.
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', proxy.url)
+  with pytest.raises(TimeoutError, match=r'Waited 5 s for process'):
+    prepare_once.prepare_once(url, f'{url}/manifest.json', lambda: None, timeout_s=5.0)
+  requests = sum(proxy.forwarded.values())
+  assert 3 <= requests <= 30, proxy.forwarded
+  monkeypatch.undo()
+  assert holder.release()
