@@ -187,7 +187,7 @@ class WorkdirLock:
     return self
 
   def __exit__(self, exc_type, *exc) -> None:
-    lost = self._lock.lost
+    lost = self._lost_error()
     self.release()
     if lost is not None and exc_type is None:
       raise lost
@@ -222,18 +222,26 @@ class WorkdirLock:
     another run takes its workdir. Cheap; call it between steps. ``everywhere``: a
     collective of a multi-host run (every process calls it at the same step), after which
     every process raises if process 0, the holder, lost the lock."""
-    lost = None
+    lost = self._lost_error()
+    if everywhere:
+      import jax  # pylint: disable=g-import-not-at-top
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if jax.process_count() > 1 and int(multihost_utils.broadcast_one_to_all(
+          np.int32(lost is not None))) and lost is None:
+        lost = locks.LockLost(f'process 0 lost the lock of {self.workdir} (its log says how); '
+                              'every process of this run stops')
+    if lost is not None:
+      raise lost
+
+  def _lost_error(self) -> locks.LockLost | None:
     try:
       self._lock.check()
     except locks.LockLost as e:
-      lost = e
-    import jax  # pylint: disable=g-import-not-at-top
-    if everywhere and jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      if int(multihost_utils.broadcast_one_to_all(np.int32(lost is not None))) and not lost:
-        lost = locks.LockLost(f'process 0 lost the lock of {self.workdir} (its log says how)')
-    if lost is not None:
-      raise lost
+      return locks.LockLost(
+          f'{e}. This run stops so that two runs never write to {self.workdir}; rerun the same '
+          'command to resume from its last checkpoint (it waits for the lock if another run '
+          'holds it)', e.holder)
+    return None
 
   def _lost(self, error: locks.LockLost) -> None:
     logging.error('%s; this run stops at its next check so that another run can take %s.',

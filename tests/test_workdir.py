@@ -234,7 +234,8 @@ def test_a_run_refreshing_its_lock_elsewhere_is_refused_while_the_restart_waits(
 def test_a_lost_lock_stops_the_run_at_its_next_check(tmp_path):
   """Another run took the workdir (here: its lock written over ours): check() raises a
   LockLost naming the lock, and leaving the block normally raises it too."""
-  with pytest.raises(locks.LockLost, match=r'\.lock is no longer ours \(now: host tpu-worker'):
+  with pytest.raises(locks.LockLost, match=r'\.lock is no longer ours \(now: host tpu-worker-7'
+                     r'.*\. This run stops .*; rerun the same command to resume'):
     with workdir_lib.WorkdirLock(str(tmp_path), heartbeat_s=0.05) as lock:
       lock.check()
       _write_lock(tmp_path, host='tpu-worker-7', pid=12345)
@@ -244,6 +245,21 @@ def test_a_lost_lock_stops_the_run_at_its_next_check(tmp_path):
           lock.check()
           time.sleep(0.02)
   assert _lock_info(tmp_path)['host'] == 'tpu-worker-7'  # The successor's lock is kept.
+
+
+def test_every_process_of_a_run_stops_when_process_0_lost_the_lock(tmp_path, monkeypatch):
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+  lock = workdir_lib.WorkdirLock(str(tmp_path), enabled=False)  # Process 1: holds nothing.
+  lock.check(everywhere=True)  # One process: nothing to learn.
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(multihost_utils, 'broadcast_one_to_all', lambda x: np.int32(0))
+  lock.check(everywhere=True)  # Process 0 holds its lock.
+  monkeypatch.setattr(multihost_utils, 'broadcast_one_to_all', lambda x: np.int32(1))
+  lock.check()  # Not a collective: this process's own lock only.
+  with pytest.raises(locks.LockLost, match=r'process 0 lost the lock of .*every process'):
+    lock.check(everywhere=True)
 
 
 def test_heartbeat_refreshes_the_lock(tmp_path):
@@ -257,7 +273,7 @@ def test_heartbeat_refreshes_the_lock(tmp_path):
 
 
 
-# The gs:// variant (locks.BucketLock): against the emulator in tests/gcs/test_bucket_lock.py.
+# The gs:// store (locks._BucketStore): against the emulator in tests/gcs/test_bucket_lock.py.
 
 _RACER = '''
 import glob, os, sys, time
