@@ -187,3 +187,30 @@ def sequence_of(item: Check) -> Check:
   def expected():
     return f'a non-empty tuple, each {text() if callable(text) else text}'
   return (lambda v: isinstance(v, tuple) and len(v) > 0 and all(check(x) for x in v)), expected
+
+
+# ---- command-line flags: one per field, declared by the field ----
+
+
+def define_flags(declared: Iterable[Field], flag_values=None) -> None:
+  """An absl flag ``--<name>`` per field: its default the field's, its type the default's
+  (bool, int, float, str; a tuple: a comma-separated list), its help the field's meaning.
+  The values are checked where the config is (:func:`problems`), not by the flag."""
+  from absl import flags  # pylint: disable=g-import-not-at-top  (only commands need absl)
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  for f in declared:
+    define = (flags.DEFINE_bool if isinstance(f.default, bool) else
+              flags.DEFINE_integer if isinstance(f.default, int) else
+              flags.DEFINE_float if isinstance(f.default, float) else
+              flags.DEFINE_list if isinstance(f.default, tuple) else flags.DEFINE_string)
+    default = list(f.default) if isinstance(f.default, tuple) else f.default
+    define(f.name, default, f'{f.doc} Expected: {f.expected()}.', flag_values=flag_values)
+
+
+def flag_values(declared: Iterable[Field], flag_values_=None) -> dict[str, Any]:
+  """The fields' values from their flags (:func:`define_flags`), as a config holds them
+  (a list flag as a tuple), by name."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  values = flags.FLAGS if flag_values_ is None else flag_values_
+  return {f.name: tuple(values[f.name].value) if isinstance(f.default, tuple)
+          else values[f.name].value for f in declared}

@@ -152,6 +152,25 @@ def _defined(node: ast.AST) -> set[str]:
   return names
 
 
+def _field_flags(node: ast.AST, imported: dict[str, str]) -> set[str]:
+  """Names of the flags ``fields.define_flags(MODULE.NAME)`` calls under ``node`` define:
+  the names of the ``Field(...)`` declarations in MODULE's ``NAME = (...)``."""
+  names = set()
+  for call in ast.walk(node):
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr == 'define_flags' and call.args
+            and isinstance(arg := call.args[0], ast.Attribute)
+            and isinstance(arg.value, ast.Name) and arg.value.id in imported):
+      continue
+    for stmt in (_tree(imported[arg.value.id]) or ast.Module(body=[])).body:
+      if isinstance(stmt, ast.Assign) and any(
+          isinstance(t, ast.Name) and t.id == arg.attr for t in stmt.targets):
+        names |= {c.args[0].value for c in ast.walk(stmt.value) if isinstance(c, ast.Call)
+                  and c.args and isinstance(c.args[0], ast.Constant)
+                  and isinstance(c.args[0].value, str)}
+  return names
+
+
 def _imports(tree: ast.Module, module: str) -> dict[str, str]:
   """Local name -> encoder_jax module, for every import in the file."""
   out = {}
@@ -201,7 +220,7 @@ def module_flags(module: str) -> frozenset[str]:
       nodes = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == function]
     imported = _imports(tree, mod)
     for node in nodes:
-      flags |= _defined(node)
+      flags |= _defined(node) | _field_flags(node, imported)
       for call in ast.walk(node):  # cli.define_source_flags() and the like.
         if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
             and isinstance(call.func.value, ast.Name) and call.func.value.id in imported):

@@ -33,12 +33,12 @@ is_impossible}}``). Training uses the first gold answer of each question, as run
 
 from __future__ import annotations
 
-import dataclasses
-
 import ml_collections
 
+from encoder_jax import fields as fields_lib
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune_train
+from encoder_jax.finetune.tasks import question_answering
 from encoder_jax.finetune.tasks.question_answering import (  # pylint: disable=unused-import
     Example, Windows, decode, exact, f1, normalize_answer, read, squad_metrics, windows)
 
@@ -46,43 +46,29 @@ from encoder_jax.finetune.tasks.question_answering import (  # pylint: disable=u
 # ---------------------------------------------------------------------------- fine-tuning
 
 
-@dataclasses.dataclass
-class QASettings:
-  """run_squad's defaults."""
-  max_len: int = 384
-  doc_stride: int = 128
-  max_query_length: int = 64
-  n_best: int = 20
-  max_answer_length: int = 30
-  version_2: bool = False
-  null_score_threshold: float = 0.0
-
-
 def qa_config(init: dict, train_spec: str, eval_spec: str, epochs: int = 2,
               batch_size: int = 32, learning_rate: float = 3e-5, seed: int = 0,
-              tfds_data_dir: str = '') -> ml_collections.ConfigDict:
+              tfds_data_dir: str = '', max_len: int = 384, **settings
+              ) -> ml_collections.ConfigDict:
+  """The fine-tuning config of the task ``question_answering`` at run_squad's budget;
+  ``settings`` set its ``task_settings`` (``question_answering.FIELDS``: their defaults
+  are run_squad's, checked with the rest of the config when it runs)."""
   c = finetune_config.base_config()
   c.task = 'question_answering'
   c.seed = seed
   c.init.update(init)
-  c.data.update(train=train_spec, eval=eval_spec, tfds_data_dir=tfds_data_dir)
+  c.data.update(train=train_spec, eval=eval_spec, tfds_data_dir=tfds_data_dir, max_len=max_len)
   c.optim.update(learning_rate=learning_rate, epochs=epochs, batch_size=batch_size,
                  eval_batch_size=32, warmup_fraction=0.1)
+  c.task_settings.update(settings)
   return c
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str | None = None,
-             s: QASettings | None = None, log=print) -> dict:
+def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=print) -> dict:
   """Fine-tunes the span head on ``config.data.train`` and scores ``config.data.eval``
-  (the registered task ``question_answering`` with the settings ``s``)."""
-  s = s or QASettings()
+  (the registered task ``question_answering``, its settings in ``config.task_settings``)."""
   config = config.copy_and_resolve_references()
   config.task = 'question_answering'
-  config.data.max_len = int(s.max_len)
-  config.task_settings.update(
-      doc_stride=s.doc_stride, max_query_length=s.max_query_length, n_best=s.n_best,
-      max_answer_length=s.max_answer_length, version_2=s.version_2,
-      null_score_threshold=float(s.null_score_threshold))
   return finetune_train.finetune(config, workdir, log)
 
 
@@ -91,10 +77,9 @@ def main(argv):
   del argv
   f = flags.FLAGS
   c = qa_config(dict(workdir=f.workdir or '', hf_dir=f.hf_dir or ''), f.train, f.eval,
-                f.epochs, f.batch_size, f.learning_rate, f.seed, f.tfds_data_dir)
-  s = QASettings(max_len=f.max_len, doc_stride=f.doc_stride, version_2=f.version_2,
-                 null_score_threshold=f.null_score_threshold)
-  result = finetune(c, f.out, s)
+                f.epochs, f.batch_size, f.learning_rate, f.seed, f.tfds_data_dir, f.max_len,
+                **fields_lib.flag_values(question_answering.FIELDS))
+  result = finetune(c, f.out)
   print('final: ' + ', '.join(f'{k}={v}' for k, v in result.items()))
 
 
@@ -105,7 +90,5 @@ if __name__ == '__main__':
                             epochs=2, batch_size=32, learning_rate=3e-5, max_len=384)
   flags.DEFINE_string('train', 'tfds:squad/v1.1:train', "'tfds:NAME:SPLIT' or 'json:PATH'.")
   flags.DEFINE_string('eval', 'tfds:squad/v1.1:validation', 'The scored split.')
-  flags.DEFINE_bool('version_2', False, 'SQuAD v2: predict no-answer by the null score.')
-  flags.DEFINE_float('null_score_threshold', 0.0, 'v2: answer "" when null - best > this.')
-  flags.DEFINE_integer('doc_stride', 128, 'Pieces between window starts.')
+  fields_lib.define_flags(question_answering.FIELDS)  # --doc_stride, --version_2, ...
   cli.run(main)

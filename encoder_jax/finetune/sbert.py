@@ -34,73 +34,59 @@ label -1, are skipped and counted) or JSONL/TSV with the fields named by ``--fie
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import ml_collections
 
-from encoder_jax import inference
+from encoder_jax import fields as fields_lib
 from encoder_jax import loading
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune_train
-from encoder_jax.finetune.tasks.sentence_embedding import OBJECTIVES
+from encoder_jax.finetune.tasks import sentence_embedding
 from encoder_jax.interop import hf_import
 from encoder_jax.interop import sentence_transformers_dir
 
 
-@dataclasses.dataclass
-class SbertSettings:
-  objective: str = 'classification'
-  pooling: str = 'mean'
-  fields: tuple[str, ...] = ('premise', 'hypothesis')  # Two (pairs) or three (triples).
-  label_field: str = 'label'  # Classification labels; '' for unlabelled contrastive pairs.
-  eval_fields: tuple[str, ...] = ('sentence1', 'sentence2')
-  eval_label_field: str = 'label'  # The gold similarity.
-  max_len: int = 128
-  normalize: bool = True  # The export's embeddings are L2-normalised (a Normalize module).
-  scale: float = 20.0  # Contrastive: the cosine scale of MultipleNegativesRankingLoss.
-
-
 def sbert_config(init: dict, train_spec: str, eval_spec: str = '', epochs: int = 1,
                  batch_size: int = 16, learning_rate: float = 2e-5, seed: int = 0,
-                 tfds_data_dir: str = '') -> ml_collections.ConfigDict:
+                 tfds_data_dir: str = '', objective: str = 'classification',
+                 pooling: str = 'mean', fields: tuple[str, ...] = ('premise', 'hypothesis'),
+                 label_field: str = 'label', max_len: int = 128, **settings
+                 ) -> ml_collections.ConfigDict:
+  """The fine-tuning config of the task ``sbert_<objective>``: the training rows' text
+  ``fields`` (two, pairs; or three, triples) and ``label_field`` (classification), the
+  ``pooling``; ``settings`` set its ``task_settings`` (``sentence_embedding.FIELDS``: the
+  STS evaluation fields, ``normalize``, ``scale``). Every value is checked with the rest of
+  the config (``finetune.config.validate``) before the encoder is loaded."""
   c = finetune_config.base_config()
-  c.task = 'sbert_classification'
-  c.pooling = 'mean'
+  c.task = f'sbert_{objective}'
+  c.pooling = pooling
   c.seed = seed
   c.init.update(init)
-  c.data.update(train=train_spec, eval=eval_spec, tfds_data_dir=tfds_data_dir)
+  c.data.update(train=train_spec, eval=eval_spec, tfds_data_dir=tfds_data_dir,
+                text_fields=tuple(fields), label_field=label_field or 'label', max_len=max_len)
   c.optim.update(learning_rate=learning_rate, epochs=epochs, batch_size=batch_size,
                  eval_batch_size=32, warmup_fraction=0.1)
+  c.task_settings.update(settings)
   return c
 
 
-def finetune(config: ml_collections.ConfigDict, out: str, s: SbertSettings | None = None,
-             log=print) -> dict:
-  """Trains the registered task ``sbert_<s.objective>`` into ``<out>/finetune``, then
-  exports the encoder for sentence-transformers and as an encoder_jax workdir."""
-  s = s or SbertSettings()
-  if s.objective not in OBJECTIVES:
-    raise ValueError(f'objective={s.objective!r}; expected one of {OBJECTIVES}')
-  if s.pooling not in inference.POOLINGS:
-    raise ValueError(f'pooling={s.pooling!r}; expected one of {inference.POOLINGS}')
+def finetune(config: ml_collections.ConfigDict, out: str, log=print) -> dict:
+  """Trains the registered task ``config.task`` (``sbert_<objective>``) into
+  ``<out>/finetune``, then exports the encoder for sentence-transformers and as an
+  encoder_jax workdir."""
   config = config.copy_and_resolve_references()
-  config.task, config.pooling = f'sbert_{s.objective}', s.pooling
-  config.data.update(text_fields=tuple(s.fields), label_field=s.label_field or 'label',
-                     max_len=int(s.max_len))
-  config.task_settings.update(eval_text_fields=tuple(s.eval_fields),
-                              eval_label_field=s.eval_label_field, normalize=bool(s.normalize),
-                              scale=float(s.scale))
   workdir = os.path.join(out, 'finetune')
   finetune_config.validate(config)  # Before the encoder is loaded.
   pretrained = finetune_train.load_pretrained(config)
   result = finetune_train.finetune(config, workdir, log, pretrained)
   if result.get('preempted'):
     return result
-  max_len = min(int(s.max_len), pretrained.max_length)
+  max_len = min(int(config.data.max_len), pretrained.max_length)
   params = finetune_train.read_final_params(workdir)
   export = os.path.join(out, 'sentence_transformers')
-  export_sentence_transformers(pretrained, params, export, s.pooling, s.normalize, max_len)
+  normalize = bool(config.task_settings.normalize)
+  export_sentence_transformers(pretrained, params, export, config.pooling, normalize, max_len)
   encoder_workdir = os.path.join(out, 'workdir')
   if not os.path.isdir(os.path.join(encoder_workdir, 'checkpoints')):
     hf_import.import_hf_to_workdir(export, encoder_workdir)
@@ -129,11 +115,11 @@ def main(argv):
   del argv
   f = flags.FLAGS
   c = sbert_config(dict(workdir=f.workdir or '', hf_dir=f.hf_dir or ''), f.train, f.eval,
-                   f.epochs, f.batch_size, f.learning_rate, f.seed, f.tfds_data_dir)
-  s = SbertSettings(objective=f.objective, pooling=f.pooling,
-                    fields=tuple(x.strip() for x in f.fields.split(',')),
-                    label_field=f.label_field, max_len=f.max_len, normalize=f.normalize)
-  result = finetune(c, f.out, s)
+                   f.epochs, f.batch_size, f.learning_rate, f.seed, f.tfds_data_dir,
+                   f.objective, f.pooling, tuple(x.strip() for x in f.fields.split(',')),
+                   f.label_field, f.max_len,
+                   **fields_lib.flag_values(sentence_embedding.FIELDS))
+  result = finetune(c, f.out)
   print('final: ' + ', '.join(f'{k}={v}' for k, v in result.items()))
 
 
@@ -144,9 +130,10 @@ if __name__ == '__main__':
                             epochs=1, batch_size=16, learning_rate=2e-5, max_len=128)
   flags.DEFINE_string('train', 'tfds:multi_nli:train', 'Training pairs / triples.')
   flags.DEFINE_string('eval', '', "STS data: 'tfds:glue/stsb:validation', 'tsv:PATH'...")
-  flags.DEFINE_enum('objective', 'classification', list(OBJECTIVES), 'The training loss.')
-  flags.DEFINE_enum('pooling', 'mean', list(inference.POOLINGS), 'Token pooling.')
+  flags.DEFINE_enum('objective', 'classification', list(sentence_embedding.OBJECTIVES),
+                    'The training loss.')
+  flags.DEFINE_enum('pooling', 'mean', list(sentence_embedding.POOLINGS), 'Token pooling.')
   flags.DEFINE_string('fields', 'premise,hypothesis', 'Text fields of a training row.')
   flags.DEFINE_string('label_field', 'label', 'Classification label field.')
-  flags.DEFINE_bool('normalize', True, 'L2-normalised embeddings in the export.')
+  fields_lib.define_flags(sentence_embedding.FIELDS)  # --normalize, --scale, --eval_*...
   cli.run(main)

@@ -166,9 +166,9 @@ def test_fine_tune_on_squad_json_writes_predictions_and_metrics(tmp_path):
   path = tmp_path / 'train.json'
   path.write_text(json.dumps(doc, ensure_ascii=False), encoding='utf-8')
   config = qa.qa_config(dict(hf_dir=str(tmp_path / 'hf')), f'json:{path}', f'json:{path}',
-                        epochs=2, batch_size=8, learning_rate=1e-3)
-  result = qa.finetune(config, str(tmp_path / 'run'),
-                       qa.QASettings(max_len=64, doc_stride=24, max_query_length=16))
+                        epochs=2, batch_size=8, learning_rate=1e-3, max_len=64,
+                        doc_stride=24, max_query_length=16)
+  result = qa.finetune(config, str(tmp_path / 'run'))
   assert result['train_questions'] == 6 and result['train_windows'] > 6
   assert result['train_answers_lost'] == 0
   assert 0.0 <= result['eval_exact'] <= 100.0 and 0.0 <= result['eval_f1'] <= 100.0

@@ -61,9 +61,9 @@ def test_nli_classification_exports_for_sentence_transformers_and_embed(bert_dir
   sts = _jsonl(tmp_path / 'sts.jsonl', [dict(sentence1=a, sentence2=b, label=y)
                                         for a, b, y in STS])
   config = sbert.sbert_config(dict(hf_dir=bert_dir), train, sts, epochs=2,
-                              batch_size=8, learning_rate=1e-3)
+                              batch_size=8, learning_rate=1e-3, max_len=32)
   out = str(tmp_path / 'out')
-  result = sbert.finetune(config, out, sbert.SbertSettings(max_len=32))
+  result = sbert.finetune(config, out)
   assert result['train_rows'] == 8 and -1.0 <= result['eval_spearman'] <= 1.0
   assert result['eval_examples'] == 8
   print(f"STS (8 pairs, tiny BERT after 2 NLI epochs): Spearman {result['eval_spearman']:.3f}")
@@ -90,10 +90,10 @@ def test_contrastive_triples_loss_is_in_batch_cross_entropy(bert_dir, tmp_path):
           for i, (a, b, y) in enumerate(NLI) if y == 'entailment'] * 3
   train = _jsonl(tmp_path / 'triples.jsonl', rows)
   config = sbert.sbert_config(dict(hf_dir=bert_dir), train, epochs=1,
-                              batch_size=8, learning_rate=1e-3)
-  s = sbert.SbertSettings(objective='contrastive', fields=('anchor', 'positive', 'negative'),
-                          max_len=32, pooling='max')
-  result = sbert.finetune(config, str(tmp_path / 'out'), s)
+                              batch_size=8, learning_rate=1e-3, objective='contrastive',
+                              fields=('anchor', 'positive', 'negative'), max_len=32,
+                              pooling='max')
+  result = sbert.finetune(config, str(tmp_path / 'out'))
   assert np.isfinite(result['train_loss']) and result['train_rows'] == 9
   # The loss on a batch equals cross-entropy over scale x cosine against every candidate.
   loaded = encoder_jax.load(bert_dir)
@@ -115,8 +115,12 @@ def test_contrastive_triples_loss_is_in_batch_cross_entropy(bert_dir, tmp_path):
 
 
 def test_bad_settings_are_named():
-  config = sbert.sbert_config(dict(hf_dir='/nowhere'), 'jsonl:/x')
-  with pytest.raises(ValueError, match="objective='triplet'"):
-    sbert.finetune(config, '/tmp/x', sbert.SbertSettings(objective='triplet'))
-  with pytest.raises(ValueError, match='three .*contrastive'):
-    sbert.finetune(config, '/tmp/x', sbert.SbertSettings(fields=('a', 'b', 'c')))
+  """The settings are the config's fields, checked where they are declared, before the
+  encoder is loaded."""
+  for bad, says in ((dict(objective='triplet'), "config.task='sbert_triplet'"),
+                    (dict(fields=('a', 'b', 'c')), 'three .*contrastive'),
+                    (dict(pooling='first'), "config.pooling='first'"),
+                    (dict(scale=0.0), r'config.task_settings.scale=0.0: expected a number > 0')):
+    config = sbert.sbert_config(dict(hf_dir='/nowhere'), 'jsonl:/x', **bad)
+    with pytest.raises(ValueError, match=says):
+      sbert.finetune(config, '/tmp/x')
