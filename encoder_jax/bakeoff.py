@@ -56,14 +56,13 @@ import jax
 import ml_collections
 
 from encoder_jax import bakeoff_report
-from encoder_jax import checkpointing
 from encoder_jax import config_base
+from encoder_jax import engine
 from encoder_jax import evaluate
 from encoder_jax import metrics_log as metrics
 from encoder_jax import objectives
 from encoder_jax import length_phases
 from encoder_jax import pretrain
-from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.finetune import probe
@@ -368,18 +367,15 @@ def _probe_points(name: str, workdir: str, n: int, per_step: float, preset: Pres
   return points
 
 
-def _check_reached(name: str, workdir: str, steps: int) -> None:
-  """A ``train.PreemptedError`` when the row's pretraining stopped before ``steps``: SIGTERM
-  saved a checkpoint (or none yet), and the rerun resumes the row from it."""
-  try:
-    reached = checkpointing.resolve_step(workdir)
-  except checkpointing.CheckpointError:
-    reached = 0
-  if reached < steps:
-    raise train.PreemptedError(
-        f'bake-off: row {name!r} was preempted at step {reached} of {steps}; its checkpoints '
-        f'in {workdir} are kept, and rerunning the same command resumes it (the rows before '
-        'it are probed again; the table\'s wall time of a resumed row is its last part)')
+def _check_reached(name: str, workdir: str, result, steps: int) -> None:
+  """An ``engine.PreemptedError`` when the row's pretraining was preempted (SIGTERM saved
+  a checkpoint, or none yet): the rerun resumes the row from it."""
+  if result.preempted:
+    raise engine.PreemptedError(
+        f'bake-off: row {name!r} was preempted at step {result.step} of {steps}; its '
+        f'checkpoints in {workdir} are kept, and rerunning the same command resumes it (the '
+        'rows before it are probed again; the table\'s wall time of a resumed row is its last '
+        'part)')
 
 
 def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '',
@@ -432,9 +428,10 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
         + (f' of its own, from {source}' if source else '') + ')'
         + (f' with {changed}' if changed else ''))
     start = time.perf_counter()
-    last = pretrain.run(config, workdir)
+    result = pretrain.run(config, workdir)
     wall = time.perf_counter() - start
-    _check_reached(name, workdir, n)
+    _check_reached(name, workdir, result, n)
+    last = result.metrics
     points = _probe_points(name, workdir, n, per_step, preset, overrides, out, probe_specs,
                            log)
     scores = heldout(workdir)

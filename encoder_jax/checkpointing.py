@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -42,6 +42,14 @@ DAMAGED_DIR = 'checkpoints_damaged'
 
 class CheckpointError(RuntimeError):
   pass
+
+
+class Restored(NamedTuple):
+  """A restored checkpoint (``Checkpointer.restore``)."""
+  params: Any
+  opt_state: Any
+  data_state: dict  # The global data-iterator state ({}: none, e.g. an imported checkpoint).
+  step: int
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -251,8 +259,8 @@ class Checkpointer:
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
-  def restore(self, abstract_state) -> tuple[Any, dict, int] | None:
-    """The newest restorable (params, opt_state, data_state, step), or None if none exist.
+  def restore(self, abstract_state) -> Restored | None:
+    """The newest restorable checkpoint, or None if none exist.
 
     ``abstract_state`` has ``.params`` and ``.opt_state`` trees of ShapeDtypeStructs whose
     ``.sharding`` says where each restored array goes (and ``.extra``, restored into
@@ -292,7 +300,7 @@ class Checkpointer:
         self._set_aside(failures)
         logging.warning('Restored step %d after setting aside unrestorable checkpoints: %s',
                         step, '; '.join(f'step {s}: {r}' for s, r in failures))
-      return got.params, got.opt_state, _data_state(got.data, step), step
+      return Restored(got.params, got.opt_state, _data_state(got.data, step), step)
     raise CheckpointError(
         f'No checkpoint in {self.manager.directory} could be restored; refusing to start from '
         'scratch over them. Reasons: ' + ' | '.join(f'step {s}: {r}' for s, r in failures) +

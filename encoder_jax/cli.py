@@ -30,7 +30,7 @@ _TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the Python traceback of
                                '(bad config, corpus, checkpoint, refused resume).')
 
 USER_ERROR_EXIT = 2
-PREEMPTED_EXIT = 3  # A command of several runs stopped by SIGTERM (train.PreemptedError).
+PREEMPTED_EXIT = 3  # A command of several runs stopped by SIGTERM (engine.PreemptedError).
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -56,8 +56,8 @@ def run(main: Callable[[list[str]], None]) -> None:
       print('(run with --traceback for the details of where it happened)', file=sys.stderr)
       sys.exit(USER_ERROR_EXIT)
     except RuntimeError as e:  # After user_errors: CheckpointError is one.
-      from encoder_jax import train  # pylint: disable=g-import-not-at-top
-      if not isinstance(e, train.PreemptedError) or _TRACEBACK.value:
+      from encoder_jax import engine  # pylint: disable=g-import-not-at-top
+      if not isinstance(e, engine.PreemptedError) or _TRACEBACK.value:
         raise
       print(f'preempted: {e}', file=sys.stderr, flush=True)
       sys.exit(PREEMPTED_EXIT)

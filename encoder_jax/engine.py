@@ -1,21 +1,28 @@
-"""The training engine: the train step, the loop, preemption and the metrics flusher.
+"""The training engine: one run, from a typed spec to a typed result.
 
-What is trained (a ``trainable.Trainable``: pretraining's objectives, a fine-tuning task)
-and when it logs, evaluates and saves (the hooks) are the callers'; everything else about a
-run is here.
+:func:`run` owns everything a training run does around what it trains: the workdir lock,
+preemption (SIGTERM), the persistent compilation cache, the mesh and the state's
+shardings, restore or start (from scratch, or from pretrained parts by one rule,
+``train_state.start_params``), the loop (train, log, evaluate, save), the checkpoints, the
+profiler window and the closing lines; it returns a :class:`Result`. What a run trains and
+reads is its adapter's (``train.py``: pretraining, ``finetune/train.py``: fine-tuning),
+handed over as a :class:`Job`; when it logs, evaluates and saves, and what an evaluation
+is, are the job's :class:`Hooks`. Its settings are one :class:`RunSpec`, which each
+config schema makes (``train.spec``, ``finetune.train.spec``).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import signal
 import time
-from typing import Any
+from typing import Any, Callable, NamedTuple, Protocol
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from absl import logging
@@ -26,18 +33,129 @@ from encoder_jax import feeding
 from encoder_jax import goodput
 from encoder_jax import length_phases
 from encoder_jax import metrics_log as metrics_lib
+from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import sharding
 from encoder_jax import train_state
+from encoder_jax import workdir as workdir_lib
 
 TrainState = train_state.TrainState
 _TRAIN = train_state.TRAIN
 
 
-def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: length_phases.Phase):
-  """A jitted ``(state, batch) -> (state, metrics)`` for one sequence-length phase."""
-  accum = int(config.train.grad_accum_steps)
-  skip_nonfinite = config.train.nonfinite_policy == 'skip'
-  base_key = jax.random.fold_in(jax.random.key(config.seed), _TRAIN)
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+  every_steps: int
+  keep: int
+  async_save: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys:
+  """Where a schema sets what errors name (pretraining's by default)."""
+  nonfinite_policy: str = 'config.train.nonfinite_policy'
+  batch_size: str = 'config.train.batch_size / grad_accum_steps'
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """A run's settings, whichever schema they come from."""
+  seed: int
+  batch_size: int  # Rows of a step (global; accumulated over grad_accum_steps micro-batches).
+  num_steps: int
+  optim: optimizer_lib.Optim
+  mesh: Any  # The mesh section (config_base.MESH's fields).
+  checkpoint: Checkpointing
+  grad_accum_steps: int = 1
+  nonfinite_policy: str = 'stop'
+  compilation_cache_dir: str = 'auto'
+  peak_tflops_per_device: float = 0.0
+  profile_steps: int = 0
+  profile_first_step: int = 1
+  # True: batch_size is the global rows, of which each process feeds its share; False: each
+  # process's batches side by side (one process: its batch).
+  global_rows: bool = True
+  keys: Keys = Keys()
+
+
+class Due(NamedTuple):
+  """What happens after a step (the last step always logs and saves)."""
+  log: bool = False
+  evaluate: bool = False
+  save: bool = False
+
+
+class Out(Protocol):
+  """What an evaluation reports through: ``report(metrics, split)`` writes them to
+  metrics.jsonl and the console; ``last`` holds the last logged training metrics."""
+  last: dict[str, float]
+
+  def report(self, metrics: dict[str, float], split: str) -> None: ...
+
+
+class Hooks(Protocol):
+  """What differs between runs: which phase a step is in, when to log, evaluate and save,
+  and what an evaluation is."""
+
+  def phase_at(self, step: int) -> length_phases.Phase: ...
+
+  def due(self, step: int, data_state: Any) -> Due: ...
+
+  def evaluate(self, step: int, state: TrainState, phase: length_phases.Phase,
+               data_state: Any, out: Out) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+  """How the run starts, for its header: ``resumed`` (the checkpoint step) or ``parts``
+  (a fresh start from pretrained parts: ``train_state.start_params``'s report), or neither
+  (from scratch); ``set_aside``: damaged checkpoints moved out of the way."""
+  resumed: int | None = None
+  parts: dict | None = None
+  set_aside: tuple = ()
+
+
+@dataclasses.dataclass
+class Job:
+  """What an adapter hands the engine once the mesh exists."""
+  trainable: Any  # trainable.Trainable: init, init_extra, losses, flops, metric weights.
+  batches: Any  # next() -> host batch; get_state() / set_state(): the checkpointed position.
+  hooks: Hooks
+  console: console_lib.Console
+  init_rng: Any  # The key fresh params are drawn from.
+  # () -> (host params, {part: why untrained}): pretrained parts to start from (None: from
+  # scratch); read only for a fresh start, never on a resume.
+  pretrained: Callable[[], tuple[Any, dict[str, str]]] | None = None
+  # After restore or the fresh params, before the state is placed: the header, the
+  # workdir's files (every refusal is behind by then).
+  on_start: Callable[[Start, int], None] = lambda start, n_params: None
+  # Equal keys (with the mesh and the phase) reuse a compiled step across runs in this
+  # process; '' never.
+  program_key: str = ''
+  # After the loop (not when preempted), inside the lock: the last scores, saved outputs.
+  finish: Callable[['Result', Out], None] | None = None
+  # The end of the closing line "done: step N in T" and the lines after it.
+  summary: Callable[['Result'], list[str]] = lambda result: []
+
+
+@dataclasses.dataclass
+class Result:
+  state: TrainState
+  step: int
+  preempted: bool
+  metrics: dict[str, float]  # The last logged training metrics.
+  data_state: Any  # The batches' position after the last step.
+  resumed: int | None = None  # The checkpoint step this session started from.
+
+
+def make_train_step(objective, tx, schedule_fn, mesh, shards, phase: length_phases.Phase, *,
+                    seed: int, grad_accum_steps: int = 1, nonfinite_policy: str = 'stop'):
+  """A jitted ``(state, batch) -> (state, metrics)`` for one sequence-length phase:
+  ``grad_accum_steps`` micro-batches, the update dropped on a non-finite loss or gradient
+  when ``nonfinite_policy`` is 'skip', dropout and masks drawn from ``fold_in(key(seed),
+  step)``."""
+  accum = int(grad_accum_steps)
+  skip_nonfinite = nonfinite_policy == 'skip'
+  base_key = jax.random.fold_in(jax.random.key(seed), _TRAIN)
   # ``extra``: the setup's non-trained state carried across steps (None for most setups),
   # one row per batch row, read and renewed by ``stateful_loss_fn``.
   grad_fn = jax.value_and_grad(objective.stateful_loss_fn, has_aux=True)
@@ -137,16 +255,13 @@ class MetricsFlusher:
   timed (tokens/s, MFU), written and printed at each flush. The one non-finite check of
   every run: the loop flushes before every save, so no checkpoint holds a non-finite step.
 
-  ``train``: the run's ``batch_size``, ``num_steps``, ``nonfinite_policy`` and
-  ``peak_tflops_per_device``; ``ckpt``: None for a run kept in memory; ``policy_key``: the
-  config key of the policy, named in the error."""
+  ``ckpt``: None for a run kept in memory."""
 
-  def __init__(self, train: ml_collections.ConfigDict, objective, console, writer,
-               ckpt: checkpointing.Checkpointer | None, workdir: str | None,
-               policy_key: str = 'config.train.nonfinite_policy'):
-    self.t, self.objective, self.console, self.writer = train, objective, console, writer
-    self.ckpt, self.workdir, self.policy_key = ckpt, workdir, policy_key
-    self.peak = metrics_lib.peak_tflops_per_device(train.get('peak_tflops_per_device', 0.0))
+  def __init__(self, spec: RunSpec, objective, console, writer,
+               ckpt: checkpointing.Checkpointer | None, workdir: str | None):
+    self.t, self.objective, self.console, self.writer = spec, objective, console, writer
+    self.ckpt, self.workdir, self.policy_key = ckpt, workdir, spec.keys.nonfinite_policy
+    self.peak = metrics_lib.peak_tflops_per_device(spec.peak_tflops_per_device)
     self.pending: list[dict] = []
     self.last: dict[str, float] = {}
     self.timer_start, self.timer_steps = None, 0
@@ -208,99 +323,209 @@ class MetricsFlusher:
     self.timer_start, self.timer_steps = time.perf_counter(), 0
 
 
-@dataclasses.dataclass
-class Loop:
-  """What every training run's loop works with; :func:`drive` runs it. What differs
-  between runs (pretraining's length phases and held-out MLM, fine-tuning's epochs and task
-  scores) is the ``hooks`` object's:
-
-  * ``phase_at(step)`` -> the ``length_phases.Phase`` of the step;
-  * ``make_step(phase)`` -> the jitted ``(state, batch) -> (state, metrics)`` of a phase;
-  * ``check_batch(step, batch, phase)``: raises on a batch that does not fit the phase;
-  * ``log_now(step, data_state)``, ``save_now(step, data_state)`` -> bool: whether to
-    flush the metrics, or save a checkpoint, after this step (the last step always does);
-  * ``evaluate(step, state, phase, data_state)`` -> bool: evaluates if it is time (True
-    when it did).
-  """
-  hooks: Any
-  iterator: Any  # next() -> host batch; get_state / set_state: the checkpointed position.
-  num_steps: int
-  # Global rows of a batch (each process feeds its share); None: every process's rows side
-  # by side (one process: its batch).
-  batch_size: int | None
-  mesh: jax.sharding.Mesh
-  flusher: MetricsFlusher
-  console: console_lib.Console
-  ckpt: checkpointing.Checkpointer | None  # None: a run kept in memory (nothing saved).
-  workdir: str | None
-  position: Any = None  # The data state after the last step taken (drive sets it).
-  profile: goodput.ProfileWindow | None = None  # A trace of a few steps (config.train.profile_steps).
+def run(spec: RunSpec, workdir: str | None, setup: Callable[[jax.sharding.Mesh], Job]
+        ) -> Result:
+  """Trains (or resumes) in ``workdir`` (None: in memory, nothing saved). ``setup(mesh)``
+  builds the job under the lock, with SIGTERM already heard (a preemption while it
+  prepares data ends the run before its first step)."""
+  if workdir:
+    workdir_lib.check_workdir_writable(workdir)
+  lock = workdir_lib.run_lock(workdir) if workdir else contextlib.nullcontext()
+  with lock, Preempted() as preempted, goodput.compilation_cache(
+      spec.compilation_cache_dir, workdir):
+    mesh = sharding.make_mesh(spec.mesh)
+    sharding.check_batch(spec.batch_size // spec.grad_accum_steps, mesh, spec.keys.batch_size)
+    return _Session(spec, workdir, mesh, setup(mesh), preempted).run()
 
 
-def _after_step(loop: Loop, step: int, phase, state, data_state, stop: bool) -> None:
-  """Log, evaluate and save as the hooks say; the metrics are flushed (and checked for
-  non-finite values) before every save, the one on preemption included."""
-  hooks, flusher = loop.hooks, loop.flusher
-  end = step == loop.num_steps
-  if hooks.log_now(step, data_state) or end:
-    flusher.flush(step, phase, state)
-  if hooks.evaluate(step, state, phase, data_state):
-    flusher.restart_timer()
-  if hooks.save_now(step, data_state) or end or stop:
-    flusher.flush(step, phase, state)  # Never save over a non-finite step.
-    if loop.ckpt is not None:
-      loop.ckpt.save(step, state, data_state)
-      loop.console.say(f'saving step {step} in {checkpointing.checkpoint_dir(loop.workdir)}')
-    flusher.restart_timer()
+def mesh_line(mesh, batch_size: int) -> str:
+  """The header's line of where a run runs."""
+  return (f'  mesh {dict(mesh.shape)} over {jax.device_count()} x '
+          f'{jax.devices()[0].device_kind}; batch {batch_size}')
 
 
-def drive(loop: Loop, state, preempted: Preempted) -> tuple[Any, int, bool]:
-  """Steps from ``state.step`` until ``loop.num_steps`` or preemption: train, log,
-  evaluate, save. Returns (state, the step reached, whether preempted)."""
-  out, flusher = loop.console, loop.flusher
-  step = int(jax.device_get(state.step))
-  loop.position = loop.iterator.get_state()
-  if preempted.at(step):
-    out.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the same '
-            'command to resume.')
-    return state, step, True
-  step_fns: dict[int, Any] = {}
-  ran: set[int] = set()  # Phases whose step ran in this session: compiled.
-  feed = feeding.Prefetcher(loop.iterator)
-  batch_shard = sharding.batch_sharding(loop.mesh)
-  try:
-    while step < loop.num_steps:
-      phase = loop.hooks.phase_at(step)
-      if phase.index not in step_fns:  # A new phase compiles a new step: time from after it.
-        flusher.flush(step, loop.hooks.phase_at(max(step - 1, 0)), state)
-        step_fns[phase.index] = loop.hooks.make_step(phase)
-        flusher.restart_timer()
-      batch, data_state = next(feed)
-      loop.hooks.check_batch(step, batch, phase)
-      if loop.profile is not None:
-        loop.profile.before(step + 1, compiled=phase.index in ran)
-      with jax.profiler.StepTraceAnnotation('train', step_num=step + 1):
-        state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard,
-                                                                  loop.batch_size))
-      step, loop.position = step + 1, data_state
-      ran.add(phase.index)
-      flusher.add(m, state)
-      if loop.profile is not None and loop.profile.after(step, (state, m)):
-        flusher.restart_timer()  # Writing the trace is no step's time.
-      stop = preempted.at(step)
-      _after_step(loop, step, phase, state, data_state, stop)
-      if stop:
-        out.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
-                'command to resume.')
-        return state, step, True
-  finally:
-    feed.close()
-    if loop.profile is not None:  # Preempted or failed inside the window: the trace so far.
+class _Reporter:
+  def __init__(self, step_of, num_steps: int, console, writer, flusher):
+    self.step_of, self.num_steps = step_of, num_steps
+    self.console, self.writer, self.flusher = console, writer, flusher
+
+  @property
+  def last(self) -> dict[str, float]:
+    return self.flusher.last
+
+  def report(self, metrics: dict[str, float], split: str) -> None:
+    step = self.step_of()
+    self.writer.write(step, metrics, prefix=split)
+    self.console.metrics(step, self.num_steps, metrics, split)
+
+
+class _Session:
+  """One run's restore-or-start, loop and close (:func:`run`)."""
+
+  def __init__(self, spec: RunSpec, workdir: str | None, mesh, job: Job, preempted):
+    self.spec, self.workdir, self.mesh, self.job, self.preempted = (
+        spec, workdir, mesh, job, preempted)
+    self.lead = jax.process_index() == 0
+    self.tx = optimizer_lib.build(spec.optim, spec.num_steps)
+    self.schedule = optimizer_lib.schedule(spec.optim, spec.num_steps)
+    boxed, self.shards = train_state.shardings(job.trainable, self.tx, mesh, spec.batch_size)
+    self.n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
+    self.ckpt = (checkpointing.Checkpointer(workdir, spec.checkpoint) if workdir else None)
+    self.step = 0
+
+  def _abstract(self):
+    return train_state.abstract(self.job.trainable, self.tx, self.mesh, self.spec.batch_size)
+
+  def _restore(self) -> checkpointing.Restored | None:
+    """The newest restorable checkpoint, its data state applied to the batches."""
+    restored = self.ckpt.restore(self._abstract()) if self.ckpt is not None else None
+    if restored is not None and restored.data_state:
+      try:  # The data state must fit this run too, before anything is written.
+        self.job.batches.set_state(restored.data_state)
+      except ValueError as e:
+        raise checkpointing.CheckpointError(
+            f'checkpoint step {restored.step} in {checkpointing.checkpoint_dir(self.workdir)}: '
+            f'its data-iterator state ({restored.step}/data) does not fit this run: {e}') from e
+    return restored
+
+  def _state(self, restored) -> tuple[TrainState, Start]:
+    spec, job, shards = self.spec, self.job, self.shards
+    set_aside = tuple(self.ckpt.set_aside) if self.ckpt is not None else ()
+    if restored is not None:
+      extra = self.ckpt.restored_extra  # None: the setup carries none, or the checkpoint none.
+      if extra is None:
+        extra = train_state.initial_extra(job.trainable, spec.batch_size, shards)
+      job.on_start(Start(resumed=restored.step, set_aside=set_aside), self.n_params)
+      return TrainState(step=jax.device_put(jnp.int32(restored.step), shards.step),
+                        params=restored.params, opt_state=restored.opt_state, extra=extra), (
+                            Start(resumed=restored.step))
+    if job.pretrained is None:
+      start = Start(set_aside=set_aside)
+      job.on_start(start, self.n_params)
+      return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
+                                job.init_rng), start
+    params, parts = train_state.start_params(job.trainable, job.init_rng, *job.pretrained())
+    start = Start(parts=parts, set_aside=set_aside)
+    job.on_start(start, self.n_params)
+    # Global arrays from the host copy every process holds (any mesh, any process count).
+    params = jax.tree.map(lambda x, s: jax.make_array_from_callback(
+        np.shape(x), s, lambda index, x=x: np.asarray(x)[index]), params, shards.params)
+    return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
+                              job.init_rng, params), start
+
+  def make_step(self, phase):
+    spec, job = self.spec, self.job
+    build = lambda: make_train_step(
+        job.trainable, self.tx, self.schedule, self.mesh, self.shards, phase, seed=spec.seed,
+        grad_accum_steps=spec.grad_accum_steps, nonfinite_policy=spec.nonfinite_policy)
+    if not job.program_key:
+      return build()
+    return reused(('train', job.program_key, self.mesh, phase), build)
+
+  def run(self) -> Result:
+    spec, job = self.spec, self.job
+    try:
+      restored = self._restore()
+      state, start = self._state(restored)
+      writer = metrics_lib.MetricWriter(
+          self.workdir or '', enabled=bool(self.workdir) and self.lead,
+          resume_step=0 if restored is None else restored.step)
+      flusher = MetricsFlusher(spec, job.trainable, job.console, writer, self.ckpt,
+                               self.workdir)
+      out = _Reporter(lambda: self.step, spec.num_steps, job.console, writer, flusher)
+      profile = None
+      if spec.profile_steps and self.lead and self.workdir:  # One host's trace.
+        profile = goodput.ProfileWindow(spec.profile_first_step, spec.profile_steps,
+                                        self.workdir, job.console)
       try:
-        loop.profile.stop(step)
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning('Could not write the profile trace: %s', e)
-  return state, step, False
+        state, preempted, position = self._loop(state, flusher, out, profile)
+        result = Result(state=state, step=self.step, preempted=preempted, metrics=flusher.last,
+                        data_state=position, resumed=start.resumed)
+        if job.finish is not None and not preempted:
+          job.finish(result, out)
+      finally:
+        writer.close()
+    finally:
+      if self.ckpt is not None:
+        self.ckpt.close()
+    if result.step >= spec.num_steps:
+      lines = job.summary(result)
+      job.console.say(f'done: step {result.step} in {job.console.elapsed()}'
+                      + (lines[0] if lines else ''))
+      for line in lines[1:]:
+        job.console.say(line)
+    warn_skipped(flusher)
+    return result
+
+  def _after_step(self, step: int, phase, state, data_state, stop: bool, flusher, out) -> None:
+    """Log, evaluate and save as the hooks say; the metrics are flushed (and checked for
+    non-finite values) before every save, the one on preemption included."""
+    end = step == self.spec.num_steps
+    due = self.job.hooks.due(step, data_state)
+    if due.log or end:
+      flusher.flush(step, phase, state)
+    if due.evaluate:
+      self.job.hooks.evaluate(step, state, phase, data_state, out)
+      flusher.restart_timer()
+    if due.save or end or stop:
+      flusher.flush(step, phase, state)  # Never save over a non-finite step.
+      if self.ckpt is not None:
+        self.ckpt.save(step, state, data_state)
+        self.job.console.say(
+            f'saving step {step} in {checkpointing.checkpoint_dir(self.workdir)}')
+      flusher.restart_timer()
+
+  def _loop(self, state, flusher, out, profile) -> tuple[TrainState, bool, Any]:
+    """Steps from ``state.step`` until ``num_steps`` or preemption. Returns (state, whether
+    preempted, the batches' position)."""
+    job, console, hooks = self.job, self.job.console, self.job.hooks
+    step = self.step = int(jax.device_get(state.step))
+    position = job.batches.get_state()
+    if self.preempted.at(step):
+      console.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the '
+                  'same command to resume.')
+      return state, True, position
+    step_fns: dict[int, Any] = {}
+    ran: set[int] = set()  # Phases whose step ran in this session: compiled.
+    feed = feeding.Prefetcher(job.batches)
+    batch_shard = sharding.batch_sharding(self.mesh)
+    rows = self.spec.batch_size if self.spec.global_rows else None
+    try:
+      while step < self.spec.num_steps:
+        phase = hooks.phase_at(step)
+        if phase.index not in step_fns:  # A new phase compiles a new step: time from after.
+          flusher.flush(step, hooks.phase_at(max(step - 1, 0)), state)
+          step_fns[phase.index] = self.make_step(phase)
+          flusher.restart_timer()
+        batch, data_state = next(feed)
+        if batch['input_ids'].shape[1] != phase.seq_len:
+          raise RuntimeError(f'Step {step + 1}: the batches have length '
+                             f'{batch["input_ids"].shape[1]}; phase {phase.index} needs '
+                             f'{phase.seq_len}')
+        if profile is not None:
+          profile.before(step + 1, compiled=phase.index in ran)
+        with jax.profiler.StepTraceAnnotation('train', step_num=step + 1):
+          state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard, rows))
+        step = self.step = step + 1
+        position = data_state
+        ran.add(phase.index)
+        flusher.add(m, state)
+        if profile is not None and profile.after(step, (state, m)):
+          flusher.restart_timer()  # Writing the trace is no step's time.
+        stop = self.preempted.at(step)
+        self._after_step(step, phase, state, data_state, stop, flusher, out)
+        if stop:
+          console.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
+                      'command to resume.')
+          return state, True, position
+    finally:
+      feed.close()
+      if profile is not None:  # Preempted or failed inside the window: the trace so far.
+        try:
+          profile.stop(step)
+        except Exception as e:  # pylint: disable=broad-except
+          logging.warning('Could not write the profile trace: %s', e)
+    return state, False, position
 
 
 def warn_skipped(flusher: MetricsFlusher) -> None:
@@ -321,7 +546,8 @@ _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _PROGRAMS_KEPT = 6
 
 
-def _reused(key: tuple, build):
+def reused(key: tuple, build):
+  """``build()``, or what it built for ``key`` earlier in this process."""
   if key not in _PROGRAMS:
     _PROGRAMS[key] = build()
     while len(_PROGRAMS) > _PROGRAMS_KEPT:

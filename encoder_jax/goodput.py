@@ -37,7 +37,7 @@ def compilation_cache_dir(setting: str, workdir: str | None) -> str | None:
   return str(workdir_lib.path(workdir, COMPILATION_CACHE)) if workdir else None
 
 
-def _cache_in_use() -> str | None:
+def cache_in_use() -> str | None:
   return (jax.config.jax_compilation_cache_dir or None
           if jax.config.jax_enable_compilation_cache else None)
 
@@ -57,7 +57,7 @@ def compilation_cache(setting: str, workdir: str | None):
   compile, and only process 0 writes; a hit is the same executable, bit for bit."""
   want, before = compilation_cache_dir(setting, workdir), (
       jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
-  change = want != _cache_in_use()
+  change = want != cache_in_use()
   if change:
     _use_cache(want or before[0], bool(want))
     logging.info('Persistent compilation cache: %s', want or 'off')

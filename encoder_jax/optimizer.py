@@ -1,11 +1,14 @@
-"""optax optimizer and learning-rate schedule from ``config.optim`` (BERT recipe defaults).
+"""optax optimizer and learning-rate schedule from an :class:`Optim` (BERT recipe defaults).
 
-The one optimizer builder of pretraining and fine-tuning: fine-tuning's ``optim`` section
-has the same fields (its defaults are BERT fine-tuning's), its warmup as a fraction of
-the steps (``warmup_fraction``) instead of a count.
+The one optimizer builder of pretraining and fine-tuning. Each config schema makes its
+:class:`Optim` (``engine.RunSpec.optim``): pretraining's ``optim`` section names its warmup
+in steps (:func:`of_pretraining`), fine-tuning's as a fraction of the steps, which its
+adapter turns into steps once the data says how many there are.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import ml_collections
@@ -15,7 +18,34 @@ import optax
 SCHEDULES = ('linear', 'cosine', 'wsd')
 
 
-def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
+@dataclasses.dataclass(frozen=True)
+class Optim:
+  """What builds the optimizer and its schedule; the defaults are BERT's."""
+  learning_rate: float
+  warmup_steps: int
+  name: str = 'adamw'
+  schedule: str = 'linear'
+  decay_fraction: float = 0.2
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-6
+  weight_decay: float = 0.01
+  grad_clip_norm: float = 1.0
+
+  @classmethod
+  def of(cls, section: ml_collections.ConfigDict, warmup_steps: int) -> 'Optim':
+    """The fields a config's ``optim`` section declares (the others keep their defaults:
+    fine-tuning declares no schedule), with the warmup in steps."""
+    names = {f.name for f in dataclasses.fields(cls)} - {'warmup_steps'}
+    return cls(warmup_steps=int(warmup_steps), **{k: section[k] for k in names if k in section})
+
+
+def of_pretraining(optim: ml_collections.ConfigDict) -> Optim:
+  """A pretraining config's ``optim`` section (its warmup is ``warmup_steps``)."""
+  return Optim.of(optim, int(optim.warmup_steps))
+
+
+def schedule(o: Optim, num_steps: int) -> optax.Schedule:
   """Linear warmup from 0 to the peak over ``warmup_steps``, then ``optim.schedule``:
 
   * ``'linear'`` (BERT): linear decay to 0 at ``num_steps``; with ``warmup_steps`` =
@@ -24,11 +54,11 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> 
   * ``'wsd'`` (warmup-stable-decay; MiniCPM, ModernBERT): the peak held, then a linear
     decay to 0 over the last ``decay_fraction`` of the steps.
   """
-  warmup = warmup_steps(optim, num_steps)
+  warmup = o.warmup_steps
   if not 0 <= warmup <= num_steps:
     raise ValueError(f'config.optim.warmup_steps={warmup} must be in [0, train.num_steps='
                      f'{num_steps}]')
-  peak, kind = optim.learning_rate, optim.get('schedule', 'linear')
+  peak, kind = o.learning_rate, o.schedule
   after = max(num_steps - warmup, 1)
   pieces, boundaries = [optax.linear_schedule(0.0, peak, max(warmup, 1))], [warmup]
   if kind == 'linear':
@@ -36,7 +66,7 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> 
   elif kind == 'cosine':
     pieces.append(optax.cosine_decay_schedule(peak, after))
   elif kind == 'wsd':
-    fraction = float(optim.get('decay_fraction', 0.2))
+    fraction = float(o.decay_fraction)
     if not 0 < fraction <= 1:
       raise ValueError(f'config.optim.decay_fraction={fraction}; expected in (0, 1]')
     decay = max(1, min(after, int(round(fraction * num_steps))))
@@ -47,16 +77,10 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int) -> 
   return optax.join_schedules(pieces, boundaries)
 
 
-def warmup_steps(optim: ml_collections.ConfigDict, num_steps: int) -> int:
-  """``optim.warmup_steps``, or ``optim.warmup_fraction`` of ``num_steps`` where the config
-  has that instead (fine-tuning's, whose step count follows from the data)."""
-  if 'warmup_fraction' not in optim:
-    return int(optim.warmup_steps)
-  fraction = float(optim.warmup_fraction)
-  if not 0.0 <= fraction <= 1.0:
-    raise ValueError(f'config.optim.warmup_fraction={optim.warmup_fraction}; expected a '
-                     'fraction of the steps in [0, 1]')
-  return int(round(fraction * num_steps))
+def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int
+                           ) -> optax.Schedule:
+  """:func:`schedule` of a pretraining config's ``optim`` section."""
+  return schedule(of_pretraining(optim), num_steps)
 
 
 def decay_mask(params):
@@ -68,17 +92,22 @@ def decay_mask(params):
 
 
 def make(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  o = config.optim
-  lr = learning_rate_schedule(o, int(config.train.num_steps))
-  name = o.get('name', 'adamw')
-  if name == 'adamw':
+  """:func:`build` of a pretraining config (its ``optim`` and ``train.num_steps``)."""
+  return build(of_pretraining(config.optim), int(config.train.num_steps))
+
+
+def build(o: Optim, num_steps: int) -> optax.GradientTransformation:
+  """AdamW or LAMB on :func:`schedule`, weight decay on weight matrices only, after global
+  gradient-norm clipping."""
+  lr = schedule(o, num_steps)
+  if o.name == 'adamw':
     opt = optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                       mask=decay_mask)
-  elif name == 'lamb':
+  elif o.name == 'lamb':
     opt = optax.lamb(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                      mask=decay_mask)
   else:
-    raise ValueError(f'config.optim.name={name!r}; expected "adamw" or "lamb"')
+    raise ValueError(f'config.optim.name={o.name!r}; expected "adamw" or "lamb"')
   if o.grad_clip_norm < 0:
     raise ValueError(f'config.optim.grad_clip_norm={o.grad_clip_norm}; expected >= 0')
   if o.grad_clip_norm:

@@ -22,6 +22,7 @@ import tempfile
 import ml_collections
 
 from encoder_jax import checkpointing
+from encoder_jax import engine
 from encoder_jax import loading
 from encoder_jax import train
 from encoder_jax import train_state
@@ -31,10 +32,11 @@ from encoder_jax.interop import hf_import
 from encoder_jax.interop import tokenizer as tokenizer_io
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Pretrains (or resumes) in ``workdir`` from what ``config.init`` names, if anything;
-  returns the last logged training metrics (``train.train_and_evaluate``)."""
-  return train.train_and_evaluate(config, workdir, resolve(config, workdir))
+def run(config: ml_collections.ConfigDict, workdir: str) -> engine.Result:
+  """Pretrains (or resumes) in ``workdir`` from what ``config.init`` names, if anything
+  (``train.pretrain``): the state, the step reached, whether it was preempted and the last
+  logged training metrics."""
+  return train.pretrain(config, workdir, resolve(config, workdir))
 
 
 def adopted(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -15,24 +15,22 @@ has a checkpoint of its own it resumes from that, like any run.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 
 from encoder_jax import checkpointing
 from encoder_jax import console as console_lib
 from encoder_jax import data as data_lib
+from encoder_jax import engine
 from encoder_jax import feeding
-from encoder_jax import metrics_log as metrics_lib
+from encoder_jax import goodput
 from encoder_jax import objectives
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import length_phases
@@ -42,20 +40,36 @@ from encoder_jax import validation
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.objectives import masking
 
-from encoder_jax.engine import (  # pylint: disable=unused-import
-    make_train_step, PreemptedError, Preempted, MetricsFlusher, Loop, drive, warn_skipped,
-    _reused, _PROGRAMS)
-from encoder_jax.goodput import (  # pylint: disable=unused-import
-    compilation_cache_dir, compilation_cache, ProfileWindow, _cache_in_use, _use_cache)
-
 PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
 INIT_REPORT = 'init_report.json'  # What a run started from a source took and initialised.
-from encoder_jax.goodput import COMPILATION_CACHE, PROFILE_DIR  # pylint: disable=unused-import
 TrainState = train_state.TrainState
 state_shardings = train_state.state_shardings
 abstract_state = train_state.abstract_state
 create_train_state = train_state.create_train_state
-_INIT, _TRAIN, _EVAL = train_state.INIT, train_state.TRAIN, train_state.EVAL
+_EVAL = train_state.EVAL
+
+
+def spec(config: ml_collections.ConfigDict) -> engine.RunSpec:
+  """The engine's settings of a pretraining config."""
+  t, c = config.train, config.checkpoint
+  return engine.RunSpec(
+      seed=int(config.seed), batch_size=int(t.batch_size), num_steps=int(t.num_steps),
+      optim=optimizer_lib.of_pretraining(config.optim), mesh=config.mesh,
+      checkpoint=engine.Checkpointing(every_steps=int(c.every_steps), keep=int(c.keep),
+                                      async_save=bool(c.async_save)),
+      grad_accum_steps=int(t.grad_accum_steps), nonfinite_policy=str(t.nonfinite_policy),
+      compilation_cache_dir=str(t.get('compilation_cache_dir', 'auto')),
+      peak_tflops_per_device=float(t.get('peak_tflops_per_device', 0.0)),
+      profile_steps=int(t.get('profile_steps', 0)),
+      profile_first_step=int(t.get('profile_first_step', 1)))
+
+
+def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: length_phases.Phase):
+  """``engine.make_train_step`` with a pretraining config's seed, accumulation and policy."""
+  t = config.train
+  return engine.make_train_step(objective, tx, schedule_fn, mesh, shards, phase,
+                                seed=int(config.seed), grad_accum_steps=int(t.grad_accum_steps),
+                                nonfinite_policy=str(t.nonfinite_policy))
 
 
 def make_eval_step(config, objective, mesh, param_shardings, phase: length_phases.Phase):
@@ -150,7 +164,13 @@ def vocab_tables(config, prepared) -> masking.VocabTables:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        source: train_state.Source | None = None) -> dict[str, float]:
-  """Pretrains (or resumes) in ``workdir``; returns the last logged training metrics.
+  """:func:`pretrain`'s last logged training metrics."""
+  return pretrain(config, workdir, source).metrics
+
+
+def pretrain(config: ml_collections.ConfigDict, workdir: str,
+             source: train_state.Source | None = None) -> engine.Result:
+  """Pretrains (or resumes) in ``workdir`` on the engine (``engine.run``).
 
   Every config value and the workdir are checked before any work; the workdir is locked
   against a second run; a resume whose config changes what a checkpoint depends on is
@@ -165,82 +185,131 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                      else 'a source was given but config.init names none')
   config = train_state.adopt(config, source)  # First: a conflict is named as such.
   validation.validate(config)
-  workdir_lib.check_workdir_writable(workdir)
-  # SIGTERM (preemption) is heard from the start: during preparation, restore or compile
-  # it ends the run cleanly before its first step instead of killing it. The compilation
-  # cache is set before the run's first compile.
-  with workdir_lib.run_lock(workdir), Preempted() as preempted, compilation_cache(
-      config.train.get('compilation_cache_dir', 'auto'), workdir):
-    return _train_and_evaluate(config, workdir, preempted, source)
+  return engine.run(spec(config), workdir, lambda mesh: _Pretraining(
+      config, workdir, mesh, source).job())
 
 
-@dataclasses.dataclass
-class _Run:
-  """What one training session works with, built once by :func:`_setup`."""
-  config: ml_collections.ConfigDict
-  workdir: str
-  mesh: jax.sharding.Mesh
-  phases: tuple[length_phases.Phase, ...]
-  prepared: Any  # data.Prepared
-  tx: optax.GradientTransformation
-  objective: Any  # objectives.base.Pretraining
-  schedule_fn: Any
-  shards: Any  # TrainState of shardings
-  console: console_lib.Console
-  ckpt: checkpointing.Checkpointer
-  iterator: Any  # data iterator with get/set_state
-  rows: tuple[int, int]  # The global batch rows this process feeds.
-  lead: bool  # Process 0: prints and writes the workdir.
-  table: str  # The parameter table (parameters.txt).
-  n_params: int
-  source: train_state.Source | None = None  # What config.init names (continued pretraining).
-  programs: str = ''  # What determines the compiled steps (see :func:`_program_key`).
+class _Pretraining:
+  """Pretraining's side of a run: the data, the objectives, the header and the hooks."""
 
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh, source):
+    self.config, self.workdir, self.mesh, self.source = config, workdir, mesh, source
+    self.phases = length_phases.phases(config.train)
+    for change in workdir_lib.check_resume_config(workdir, config):
+      logging.warning('Resuming with a changed config: %s', change)
+    self.prepared = data_lib.load_or_prepare(config)
+    self.tables = vocab_tables(config, self.prepared)
+    self.objective = objectives.build(config, self.tables)
+    self.rows = sharding.process_rows(mesh, int(config.train.batch_size))
+    self.lead = jax.process_index() == 0
+    if self.lead:  # May refuse: nothing is written yet.
+      workdir_lib.check_pinned_tokenizer(workdir, self.prepared.tokenizer)
+    self.console = console_lib.Console(enabled=self.lead, shown=self.objective.console_metrics)
+    self.eval_fns: dict[int, Any] = {}
+    self.eval_sets: dict[int, list] = {}
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        preempted: 'Preempted', source=None) -> dict[str, float]:
-  run = dataclasses.replace(_setup(config, workdir), source=source)
-  restored = _restore(run)
-  _header(run, restored)
-  state = _state(run, restored)
-  writer = metrics_lib.MetricWriter(workdir, enabled=run.lead,
-                                    resume_step=0 if restored is None else restored[3])
-  flusher = MetricsFlusher(config.train, run.objective, run.console, writer, run.ckpt, workdir)
-  try:
-    step = _loop(run, state, preempted, writer, flusher)
-  finally:
-    run.ckpt.close()
-    writer.close()
-  _summary(run, step, flusher)
-  return flusher.last
+  def job(self) -> engine.Job:
+    t = self.config.train
+    if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
+      self.eval_set(self.phases[0])
+    return engine.Job(
+        trainable=self.objective, hooks=self, console=self.console,
+        batches=data_lib.make_train_iterator(self.config, self.prepared, rows=self.rows),
+        init_rng=train_state.init_rng(self.config.seed),
+        pretrained=None if self.source is None else self.pretrained, on_start=self.on_start,
+        program_key=_program_key(self.config, self.tables), summary=self.summary)
 
+  def pretrained(self):
+    """The source's params, its untrained parts said as such."""
+    params, untrained = self.source.load()
+    return params, {part: f'untrained in the source ({why})' for part, why in untrained.items()}
 
-def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
-  """Checks and builds everything; refuses (raises) before the workdir is written."""
-  mesh = sharding.make_mesh(config.mesh)
-  phases = validate(config, mesh)
-  for change in workdir_lib.check_resume_config(workdir, config):
-    logging.warning('Resuming with a changed config: %s', change)
-  prepared = data_lib.load_or_prepare(config)
-  tx = optimizer_lib.make(config)
-  tables = vocab_tables(config, prepared)
-  objective = objectives.build(config, tables)
-  schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
-  boxed, shards = state_shardings(config, mesh, objective, tx)
-  rows = sharding.process_rows(mesh, int(config.train.batch_size))
-  lead = jax.process_index() == 0
-  if lead:
-    workdir_lib.check_pinned_tokenizer(workdir, prepared.tokenizer)  # May refuse: nothing written.
-  table = sharding.describe(boxed.params, mesh)
-  logging.info('Mesh %s; parameters:\n%s', dict(mesh.shape), table)
-  return _Run(config=config, workdir=workdir, mesh=mesh, phases=phases, prepared=prepared,
-              tx=tx, objective=objective, schedule_fn=schedule_fn, shards=shards,
-              console=console_lib.Console(enabled=lead, shown=objective.console_metrics),
-              ckpt=checkpointing.Checkpointer(workdir, config.checkpoint),
-              iterator=data_lib.make_train_iterator(config, prepared, rows=rows), rows=rows,
-              lead=lead, table=table,
-              n_params=sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params))),
-              programs=_program_key(config, tables))
+  # ---- engine.Hooks
+
+  def phase_at(self, step: int) -> length_phases.Phase:
+    return length_phases.phase_at(self.phases, step)
+
+  def due(self, step: int, data_state) -> engine.Due:
+    del data_state
+    t = self.config.train
+    return engine.Due(
+        log=step % t.log_every_steps == 0,
+        evaluate=bool(t.eval_every_steps) and (step % t.eval_every_steps == 0
+                                               or step == t.num_steps),
+        save=step % self.config.checkpoint.every_steps == 0)
+
+  def eval_set(self, phase):
+    """The held-out batches at a phase's length: built once, the same at every eval."""
+    if phase.index not in self.eval_sets:
+      self.eval_sets[phase.index] = list(data_lib.make_eval_iterator(
+          self.config, self.prepared, phase.seq_len, rows=self.rows))
+    return self.eval_sets[phase.index]
+
+  def evaluate(self, step: int, state, phase, data_state, out: engine.Out) -> None:
+    del step, data_state
+    if phase.index not in self.eval_fns:
+      self.eval_fns[phase.index] = engine.reused(
+          ('eval', _program_key(self.config, self.tables), self.mesh, phase),
+          lambda: make_eval_step(self.config, self.objective, self.mesh,
+                                 train_state.state_shardings(
+                                     self.config, self.mesh, self.objective)[1].params, phase))
+    out.report(evaluate(self.eval_fns[phase.index], state.params, self.eval_set(phase),
+                        self.mesh, self.objective, self.config.train.batch_size), 'eval')
+
+  # ---- the run's start and end
+
+  def on_start(self, start: engine.Start, n_params: int) -> None:
+    """Every refusal is behind: the workdir's files, then the header."""
+    config, workdir, out = self.config, self.workdir, self.console
+    boxed, _ = train_state.state_shardings(config, self.mesh, self.objective)
+    table = sharding.describe(boxed.params, self.mesh)
+    logging.info('Mesh %s; parameters:\n%s', dict(self.mesh.shape), table)
+    if self.lead:
+      workdir_lib.pin_tokenizer(workdir, self.prepared.tokenizer, self.prepared.unigram_counts)
+      workdir_lib.write_config(workdir, config)
+      workdir_lib.path(workdir, PARAMETERS_TXT).write_text(table + '\n')
+    m_cfg, prepared = config.model, self.prepared
+    train_split = prepared.manifest['splits']['train']
+    out.say(f'encoder_jax: pretraining {m_cfg.kind} ({m_cfg.num_layers} x {m_cfg.hidden_size}, '
+            f'{n_params:,} parameters; table in '
+            f'{workdir_lib.path(workdir, PARAMETERS_TXT)}) '
+            f'with {" + ".join(config.objective.names)} in {workdir}')
+    out.say(engine.mesh_line(self.mesh, config.train.batch_size) + '; phases ' + ', '.join(
+        f'{p.end_step - p.start_step} steps at {p.seq_len}' for p in self.phases))
+    out.say(f'  data {prepared.directory}: {train_split["documents"]:,} documents, '
+            f'{train_split["tokens"]:,} tokens; {prepared.tokenizer.kind} tokenizer, '
+            f'{prepared.tokenizer.vocab_size:,} pieces')
+    cache = goodput.cache_in_use()
+    out.say(f'  compiled programs cached in {cache}' if cache else
+            '  no compilation cache (config.train.compilation_cache_dir)')
+    for step_aside, reason, where in start.set_aside:
+      out.say(f'  checkpoint step {step_aside} is damaged ({reason}); set aside in {where}')
+    if start.resumed is not None:
+      out.say(f'  resuming from checkpoint step {start.resumed}' + (
+          f' (the run started from {self.source.description}: {INIT_REPORT})'
+          if self.source is not None else ''))
+    elif start.parts is not None:
+      report = dict(source=self.source.description, init=self.source.key,
+                    source_step=self.source.step, **start.parts,
+                    network=dict(config.model.to_dict()),
+                    tokenizer=dict(kind=str(self.source.tokenizer.kind),
+                                   path=str(self.source.tokenizer.path),
+                                   vocab_size=int(self.source.tokenizer.vocab_size)),
+                    optimizer='fresh (step 0): the source\'s optimizer state is not taken')
+      for line in train_state.report_lines(report):
+        out.say('  ' + line)
+      out.say(f'  report in {workdir_lib.path(workdir, INIT_REPORT)}')
+      if self.lead:
+        workdir_lib.path(workdir, INIT_REPORT).write_text(json.dumps(report, indent=2) + '\n')
+    else:
+      out.say('  starting from scratch')
+
+  def summary(self, result: engine.Result) -> list[str]:
+    """Where things are and what to run next."""
+    workdir = self.workdir
+    return [f'; checkpoints in {checkpointing.checkpoint_dir(workdir)}, metrics in '
+            f'{workdir_lib.path(workdir, "metrics.jsonl")}. Next:'] + [
+                f'  {command}' for command in console_lib.next_commands(workdir)]
 
 
 def _program_key(config: ml_collections.ConfigDict, tables: masking.VocabTables) -> str:
@@ -251,160 +320,3 @@ def _program_key(config: ml_collections.ConfigDict, tables: masking.VocabTables)
     h.update(np.ascontiguousarray(a).tobytes())
   h.update(str(tables.mask_id).encode('utf-8'))
   return h.hexdigest()
-
-
-def _restore(run: _Run):
-  """The newest restorable checkpoint (params, opt_state, data_state, step), or None; its
-  data state is applied to the iterator. Then, every refusal behind us, the workdir is
-  written: pinned tokenizer, config, parameter table."""
-  restored = run.ckpt.restore(abstract_state(run.config, run.mesh, run.objective))
-  if restored is not None and restored[2]:
-    try:  # The data state must fit this config too, before anything is written.
-      run.iterator.set_state(restored[2])
-    except ValueError as e:
-      raise checkpointing.CheckpointError(
-          f'checkpoint step {restored[3]} in {checkpointing.checkpoint_dir(run.workdir)}: its '
-          f'data-iterator state ({restored[3]}/data) does not fit this config: {e}') from e
-  if run.lead:
-    workdir_lib.pin_tokenizer(run.workdir, run.prepared.tokenizer, run.prepared.unigram_counts)
-    workdir_lib.write_config(run.workdir, run.config)
-    workdir_lib.path(run.workdir, PARAMETERS_TXT).write_text(run.table + '\n')
-  return restored
-
-
-def _header(run: _Run, restored) -> None:
-  """The console's header: what runs, on what, with which data, from where."""
-  config, out, prepared = run.config, run.console, run.prepared
-  m_cfg, train_split = config.model, prepared.manifest['splits']['train']
-  out.say(f'encoder_jax: pretraining {m_cfg.kind} ({m_cfg.num_layers} x {m_cfg.hidden_size}, '
-          f'{run.n_params:,} parameters; table in '
-          f'{workdir_lib.path(run.workdir, PARAMETERS_TXT)}) '
-          f'with {" + ".join(config.objective.names)} in {run.workdir}')
-  out.say(f'  mesh {dict(run.mesh.shape)} over {jax.device_count()} x '
-          f'{jax.devices()[0].device_kind}; batch {config.train.batch_size}; phases '
-          + ', '.join(f'{p.end_step - p.start_step} steps at {p.seq_len}' for p in run.phases))
-  out.say(f'  data {prepared.directory}: {train_split["documents"]:,} documents, '
-          f'{train_split["tokens"]:,} tokens; {prepared.tokenizer.kind} tokenizer, '
-          f'{prepared.tokenizer.vocab_size:,} pieces')
-  cache = _cache_in_use()
-  out.say(f'  compiled programs cached in {cache}' if cache else
-          '  no compilation cache (config.train.compilation_cache_dir)')
-  for step_aside, reason, where in getattr(run.ckpt, 'set_aside', []):
-    out.say(f'  checkpoint step {step_aside} is damaged ({reason}); set aside in {where}')
-  if restored is not None:
-    out.say(f'  resuming from checkpoint step {restored[3]}' + (
-        f' (the run started from {run.source.description}: {INIT_REPORT})'
-        if run.source is not None else ''))
-  elif run.source is None:
-    out.say('  starting from scratch')
-
-
-def _state(run: _Run, restored) -> TrainState:
-  """A fresh sharded state (from the source's weights when there is one), or the restored
-  one (with the setup's extra state)."""
-  if restored is None and run.source is not None:
-    params, report = train_state.start_params(run.config, run.objective, run.source)
-    for line in train_state.report_lines(report):
-      run.console.say('  ' + line)
-    run.console.say(f'  report in {workdir_lib.path(run.workdir, INIT_REPORT)}')
-    if run.lead:
-      workdir_lib.path(run.workdir, INIT_REPORT).write_text(json.dumps(report, indent=2) + '\n')
-    # Global arrays from the host copy every process holds (any mesh, any process count).
-    params = jax.tree.map(lambda x, s: jax.make_array_from_callback(
-        np.shape(x), s, lambda index, x=x: np.asarray(x)[index]), params, run.shards.params)
-    return create_train_state(run.config, run.mesh, params=params, setup=run.objective,
-                              tx=run.tx)
-  if restored is None:
-    return create_train_state(run.config, run.mesh, setup=run.objective, tx=run.tx)
-  params, opt_state, _, step = restored
-  extra = run.ckpt.restored_extra  # None: the setup carries none, or the checkpoint has none.
-  if extra is None:
-    extra = train_state.initial_extra(run.config, run.mesh, run.objective, run.shards)
-  return TrainState(step=jax.device_put(jnp.int32(step), run.shards.step), params=params,
-                    opt_state=opt_state, extra=extra)
-
-
-class _PretrainingHooks:
-  """Pretraining's loop: length phases, held-out MLM every ``train.eval_every_steps``,
-  metrics every ``train.log_every_steps``, checkpoints every ``checkpoint.every_steps``."""
-
-  def __init__(self, run: _Run, writer):
-    self.run, self.writer, self.t = run, writer, run.config.train
-    self.eval_fns: dict[int, Any] = {}
-    self.eval_sets: dict[int, list] = {}
-
-  def phase_at(self, step: int):
-    return length_phases.phase_at(self.run.phases, step)
-
-  def make_step(self, phase):
-    run = self.run
-    return _reused(('train', run.programs, run.mesh, phase), lambda: make_train_step(
-        run.config, run.objective, run.tx, run.schedule_fn, run.mesh, run.shards, phase))
-
-  def check_batch(self, step: int, batch, phase) -> None:
-    if batch['input_ids'].shape[1] != phase.seq_len:
-      raise RuntimeError(f'Step {step}: the data iterator gave length '
-                         f'{batch["input_ids"].shape[1]}, phase {phase.index} needs '
-                         f'{phase.seq_len}')
-
-  def eval_set(self, phase):
-    """The held-out batches at a phase's length: built once, the same at every eval."""
-    if phase.index not in self.eval_sets:
-      self.eval_sets[phase.index] = list(data_lib.make_eval_iterator(
-          self.run.config, self.run.prepared, phase.seq_len, rows=self.run.rows))
-    return self.eval_sets[phase.index]
-
-  def log_now(self, step: int, data_state) -> bool:
-    del data_state
-    return step % self.t.log_every_steps == 0
-
-  def save_now(self, step: int, data_state) -> bool:
-    del data_state
-    return step % self.run.ckpt.every_steps == 0
-
-  def evaluate(self, step: int, state, phase, data_state) -> bool:
-    del data_state
-    t, run = self.t, self.run
-    if not t.eval_every_steps or (step % t.eval_every_steps and step != t.num_steps):
-      return False
-    if phase.index not in self.eval_fns:
-      self.eval_fns[phase.index] = _reused(
-          ('eval', run.programs, run.mesh, phase), lambda: make_eval_step(
-              run.config, run.objective, run.mesh, run.shards.params, phase))
-    held_out = evaluate(self.eval_fns[phase.index], state.params, self.eval_set(phase),
-                        run.mesh, run.objective, t.batch_size)
-    self.writer.write(step, held_out, prefix='eval')
-    run.console.metrics(step, t.num_steps, held_out, 'eval')
-    return True
-
-
-def _loop(run: _Run, state, preempted: 'Preempted', writer, flusher: MetricsFlusher) -> int:
-  """Steps until ``train.num_steps`` or preemption: train, log, evaluate, save. The step
-  reached."""
-  t = run.config.train
-  hooks = _PretrainingHooks(run, writer)
-  step = int(jax.device_get(state.step))
-  if t.eval_every_steps:  # An unusable held-out split fails now, not mid-run.
-    hooks.eval_set(length_phases.phase_at(run.phases, step))
-  profile = None
-  if t.get('profile_steps', 0) and run.lead:  # One host's trace: every host runs the same.
-    profile = ProfileWindow(t.profile_first_step, t.profile_steps, run.workdir, run.console)
-  loop = Loop(hooks=hooks, iterator=run.iterator, num_steps=int(t.num_steps),
-              batch_size=int(t.batch_size), mesh=run.mesh, flusher=flusher,
-              console=run.console, ckpt=run.ckpt, workdir=run.workdir, profile=profile)
-  _, step, _ = drive(loop, state, preempted)
-  return step
-
-
-def _summary(run: _Run, step: int, flusher: MetricsFlusher) -> None:
-  """The closing lines: where things are and what to run next; dropped updates warned."""
-  out = run.console
-  if step >= run.config.train.num_steps:
-    out.say(f'done: step {step} in {out.elapsed()}; checkpoints in '
-            f'{checkpointing.checkpoint_dir(run.workdir)}, metrics in '
-            f'{workdir_lib.path(run.workdir, "metrics.jsonl")}. Next:')
-    for command in console_lib.next_commands(run.workdir):
-      out.say(f'  {command}')
-  warn_skipped(flusher)
-
-

@@ -50,20 +50,51 @@ def _boxed_init_fn(setup, tx, batch_size: int):
   return init
 
 
-def state_shardings(config: ml_collections.ConfigDict, mesh, setup=None, tx=None):
-  """(abstract boxed TrainState, NamedSharding tree of the unboxed TrainState)."""
-  setup = setup or objectives.build(config)
-  tx = tx or optimizer_lib.make(config)
-  boxed = jax.eval_shape(_boxed_init_fn(setup, tx, int(config.train.batch_size)),
-                         jax.random.key(0))
+def shardings(setup, tx, mesh, batch_size: int):
+  """(abstract boxed TrainState, NamedSharding tree of the unboxed TrainState) of what
+  ``setup`` trains with ``tx``; ``batch_size``: the global rows of a step (the setup's
+  extra state has one row per batch row)."""
+  boxed = jax.eval_shape(_boxed_init_fn(setup, tx, int(batch_size)), jax.random.key(0))
   return boxed, sharding.shardings_of(boxed, mesh)
 
 
-def abstract_state(config: ml_collections.ConfigDict, mesh, setup=None, tx=None) -> TrainState:
+def abstract(setup, tx, mesh, batch_size: int) -> TrainState:
   """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
-  boxed, shards = state_shardings(config, mesh, setup, tx)
+  boxed, shards = shardings(setup, tx, mesh, batch_size)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       nn.unbox(boxed), shards)
+
+
+def create(setup, tx, mesh, batch_size: int, rng, params=None) -> TrainState:
+  """A new sharded TrainState (step 0): initialised from ``rng``, or from ``params`` (a
+  host or global tree) when given."""
+  _, shards = shardings(setup, tx, mesh, batch_size)
+  if params is None:
+    init = _boxed_init_fn(setup, tx, int(batch_size))
+    return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)
+  new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p),
+                             extra=nn.unbox(setup.init_extra(int(batch_size))))
+  return jax.jit(new, in_shardings=(shards.params,), out_shardings=shards)(params)
+
+
+def init_rng(seed: int):
+  """The key a pretraining run's params are initialised from."""
+  return jax.random.fold_in(jax.random.key(seed), INIT)
+
+
+# A pretraining config's state (its setup and optimizer unless given).
+
+
+def state_shardings(config: ml_collections.ConfigDict, mesh, setup=None, tx=None):
+  """:func:`shardings` of a pretraining config."""
+  return shardings(setup or objectives.build(config), tx or optimizer_lib.make(config), mesh,
+                   int(config.train.batch_size))
+
+
+def abstract_state(config: ml_collections.ConfigDict, mesh, setup=None, tx=None) -> TrainState:
+  """:func:`abstract` of a pretraining config."""
+  return abstract(setup or objectives.build(config), tx or optimizer_lib.make(config), mesh,
+                  int(config.train.batch_size))
 
 
 def abstract_params(config: ml_collections.ConfigDict, mesh, setup=None):
@@ -77,26 +108,17 @@ def abstract_params(config: ml_collections.ConfigDict, mesh, setup=None):
 
 def create_train_state(config: ml_collections.ConfigDict, mesh, params=None, setup=None,
                        tx=None) -> TrainState:
-  """A new sharded TrainState (step 0); from ``params`` if given (e.g. imported weights)."""
-  setup = setup or objectives.build(config)
-  tx = tx or optimizer_lib.make(config)
-  _, shards = state_shardings(config, mesh, setup, tx)
-  batch_size = int(config.train.batch_size)
-  if params is None:
-    init = _boxed_init_fn(setup, tx, batch_size)
-    rng = jax.random.fold_in(jax.random.key(config.seed), INIT)
-    return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)
-  new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p),
-                             extra=nn.unbox(setup.init_extra(batch_size)))
-  return jax.jit(new, in_shardings=(shards.params,), out_shardings=shards)(params)
+  """:func:`create` of a pretraining config (step 0); from ``params`` if given (e.g.
+  imported weights)."""
+  return create(setup or objectives.build(config), tx or optimizer_lib.make(config), mesh,
+                int(config.train.batch_size), init_rng(config.seed), params)
 
 
-def initial_extra(config: ml_collections.ConfigDict, mesh, setup, shards=None):
+def initial_extra(setup, batch_size: int, shards: TrainState):
   """The setup's fresh (sharded) ``TrainState.extra``, or None if it carries none."""
-  shards = shards if shards is not None else state_shardings(config, mesh, setup)[1]
   if shards.extra is None:
     return None
-  make = lambda: nn.unbox(setup.init_extra(int(config.train.batch_size)))
+  make = lambda: nn.unbox(setup.init_extra(int(batch_size)))
   return jax.jit(make, out_shardings=shards.extra)()
 
 
@@ -166,24 +188,24 @@ def _shapes(tree):
   return jax.tree.map(lambda x: tuple(x.shape), tree)
 
 
-def start_params(config: ml_collections.ConfigDict, setup, source: Source
-                 ) -> tuple[Any, dict]:
-  """(host params, report): the setup's params tree (the run's objectives) with every
-  top-level part the source holds trained, at the same shapes, taken from it; the others
-  (an objective's head the source lacks, a head it holds untrained) freshly initialised
-  from the run's seed, as a run from scratch would be. The report says which, and why."""
-  rng = jax.random.fold_in(jax.random.key(config.seed), INIT)
+def start_params(setup, rng, theirs, untrained: dict[str, str]) -> tuple[Any, dict]:
+  """(host params, report): the one rule of every run that starts from pretrained parts
+  (continued pretraining, fine-tuning). The setup's params tree (initialised from ``rng``)
+  takes every top-level part that ``theirs`` holds trained, at the same shapes, as it is;
+  the others are freshly initialised, each with why: not in the source, untrained there
+  (``untrained``: part -> why, e.g. a task's head or a head an import initialised), or of
+  other shapes there. ``report``: ``taken`` (parts), ``initialised`` (part -> why) and
+  ``unused`` (the source's parts the setup has no place for)."""
   shapes = _shapes(nn.unbox(jax.eval_shape(setup.init, rng)))
-  theirs, untrained = source.load()
   theirs = jax.device_get(theirs)
   taken, fresh = [], {}
   for part in sorted(shapes):
-    if part not in theirs:
+    if part in untrained:
+      fresh[part] = untrained[part]
+    elif part not in theirs:
       fresh[part] = 'not in the source'
-    elif part in untrained:
-      fresh[part] = f'untrained in the source ({untrained[part]})'
     elif _shapes(theirs[part]) != shapes[part]:
-      fresh[part] = 'other shapes in the source'
+      fresh[part] = f'other shapes in the source: {_shapes(theirs[part])}'
     else:
       taken.append(part)
   # The fresh parts only: the same values as the whole init's (one key, split the same
@@ -191,26 +213,25 @@ def start_params(config: ml_collections.ConfigDict, setup, source: Source
   params = dict(jax.device_get(jax.jit(
       lambda r: {k: v for k, v in nn.unbox(setup.init(r)).items() if k in fresh})(rng)))
   params.update({part: theirs[part] for part in taken})
-  report = dict(source=source.description, init=source.key, source_step=source.step,
-                taken=taken, initialised=fresh,
-                unused=sorted(set(theirs) - set(shapes)),
-                network=dict(config.model.to_dict()),
-                tokenizer=dict(kind=str(source.tokenizer.kind), path=str(source.tokenizer.path),
-                               vocab_size=int(source.tokenizer.vocab_size)),
-                optimizer='fresh (step 0): the source\'s optimizer state is not taken')
-  return params, report
+  return params, dict(taken=taken, initialised=fresh,
+                      unused=sorted(set(theirs) - set(shapes)))
+
+
+def parts_lines(report: dict) -> list[str]:
+  """The console's lines for the parts of a :func:`start_params` report."""
+  lines = ['taken from the source: ' + (', '.join(report['taken']) or 'nothing')]
+  if report['initialised']:
+    lines.append('freshly initialised: ' + ', '.join(
+        f'{part} ({why})' for part, why in report['initialised'].items()))
+  if report['unused']:
+    lines.append('in the source, not used: ' + ', '.join(report['unused']))
+  return lines
 
 
 def report_lines(report: dict) -> list[str]:
-  """The console's lines for a :func:`start_params` report."""
+  """The console's lines for a continued-pretraining start (``init_report.json``)."""
   m = report['network']
-  lines = [f'starting from {report["source"]} ({report["init"]}): its network '
-           f'({m["kind"]}, {m["num_layers"]} x {m["hidden_size"]}) and '
-           f'{report["tokenizer"]["kind"]} tokenizer; a fresh optimizer',
-           '  taken from the source: ' + (', '.join(report['taken']) or 'nothing')]
-  if report['initialised']:
-    lines.append('  freshly initialised: ' + ', '.join(
-        f'{part} ({why})' for part, why in report['initialised'].items()))
-  if report['unused']:
-    lines.append('  in the source, not used: ' + ', '.join(report['unused']))
-  return lines
+  return [f'starting from {report["source"]} ({report["init"]}): its network '
+          f'({m["kind"]}, {m["num_layers"]} x {m["hidden_size"]}) and '
+          f'{report["tokenizer"]["kind"]} tokenizer; a fresh optimizer'] + [
+              '  ' + line for line in parts_lines(report)]

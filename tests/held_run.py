@@ -2,18 +2,19 @@
 that step instead of timing it.
 
 ``python -c script(MODULE) STEP MARKER FLAGS...`` runs MODULE's command line (e.g.
-``encoder_jax.main``) with the engine's preemption check (``train.Preempted.at``) waiting
+``encoder_jax.main``) with the engine's preemption check (``engine.Preempted.at``) waiting
 after step STEP, MARKER written, until a signal arrives: SIGKILL ends the process there;
 SIGTERM sets the flag the check waits for, and the run saves and exits as on a preemption.
 """
 
 _SCRIPT = '''
 import runpy, sys, time
+from encoder_jax import engine
 from encoder_jax import train
 
 STEP, MARKER = int(sys.argv[1]), sys.argv[2]
 del sys.argv[1:3]
-_at = train.Preempted.at
+_at = engine.Preempted.at
 
 
 def at(self, step):
@@ -24,7 +25,7 @@ def at(self, step):
   return _at(self, step)
 
 
-train.Preempted.at = at
+engine.Preempted.at = at
 sys.argv[0] = MODULE
 runpy.run_module(MODULE, run_name='__main__')
 '''

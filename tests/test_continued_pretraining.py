@@ -94,14 +94,16 @@ def test_start_params_takes_the_trained_parts_and_initialises_the_others():
   source = _fake_source(params=theirs, untrained={'pair_head': 'an import made it'})
   c.objective.names, c.data.pair_kind = ('mlm', 'sbo'), 'doc_sentences'
   setup = objectives.build(c)
-  params, report = train_state.start_params(c, setup, source)
+  theirs, untrained = source.load()
+  params, report = train_state.start_params(setup, train_state.init_rng(c.seed), theirs, {
+      part: f'untrained in the source ({why})' for part, why in untrained.items()})
   assert report['taken'] == ['embeddings', 'encoder', 'mlm_head', 'pooler']
   assert report['initialised']['pair_head'] == 'untrained in the source (an import made it)'
   assert set(report['initialised']) == set(params) - set(report['taken'])
   for part in report['taken']:
     jax.tree.map(np.testing.assert_array_equal, params[part], theirs[part])
   assert not np.array_equal(params['pair_head']['kernel'], theirs['pair_head']['kernel'])
-  assert any('freshly initialised: ' in line for line in train_state.report_lines(report))
+  assert any('freshly initialised: ' in line for line in train_state.parts_lines(report))
 
 
 def test_an_hf_start_with_another_network_is_refused_before_any_work(tmp_path):

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from encoder_jax import engine
 from encoder_jax import checkpointing
 from encoder_jax import config_base
 from encoder_jax import objectives
@@ -184,9 +185,9 @@ def test_trains_on_8_devices_and_resumes_exactly(name, prepared_root, tmp_path, 
   assert step == 4
   # Drop the last checkpoint: the rerun resumes from step 2 and must retrace steps 3-4.
   shutil.rmtree(os.path.join(checkpointing.checkpoint_dir(workdir), '4'))
-  programs = dict(train._PROGRAMS)  # pylint: disable=protected-access
+  programs = dict(engine._PROGRAMS)  # pylint: disable=protected-access
   train.train_and_evaluate(c, workdir)
   # The same config again in this process: its traced and compiled steps are reused.
-  assert dict(train._PROGRAMS) == programs  # pylint: disable=protected-access
+  assert dict(engine._PROGRAMS) == programs  # pylint: disable=protected-access
   again, _ = checkpointing.restore_params(workdir, abstract, 4)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(final), jax.device_get(again))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
+from encoder_jax import goodput
 from encoder_jax import config_base
 from encoder_jax import console as console_lib
 from encoder_jax import train
@@ -85,7 +86,7 @@ def test_a_run_caches_its_programs_in_its_workdir_and_traces_its_window(
   train.train_and_evaluate(_config(prepared_dir, profile_first_step=2, profile_steps=2),
                            str(workdir))
   out = capsys.readouterr().out
-  cache = workdir / train.COMPILATION_CACHE
+  cache = workdir / goodput.COMPILATION_CACHE
   assert f'compiled programs cached in {cache}' in out
   assert _entries(cache), 'the run wrote no compiled program into its workdir'
   assert jax.config.jax_compilation_cache_dir is None  # The process's own setting, back.
@@ -102,17 +103,17 @@ def test_cache_setting_precedence_off_reuse_and_restore(tmp_path, monkeypatch, j
   environment = jax.config.jax_compilation_cache_dir  # conftest: JAX_COMPILATION_CACHE_DIR.
   assert environment
   workdir = str(tmp_path / 'w')
-  assert train.compilation_cache_dir('auto', workdir) == environment
-  assert train.compilation_cache_dir('', workdir) is None
-  assert train.compilation_cache_dir('gs://b/x', workdir) == 'gs://b/x'
+  assert goodput.compilation_cache_dir('auto', workdir) == environment
+  assert goodput.compilation_cache_dir('', workdir) is None
+  assert goodput.compilation_cache_dir('gs://b/x', workdir) == 'gs://b/x'
   monkeypatch.chdir(tmp_path)
-  assert train.compilation_cache_dir('rel', workdir) == str(tmp_path / 'rel')
+  assert goodput.compilation_cache_dir('rel', workdir) == str(tmp_path / 'rel')
   jax_config('jax_persistent_cache_min_compile_time_secs', 0.0)  # Cache even tiny programs.
   mine = tmp_path / 'mine'
-  with train.compilation_cache(str(mine), workdir) as used:
+  with goodput.compilation_cache(str(mine), workdir) as used:
     assert used == str(mine)
-    with train.compilation_cache('', workdir) as off:
-      assert off is None and train._cache_in_use() is None  # pylint: disable=protected-access
+    with goodput.compilation_cache('', workdir) as off:
+      assert off is None and goodput.cache_in_use() is None  # pylint: disable=protected-access
       _compile_new(1.75)
     assert _entries(mine) == []  # Off: nothing written.
     _compile_new(2.75)
@@ -120,15 +121,15 @@ def test_cache_setting_precedence_off_reuse_and_restore(tmp_path, monkeypatch, j
     with _CacheHits() as hits:  # The same program again, as a restarted process compiles it.
       _compile_new(2.75)
     assert len(hits.names) == 1
-  assert train._cache_in_use() == environment  # pylint: disable=protected-access
+  assert goodput.cache_in_use() == environment  # pylint: disable=protected-access
   # Without a cache from the environment, 'auto' is the workdir's (local or gs://).
   jax_config('jax_compilation_cache_dir', None)
-  assert train.compilation_cache_dir('auto', workdir) == os.path.join(workdir,
-                                                                      train.COMPILATION_CACHE)
-  assert train.compilation_cache_dir('auto', 'gs://b/run') == 'gs://b/run/compilation_cache'
-  assert train.compilation_cache_dir('auto', None) is None
+  assert goodput.compilation_cache_dir('auto', workdir) == os.path.join(workdir,
+                                                                      goodput.COMPILATION_CACHE)
+  assert goodput.compilation_cache_dir('auto', 'gs://b/run') == 'gs://b/run/compilation_cache'
+  assert goodput.compilation_cache_dir('auto', None) is None
   jax_config('jax_enable_compilation_cache', False)  # JAX_ENABLE_COMPILATION_CACHE=false
-  assert train.compilation_cache_dir('auto', workdir) is None
+  assert goodput.compilation_cache_dir('auto', workdir) is None
 
 
 class _Lines(console_lib.Console):
@@ -143,7 +144,7 @@ class _Lines(console_lib.Console):
 def test_window_skips_the_compile_and_stops_when_the_loop_ends_early(tmp_path):
   step = jax.jit(lambda v: v + 1)
   console = _Lines()
-  window = train.ProfileWindow(first=1, count=3, workdir=str(tmp_path), console=console)
+  window = goodput.ProfileWindow(first=1, count=3, workdir=str(tmp_path), console=console)
   window.before(1, compiled=False)  # Step 1 compiles the program: not traced.
   x = step(jnp.zeros(2))
   assert not window.after(1, x) and window.start_step is None
@@ -157,7 +158,7 @@ def test_window_skips_the_compile_and_stops_when_the_loop_ends_early(tmp_path):
   window.before(3, compiled=True)  # One trace per session.
   assert window.start_step is None
   # A session that starts after the window's first step (a resume) traces nothing.
-  late = train.ProfileWindow(first=5, count=2, workdir=str(tmp_path / 'late'), console=console)
+  late = goodput.ProfileWindow(first=5, count=2, workdir=str(tmp_path / 'late'), console=console)
   late.before(6, compiled=True)
   assert late.start_step is None and not (tmp_path / 'late').exists()
 
@@ -188,12 +189,12 @@ def test_a_resume_may_change_the_cache_and_the_window(tmp_path):
 def test_on_a_bucket_the_cache_and_the_trace_are_written_there(bucket, jax_config):
   from etils import epath  # pylint: disable=g-import-not-at-top
   jax_config('jax_persistent_cache_min_compile_time_secs', 0.0)
-  with train.compilation_cache(f'{bucket}/xla', None) as used:
+  with goodput.compilation_cache(f'{bucket}/xla', None) as used:
     assert used == f'{bucket}/xla'
     _compile_new(3.75)
   assert [p.name for p in epath.Path(f'{bucket}/xla').glob('*-cache')]
   console = _Lines()
-  window = train.ProfileWindow(first=1, count=1, workdir=f'{bucket}/run', console=console)
+  window = goodput.ProfileWindow(first=1, count=1, workdir=f'{bucket}/run', console=console)
   window.before(1, compiled=True)
   assert window.after(1, _compile_new(3.75))
   traces = list(epath.Path(f'{bucket}/run/profile/plugins/profile').glob('*/*.xplane.pb'))

@@ -1,41 +1,34 @@
-"""Fine-tuning on the training engine: pretrained encoder + the task's head, per epoch.
+"""Fine-tuning: an adapter of the training engine (``engine.run``).
 
 ``finetune(config, workdir)`` loads the encoder (a pretraining workdir or an HF directory),
 lets the task of ``config.task`` (``finetune.tasks``: reader, head, loss, scorer) read and
-encode its data, and trains it with the pretraining engine (``train.drive``): the same
-train step (``train.make_train_step``: the model's dtype, e.g. ``config.dtype='bfloat16'``,
-and the non-finite policy), optimizer (``optimizer.make``: AdamW, linear warmup then
-decay), metrics flusher (the non-finite policy checked before every save, the one on
-SIGTERM included), preemption, Orbax checkpoints with exact resume (params, optimizer state
-and the position ``{epoch, batch}`` of :class:`finetune.data.EpochBatches`, saved at every
-epoch's end and on SIGTERM), console and ``metrics.jsonl``. What differs from pretraining
-is in :class:`_Hooks`: epochs instead of length phases, the task's scores at an epoch's end
-instead of held-out MLM. It returns the metrics of the last evaluation; the final params
-also go to ``<workdir>/params`` with ``labels.json`` and ``finetune_config.json``.
+encode its data, and runs it on the engine, which owns what every run does (the train step
+with the model's dtype and the non-finite policy, the optimizer, preemption, Orbax
+checkpoints with exact resume of the position ``{epoch, batch}`` of
+:class:`finetune.data.EpochBatches`, the console and ``metrics.jsonl``). What is
+fine-tuning's is :class:`_FineTuning`: its settings (:func:`spec`), the pretrained parts it
+starts from (the task's head always fresh), epochs instead of length phases, the task's
+scores at an epoch's end, and the final params in ``<workdir>/params`` with
+``labels.json`` and ``finetune_config.json``. It returns the metrics of the last evaluation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
-from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from encoder_jax import checkpointing
 from encoder_jax import console as console_lib
+from encoder_jax import engine
 from encoder_jax import feeding
+from encoder_jax import goodput
 from encoder_jax import loading
-from encoder_jax import metrics_log
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import sharding
-from encoder_jax import train as engine
 from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.finetune import config as finetune_config
@@ -57,45 +50,22 @@ def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
   return loading.load_workdir(i.workdir, step=None if i.step < 0 else int(i.step))
 
 
-def init_params(model: nn.Module, pretrained, max_len: int, seed: int, init_fn=None
-                ) -> tuple[dict, dict[str, list[str]]]:
-  """(params, what came from where): every top-level part of the model that the pretrained
-  params have (same shapes) is taken from them, the task head (``heads.HEAD_PARTS``) and any
-  part they lack (e.g. the pooler of a kind pretrained without one) is freshly initialised.
-  The second value lists the parts 'taken', 'fresh' and pretrained ones 'unused'."""
-  ids = jnp.zeros((1, max_len), jnp.int32)
-  init_fn = init_fn or (lambda r: model.init(r, ids, ids, ids)['params'])
-  params = dict(nn.unbox(jax.jit(init_fn)(jax.random.PRNGKey(seed))))
-  pretrained = loading.to_host(pretrained)
-  report = {'taken': [], 'fresh': [], 'unused': sorted(set(pretrained) - set(params))}
-  for part in sorted(params):
-    if part in heads.HEAD_PARTS or part not in pretrained:
-      report['fresh'].append(part)
-      continue
-    want = jax.tree.map(np.shape, params[part])
-    got = jax.tree.map(np.shape, pretrained[part])
-    if want != got:
-      raise ValueError(f'The pretrained {part!r} params do not fit the model: {got} vs {want}')
-    params[part] = pretrained[part]
-    report['taken'].append(part)
-  return params, report
-
-
-def engine_config(config: ml_collections.ConfigDict, total_steps: int,
-                  steps_per_epoch: int) -> ml_collections.ConfigDict:
-  """The sections of a pretraining config the engine's pieces read, from a fine-tuning
-  config: one optimizer step per batch, the optimizer section as it is (``optimizer.make``
-  reads its fields), a checkpoint at every epoch's end."""
+def spec(config: ml_collections.ConfigDict, total_steps: int,
+         steps_per_epoch: int) -> engine.RunSpec:
+  """The engine's settings of a fine-tuning config: one optimizer step per batch, the
+  warmup a fraction of all steps, a checkpoint at every epoch's end."""
   o = config.optim
-  return ml_collections.ConfigDict(dict(
-      seed=int(config.seed),
-      train=dict(batch_size=int(o.batch_size), grad_accum_steps=1, num_steps=total_steps,
-                 nonfinite_policy=config.nonfinite_policy, dropout_rng_impl='threefry',
-                 peak_tflops_per_device=0.0),
-      optim=o.to_dict(),
-      mesh=config.mesh.to_dict(),
-      checkpoint=dict(every_steps=steps_per_epoch, keep=int(config.checkpoint_keep),
-                      async_save=False)))
+  return engine.RunSpec(
+      seed=int(config.seed), batch_size=int(o.batch_size), num_steps=int(total_steps),
+      optim=optimizer_lib.Optim.of(o, round(float(o.warmup_fraction) * total_steps)),
+      mesh=config.mesh,
+      checkpoint=engine.Checkpointing(every_steps=int(steps_per_epoch),
+                                      keep=int(config.checkpoint_keep)),
+      nonfinite_policy=str(config.nonfinite_policy),
+      compilation_cache_dir=str(config.get('compilation_cache_dir', 'auto')),
+      global_rows=False,
+      keys=engine.Keys(nonfinite_policy='config.nonfinite_policy',
+                       batch_size='config.optim.batch_size'))
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=print,
@@ -112,7 +82,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
     workdir_lib.check_workdir_writable(workdir)
   # Pretraining's persistent compilation cache, set before the first compile ('auto' in
   # memory: the environment's, if any).
-  with engine.compilation_cache(config.get('compilation_cache_dir', 'auto'), workdir):
+  with goodput.compilation_cache(config.get('compilation_cache_dir', 'auto'), workdir):
     pretrained = pretrained or load_pretrained(config)
     max_len = min(int(config.data.max_len), pretrained.max_length)
     prepared = entry.prepare(config, pretrained.tokenizer, max_len, workdir, log)
@@ -140,24 +110,6 @@ def _model_config(config: ml_collections.ConfigDict, pretrained):
   return model_config
 
 
-@dataclasses.dataclass
-class _Session:
-  """What one fine-tuning run works with, built once by :func:`run_task`."""
-  config: ml_collections.ConfigDict
-  ec: ml_collections.ConfigDict  # The engine's view of the config (engine_config).
-  workdir: str | None
-  pretrained: Any  # loading.Loaded
-  prepared: data_lib.Prepared
-  task: Any  # task.Task
-  batches: data_lib.EpochBatches
-  mesh: jax.sharding.Mesh
-  tx: Any
-  max_len: int
-  console: console_lib.Console
-  ckpt: checkpointing.Checkpointer | None
-  lead: bool
-
-
 def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
              prepared: data_lib.Prepared, max_len: int) -> dict:
   """Trains ``config.task``'s head on ``prepared.train`` with the engine and scores the
@@ -173,126 +125,126 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
                      f'{sorted(k for k, v in models.KINDS.items() if v.packed_rows)}')
   batches = data_lib.EpochBatches(prepared.train, o.batch_size, config.seed, o.epochs, packing)
   epoch_steps = [batches.steps(e) for e in range(1, int(o.epochs) + 1)]
-  ec = engine_config(config, sum(epoch_steps), max(epoch_steps))
-  mesh = sharding.make_mesh(ec.mesh)
-  sharding.check_batch(int(o.batch_size), mesh, 'config.optim.batch_size')
-  sharding.check_batch(int(o.eval_batch_size), mesh, 'config.optim.eval_batch_size')
-  lead = jax.process_index() == 0
-  lock = workdir_lib.run_lock(workdir) if workdir else _NoLock()
-  with lock, engine.Preempted() as preempted:
-    session = _Session(
-        config=config, ec=ec, workdir=workdir, pretrained=pretrained, prepared=prepared,
-        task=task, batches=batches, mesh=mesh, tx=optimizer_lib.make(ec), max_len=max_len,
-        console=console_lib.Console(enabled=lead, shown=task.console_metrics),
-        ckpt=checkpointing.Checkpointer(workdir, ec.checkpoint) if workdir else None,
-        lead=lead)
-    return _train(session, preempted)
+  run_spec = spec(config, sum(epoch_steps), max(epoch_steps))
+
+  def setup(mesh) -> engine.Job:
+    sharding.check_batch(int(o.eval_batch_size), mesh, 'config.optim.eval_batch_size')
+    return _FineTuning(config, workdir, mesh, pretrained, prepared, task, batches, max_len,
+                       run_spec).job()
+
+  result = engine.run(run_spec, workdir, setup)
+  if result.preempted:
+    return {'epoch': int(result.data_state['epoch']), 'step': result.step, 'preempted': True}
+  return result.metrics
 
 
-class _NoLock:
-  def __enter__(self):
-    return self
+class _FineTuning:
+  """Fine-tuning's side of a run (``engine.Hooks`` and the job): one length phase; at each
+  epoch's end the metrics are logged, the eval split scored (every epoch, or the last one
+  only) and a checkpoint saved; after the last epoch, the more splits scored and the
+  params saved."""
 
-  def __exit__(self, *exc):
-    return False
-
-
-def _state(s: _Session):
-  """(state, its shardings, what came from where or None when resumed); a restored
-  checkpoint's position is applied to the batches."""
-  _, shards = train_state.state_shardings(s.ec, s.mesh, s.task, s.tx)
-  restored = None
-  if s.ckpt is not None:
-    restored = s.ckpt.restore(train_state.abstract_state(s.ec, s.mesh, s.task, s.tx))
-  if restored is not None:
-    params, opt_state, data_state, step = restored
-    state = train_state.TrainState(step=jax.device_put(jnp.int32(step), shards.step),
-                                   params=params, opt_state=opt_state)
-    s.batches.set_state(data_state or {'epoch': 1, 'batch': 0})
-    return state, shards, None
-  source = {} if s.config.init.from_scratch else s.pretrained.encoder_params
-  params, parts = init_params(s.task.model, source, s.max_len, int(s.config.seed), s.task.init)
-  state = train_state.create_train_state(s.ec, s.mesh, params=params, setup=s.task, tx=s.tx)
-  return state, shards, parts
-
-
-def _header(s: _Session, parts, state) -> None:
-  c, o, out, names = s.config, s.config.optim, s.console, s.prepared.names
-  n = sum(x.size for x in jax.tree.leaves(state.params))
-  out.say(f'encoder_jax: fine-tuning {c.task} from {s.pretrained.source} '
-          f'({s.task.network.config.kind}, {n:,} parameters'
-          + (f', labels {list(names)}' if names else '') + ')'
-          + (f' in {s.workdir}' if s.workdir else ''))
-  out.say(f'  mesh {dict(s.mesh.shape)} over {jax.device_count()} x '
-          f'{jax.devices()[0].device_kind}; batch {o.batch_size}; {o.epochs} epochs x '
-          f'{s.ec.checkpoint.every_steps} steps at {s.max_len} tokens; dtype '
-          f'{s.task.network.config.dtype}')
-  if parts is None:
-    out.say(f'  resuming from checkpoint step {int(jax.device_get(state.step))}')
-  else:
-    out.say(f'  taken from the checkpoint: {", ".join(parts["taken"]) or "nothing"}'
-            + (' (config.init.from_scratch)' if c.init.from_scratch else '') + '; '
-            f'freshly initialised: {", ".join(parts["fresh"])}'
-            + (f'; not used: {", ".join(parts["unused"])}' if parts['unused'] else '') + '.')
-
-
-class _Hooks:
-  """Fine-tuning's side of the engine's loop (``train.Loop``): one length phase; at each
-  epoch's end the metrics are logged, the eval split scored (every epoch, or the last
-  one only) and a checkpoint saved."""
-
-  def __init__(self, s: _Session, shards, writer, flusher):
-    self.s, self.writer, self.flusher = s, writer, flusher
-    self.shards, self.phase = shards, task_lib.phase(s.max_len)
-    self.predict = jax.jit(s.task.predict, in_shardings=(shards.params,
-                                                         sharding.batch_sharding(s.mesh)))
+  def __init__(self, config, workdir, mesh, pretrained, prepared, task, batches, max_len,
+               run_spec):
+    self.config, self.workdir, self.mesh = config, workdir, mesh
+    self.pretrained, self.prepared, self.task, self.batches = pretrained, prepared, task, batches
+    self.max_len, self.spec = max_len, run_spec
+    self.phase = task_lib.phase(max_len)
+    self.lead = jax.process_index() == 0
+    self.console = console_lib.Console(enabled=self.lead, shown=task.console_metrics)
     self.result: dict = {}  # The metrics of the last epoch that ended in this session.
     self.epoch_start = time.perf_counter()
+    self.predict = None
+
+  def job(self) -> engine.Job:
+    def pretrained():
+      if self.config.init.from_scratch:
+        return {}, {}
+      return loading.to_host(self.pretrained.encoder_params), {
+          part: "the task's head" for part in heads.HEAD_PARTS}
+
+    return engine.Job(trainable=self.task, batches=self.batches, hooks=self,
+                      console=self.console, init_rng=jax.random.PRNGKey(int(self.config.seed)),
+                      pretrained=pretrained, on_start=self.on_start, finish=self.finish,
+                      summary=self.summary)
+
+  def on_start(self, start: engine.Start, n_params: int) -> None:
+    c, o, out, names = self.config, self.config.optim, self.console, self.prepared.names
+    if self.workdir and self.lead:
+      workdir_lib.path(self.workdir).mkdir(parents=True, exist_ok=True)
+    out.say(f'encoder_jax: fine-tuning {c.task} from {self.pretrained.source} '
+            f'({self.task.network.config.kind}, {n_params:,} parameters'
+            + (f', labels {list(names)}' if names else '') + ')'
+            + (f' in {self.workdir}' if self.workdir else ''))
+    out.say(engine.mesh_line(self.mesh, o.batch_size) + f'; {o.epochs} epochs x '
+            f'{self.spec.checkpoint.every_steps} steps at {self.max_len} tokens; dtype '
+            f'{self.task.network.config.dtype}')
+    if start.resumed is not None:
+      out.say(f'  resuming from checkpoint step {start.resumed}')
+    elif start.parts is not None:
+      lines = train_state.parts_lines(start.parts)
+      if c.init.from_scratch:
+        lines[0] += ' (config.init.from_scratch)'
+      for line in lines:
+        out.say('  ' + line)
+
+  # ---- engine.Hooks
 
   def phase_at(self, step: int):
     del step
     return self.phase
 
-  def make_step(self, phase):
-    s = self.s
-    schedule_fn = optimizer_lib.learning_rate_schedule(s.ec.optim, int(s.ec.train.num_steps))
-    return engine.make_train_step(s.ec, s.task, s.tx, schedule_fn, s.mesh, self.shards, phase)
-
-  def check_batch(self, step, batch, phase) -> None:
-    del step, batch, phase
-
-  def log_now(self, step: int, data_state) -> bool:
+  def due(self, step: int, data_state) -> engine.Due:
+    """At an epoch's end: log, evaluate (the epoch's result) and save."""
     del step
-    return int(data_state['batch']) == 0  # An epoch ended.
+    end = int(data_state['batch']) == 0
+    return engine.Due(log=end, evaluate=end, save=end)
 
-  save_now = log_now
-
-  def evaluate(self, step: int, state, phase, data_state) -> bool:
-    """At an epoch's end: the epoch's result, with the eval split's scores when due."""
+  def evaluate(self, step: int, state, phase, data_state, out: engine.Out) -> None:
+    """The epoch's result, with the eval split's scores when due."""
     del phase
-    if int(data_state['batch']) != 0:
-      return False
-    c, epoch = self.s.config, int(data_state['epoch']) - 1
-    last, now = self.flusher.last, time.perf_counter()
+    c, epoch = self.config, int(data_state['epoch']) - 1
+    last, now = out.last, time.perf_counter()
     self.result = {'epoch': epoch, 'step': step,
                    **{f'train_{k}': last[k] for k in ('loss', 'accuracy') if k in last},
                    'epoch_time_s': now - self.epoch_start}
     self.epoch_start = now
-    if self.s.prepared.evals is None or not (c.eval_every_epoch or epoch == int(c.optim.epochs)):
-      return False
-    self.result.update(self.report(step, state.params, 'eval', self.s.prepared.evals))
+    if self.prepared.evals is None or not (c.eval_every_epoch or epoch == int(c.optim.epochs)):
+      return
+    self.result.update(self.report(state.params, 'eval', self.prepared.evals, out))
     self.epoch_start = time.perf_counter()
-    return True
 
-  def report(self, step: int, params, split: str, arrays) -> dict:
+  def report(self, params, split: str, arrays, out: engine.Out) -> dict:
     """A split's scores, written and printed; prefixed with the split's name."""
-    held_out = score(self.s, self.predict, params, split, arrays)
-    self.s.console.metrics(step, int(self.s.ec.train.num_steps), held_out, split)
-    self.writer.write(step, held_out, split)
+    if self.predict is None:
+      shards = train_state.shardings(self.task, optimizer_lib.build(
+          self.spec.optim, self.spec.num_steps), self.mesh, self.spec.batch_size)[1]
+      self.predict = jax.jit(self.task.predict, in_shardings=(
+          shards.params, sharding.batch_sharding(self.mesh)))
+    held_out = score(self, self.predict, params, split, arrays)
+    out.report(held_out, split)
     return {f'{split}_{k}': v for k, v in held_out.items()}
 
+  def finish(self, result: engine.Result, out: engine.Out) -> None:
+    """The last scores (resumed after the last epoch: the eval split now; the more splits)
+    and the params saved; ``result.metrics`` becomes the run's result."""
+    final = self.result
+    if not final and self.prepared.evals is not None:  # Resumed after the last epoch.
+      final = dict(self.report(result.state.params, 'eval', self.prepared.evals, out),
+                   step=result.step)
+    for name, arrays in self.prepared.more_evals.items():  # E.g. MNLI's mismatched split.
+      final.update(self.report(result.state.params, name, arrays, out))
+    if self.workdir and self.lead:
+      _save(self.workdir, jax.device_get(result.state.params), self.config, self.prepared.names)
+    result.metrics = final
 
-def score(s: _Session, predict, params, split: str, arrays) -> dict:
+  def summary(self, result: engine.Result) -> list[str]:
+    del result
+    return [f'; fine-tuned params in {os.path.join(self.workdir, "params")}'
+            if self.workdir else '']
+
+
+def score(s: _FineTuning, predict, params, split: str, arrays) -> dict:
   """The task's metrics of one split: predictions of its rows in order, then the scorer
   (packed rows: each row's slots mapped back to its examples)."""
   packing = s.batches.packing
@@ -308,43 +260,6 @@ def score(s: _Session, predict, params, split: str, arrays) -> dict:
     preds.append(pred)
   entry = tasks.get(s.config.task)
   return entry.score(s.config, s.prepared, split, arrays, np.concatenate(preds))
-
-
-def _train(s: _Session, preempted) -> dict:
-  """Restores or initialises, runs the engine's loop, then the last scores and the saved
-  params; a preempted run returns its position with ``preempted=True``."""
-  state, shards, parts = _state(s)
-  _header(s, parts, state)
-  if s.workdir and s.lead:
-    workdir_lib.path(s.workdir).mkdir(parents=True, exist_ok=True)
-  writer = metrics_log.MetricWriter(s.workdir or '', enabled=bool(s.workdir) and s.lead,
-                                    resume_step=int(jax.device_get(state.step)))
-  flusher = engine.MetricsFlusher(s.ec.train, s.task, s.console, writer, s.ckpt, s.workdir,
-                                  policy_key='config.nonfinite_policy')
-  hooks = _Hooks(s, shards, writer, flusher)
-  loop = engine.Loop(hooks=hooks, iterator=s.batches, num_steps=int(s.ec.train.num_steps),
-                     batch_size=None, mesh=s.mesh, flusher=flusher,
-                     console=s.console, ckpt=s.ckpt, workdir=s.workdir)
-  try:
-    state, step, stopped = engine.drive(loop, state, preempted)
-    if stopped:
-      return {'epoch': int(loop.position['epoch']), 'step': step, 'preempted': True}
-    result = hooks.result
-    if not result and s.prepared.evals is not None:  # Resumed after the last epoch.
-      result = dict(hooks.report(step, state.params, 'eval', s.prepared.evals), step=step)
-    for name, arrays in s.prepared.more_evals.items():  # E.g. MNLI's mismatched split.
-      result.update(hooks.report(step, state.params, name, arrays))
-    if s.workdir and s.lead:
-      _save(s.workdir, jax.device_get(state.params), s.config, s.prepared.names)
-  finally:
-    if s.ckpt is not None:
-      s.ckpt.close()
-    writer.close()
-  engine.warn_skipped(flusher)
-  s.console.say(f'done: step {step} in {s.console.elapsed()}'
-                + (f'; fine-tuned params in {os.path.join(s.workdir, "params")}'
-                   if s.workdir else ''))
-  return result
 
 
 def read_final_params(workdir: str) -> dict:

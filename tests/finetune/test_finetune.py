@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from encoder_jax import optimizer
+from encoder_jax import train_state
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import scores as metrics
@@ -178,23 +179,25 @@ def test_truncation_is_counted_not_silent(hf_dir):
 
 
 def test_optimizer_is_pretrainings_schedule_and_decay_mask():
-  o = finetune_config.base_config().optim
-  o.update(learning_rate=0.1, warmup_fraction=0.0, weight_decay=0.5, grad_clip_norm=0.0)
+  c = finetune_config.base_config()
+  c.optim.update(learning_rate=0.1, warmup_fraction=0.0, weight_decay=0.5, grad_clip_norm=0.0)
   ones = lambda: np.ones((2, 2), np.float32)
   params = {'embeddings': {'layer_norm': {'scale': ones(), 'bias': ones()}},
             'encoder': {'layers': {'attention_layer_norm': {'scale': ones(), 'bias': ones()},
                                    'intermediate': {'kernel': ones(), 'bias': ones()}}},
             'classifier': {'kernel': ones(), 'bias': ones()}}
-  tx = optimizer.make(ml_collections.ConfigDict(dict(optim=o.to_dict(),
-                                                     train=dict(num_steps=10))))
+  spec = train.spec(c, total_steps=10, steps_per_epoch=5)
+  tx = optimizer.build(spec.optim, spec.num_steps)
   zeros = jax.tree.map(np.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
   moved = {jax.tree_util.keystr(p): bool(np.abs(np.asarray(u)).max() > 0)
            for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]}
   assert moved == {k: k.endswith("['kernel']") for k in moved}, moved  # Decay: kernels only.
-  o.warmup_fraction = 1.5
-  with pytest.raises(ValueError, match='config.optim.warmup_fraction=1.5'):
-    optimizer.make(ml_collections.ConfigDict(dict(optim=o.to_dict(), train=dict(num_steps=10))))
+  c.optim.warmup_fraction = 0.3  # Of all the steps, in steps: the one warmup rule.
+  assert train.spec(c, total_steps=10, steps_per_epoch=5).optim.warmup_steps == 3
+  c.optim.warmup_fraction = 1.5
+  with pytest.raises(ValueError, match='optim.warmup_fraction'):
+    finetune_config.validate(c)
 
 
 @pytest.mark.slow  # ~25 s on a loaded 2-core CPU: an import into a workdir, then a compile.
@@ -210,13 +213,15 @@ def test_from_a_pretraining_workdir(tmp_path, capsys):
   result = train.finetune(config)
   assert result['step'] == 2 and result['labels'] == ['0', '1']
   # The header names what came from the checkpoint and what starts fresh.
-  header = next(l for l in capsys.readouterr().out.splitlines() if 'taken from' in l)
-  assert ('taken from the checkpoint: embeddings, encoder, pooler; freshly initialised: '
-          'classifier; not used: ') in header, header
+  out = capsys.readouterr().out
+  assert '  taken from the source: embeddings, encoder, pooler\n' in out, out
+  assert "  freshly initialised: classifier (the task's head)\n" in out, out
+  assert '  in the source, not used: ' in out, out
 
 
 def test_every_part_the_checkpoint_has_is_taken_and_the_rest_named():
-  """A RoBERTa-like trunk without a pooler: the pooler is named as fresh, never silently."""
+  """A RoBERTa-like trunk without a pooler: the pooler is named as fresh, never silently
+  (the one rule of every start from pretrained parts: ``train_state.start_params``)."""
   from encoder_jax.finetune import heads  # pylint: disable=g-import-not-at-top
   from encoder_jax.models import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.EncoderConfig(kind='roberta', vocab_size=40, hidden_size=8, num_layers=1,
@@ -224,11 +229,19 @@ def test_every_part_the_checkpoint_has_is_taken_and_the_rest_named():
                                     max_position_embeddings=20, position_offset=2,
                                     type_vocab_size=1, layer_norm_eps=1e-5)
   model = heads.Classifier(config, 2, 0.0)
-  full, _ = train.init_params(model, {}, 8, 0)
+  ids = jax.numpy.zeros((1, 8), jax.numpy.int32)
+
+  class Setup:
+    init = staticmethod(lambda r: model.init(r, ids, ids, ids)['params'])
+
+  full, _ = train_state.start_params(Setup, jax.random.PRNGKey(0), {}, {})
   pretrained = {k: v for k, v in full.items() if k != 'pooler'}
   pretrained['mlm_head'] = {'bias': np.zeros(40, np.float32)}
-  params, parts = train.init_params(model, pretrained, 8, 1)
-  assert parts == {'taken': ['embeddings', 'encoder'], 'fresh': ['classifier', 'pooler'],
+  head = {part: "the task's head" for part in heads.HEAD_PARTS}
+  params, parts = train_state.start_params(Setup, jax.random.PRNGKey(1), pretrained, head)
+  assert parts == {'taken': ['embeddings', 'encoder'],
+                   'initialised': {'classifier': "the task's head",
+                                   'pooler': 'not in the source'},
                    'unused': ['mlm_head']}
   for part in ('embeddings', 'encoder'):  # The very arrays of the checkpoint.
     jax.tree.map(np.testing.assert_array_equal, params[part], pretrained[part])

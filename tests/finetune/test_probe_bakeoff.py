@@ -13,10 +13,10 @@ import types
 
 import pytest
 
+from encoder_jax import engine
 from encoder_jax import bakeoff
 from encoder_jax import bakeoff_report
 from encoder_jax import cli
-from encoder_jax import train
 from encoder_jax import validation
 from encoder_jax.finetune import probe
 from encoder_jax.finetune import probe_data
@@ -257,13 +257,13 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path, monkeypatch):
                           references=[ref])
   # SIGTERM during the row's pretraining: the run saves at step 3, the bake-off stops there
   # with what a rerun does, and the rerun resumes the row.
-  at = train.Preempted.at
-  monkeypatch.setattr(train.Preempted, 'at', lambda self, step: step == 3 or at(self, step))
-  with pytest.raises(train.PreemptedError, match=r"row 'electra' was preempted at step 3 of "
+  at = engine.Preempted.at
+  monkeypatch.setattr(engine.Preempted, 'at', lambda self, step: step == 3 or at(self, step))
+  with pytest.raises(engine.PreemptedError, match=r"row 'electra' was preempted at step 3 of "
                      r'6; its checkpoints in .* are kept, and rerunning the same command '
                      r'resumes it'):
     run()
-  monkeypatch.setattr(train.Preempted, 'at', at)
+  monkeypatch.setattr(engine.Preempted, 'at', at)
   results = run()
   logged = [json.loads(l) for l in open(os.path.join(out, 'runs', 'electra', 'metrics.jsonl'))]
   assert [r['step'] for r in logged if r['split'] == 'train'] == [1, 2, 3, 4, 5, 6]
@@ -303,9 +303,9 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path, monkeypatch):
   assert line.startswith(f'| reference: {ref.name} (public checkpoint, not pretrained here) |')
   assert f'| {row["learning_rate"]:g} |' in line
   # SIGTERM during one of the probe's fine-tunes (in memory): the probe stops, saying so.
-  monkeypatch.setattr(train.Preempted, 'at', lambda self, step: step == 1)
+  monkeypatch.setattr(engine.Preempted, 'at', lambda self, step: step == 1)
   settings = dataclasses.replace(tiny.probe, learning_rates=())
-  with pytest.raises(train.PreemptedError, match=r"the probe's fine-tune of seed 0 at rate "
+  with pytest.raises(engine.PreemptedError, match=r"the probe's fine-tune of seed 0 at rate "
                      r'0.001 was preempted at step 1; the probe keeps its fine-tunes in memory'):
     probe.run(dict(workdir=os.path.join(out, 'runs', 'electra')), str(tmp_path / 'p'),
               settings, specs)
@@ -315,7 +315,7 @@ def test_a_preempted_command_of_several_runs_is_one_line_and_exit_status_3(monke
                                                                             capsys):
   def main(argv):
     del argv
-    raise train.PreemptedError("bake-off: row 'x' was preempted at step 3 of 6; ...")
+    raise engine.PreemptedError("bake-off: row 'x' was preempted at step 3 of 6; ...")
 
   monkeypatch.setattr(sys, 'argv', ['bakeoff'])
   with pytest.raises(SystemExit) as stopped:

@@ -23,6 +23,7 @@ import time
 import numpy as np
 import pytest
 
+from encoder_jax import engine
 from encoder_jax import data as data_lib
 from encoder_jax import storage
 from encoder_jax import storage_client
@@ -104,13 +105,12 @@ def test_a_run_in_a_bucket_end_to_end(gcs_emulator, faulty_proxy, tmp_path, caps
 def _train(capsys, prepared: str, workdir: str):
   """(workdir, prepared dir, the two runs' outputs): the 12-step run preempted after step 8
   (as a SIGTERM would), then rerun, which resumes to 12 (and reuses the first's steps)."""
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
-  at = train.Preempted.at
-  train.Preempted.at = lambda self, step: step == 8 or at(self, step)
+  at = engine.Preempted.at
+  engine.Preempted.at = lambda self, step: step == 8 or at(self, step)
   try:
     first = _cli(capsys, 'main', *_main_flags(prepared, workdir))
   finally:
-    train.Preempted.at = at
+    engine.Preempted.at = at
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   after_first = _objects(workdir)
   steps_first = _metrics(workdir)
