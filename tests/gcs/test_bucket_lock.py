@@ -3,6 +3,7 @@
 only). The workdir lock and the prepared-data lock, each raced by several processes."""
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -104,6 +105,25 @@ def test_a_heartbeat_on_a_bucket_rides_out_failures_then_stops_the_holder_in_tim
   with pytest.raises(locks.LockLost):
     lock.check()
   refusing.clear()
+  assert lock.release() and storage.Blob(url).read() is None
+
+
+def test_the_bucket_lock_works_when_the_replies_to_its_writes_are_lost(bucket, faulty_proxy,
+                                                                     monkeypatch):
+  """Every other upload lands and is answered 503: its retry meets the write before it.
+  Taking, refreshing and releasing the lock still work, and nothing is taken as lost."""
+  uploads = itertools.count()
+  proxy = faulty_proxy(lose_reply=lambda library, method, path: method == 'POST' and (
+      '/upload/' in path) and next(uploads) % 2 == 0)
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', proxy.url)
+  url, lost = f'{bucket}/run/{workdir_lib.LOCK_FILE}', []
+  lock = locks.Lock(url, heartbeat_s=0.05, horizon_s=60.0, on_lost=lost.append)
+  assert lock.try_acquire()
+  first, deadline = lock.info.heartbeat, time.time() + 20
+  while lock.info.heartbeat == first and time.time() < deadline:
+    time.sleep(0.02)
+  assert lock.info.heartbeat > first and not lost and sum(proxy.lost.values()) >= 2
+  lock.check()
   assert lock.release() and storage.Blob(url).read() is None
 
 
