@@ -517,7 +517,7 @@ class _Acquisition:
     self.lock, self.wait_s, self.refuse_alive = lock, wait_s, refuse_alive
     self.until, self.on_wait, self.report_every_s = until, on_wait, report_every_s
     self.idle = IdleClock()
-    self.backoff = Backoff(min(0.5, lock.horizon_s / 20), min(30.0, lock.horizon_s / 10))
+    self.backoff = Backoff(min(0.5, lock.horizon_s / 20), min(10.0, lock.horizon_s / 10))
     self.start = time.monotonic()
 
   def run(self) -> bool:
