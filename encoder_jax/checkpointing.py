@@ -1,9 +1,11 @@
 """Orbax checkpoints of a training run: params, optimizer state, data-iterator state, step.
 
 Layout: ``<workdir>/checkpoints/<step>/{params,opt_state,data,meta}``. Saves are
-asynchronous (training continues while the arrays are written) and atomic: Orbax writes
-to a temporary directory and renames it when complete, so a run killed mid-save leaves
-the previous checkpoints intact. A checkpoint that fails to restore (truncated, written
+asynchronous (training continues while the arrays are written) and atomic: locally Orbax
+writes to a temporary directory and renames it when complete; on ``gs://``, which cannot
+rename a directory atomically, it writes in place and marks the step complete with a
+``commit_success.txt`` last (:func:`steps` takes only complete ones). Either way a run
+killed mid-save leaves the previous checkpoints intact. A checkpoint that fails to restore (truncated, written
 for another model shape) is reported and the next older one is tried; if none can be
 restored, the run stops with every reason, and never silently starts from scratch.
 
@@ -29,6 +31,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.data import iterators as data_iterators
 
@@ -324,6 +327,13 @@ class Checkpointer:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices('encoder_jax_checkpoints_set_aside')
+    self.refresh()
+
+  def refresh(self) -> None:
+    """Lists the steps anew, from the bucket: after process 0 moved steps aside, every other
+    host's cached listing still has them (and Orbax would refuse to save those steps
+    again: StepAlreadyExistsError)."""
+    storage.forget_listings(checkpoint_dir(self.workdir))
     self.manager.reload()
 
   def close(self) -> None:
@@ -331,20 +341,39 @@ class Checkpointer:
     self.manager.close()
 
 
+def steps(workdir: str) -> list[int]:
+  """The saved steps of ``workdir``, ascending: only checkpoints whose save completed.
+
+  Locally Orbax writes a step into a temporary directory and renames it when complete; on
+  ``gs://`` (no atomic rename) it writes into ``checkpoints/<step>/`` directly and marks
+  completion with a ``commit_success.txt`` last. A step directory without its marker is a
+  save in progress, or one a preemption cut short: never a step (Orbax's own rule,
+  ``ocp.step.is_path_finalized``)."""
+  directory = workdir_lib.path(workdir, 'checkpoints')
+  storage.forget_listings(str(directory))  # Another host may have saved or moved a step.
+  if not directory.is_dir():
+    return []
+  return sorted(int(d.name) for d in directory.iterdir()
+                if d.name.isdigit() and ocp.step.is_path_finalized(d))
+
+
 def resolve_step(workdir: str, step: int | None = None) -> int:
   """``step``, checked to exist in ``workdir``, or its newest; a clear error if there is none."""
   directory = workdir_lib.path(workdir, 'checkpoints')
   if not workdir_lib.path(workdir).is_dir():
     raise CheckpointError(f'workdir {workdir!r} does not exist')
-  steps = sorted(int(d.name) for d in directory.iterdir()
-                 if d.name.isdigit()) if directory.is_dir() else []
-  if not steps:
-    raise CheckpointError(f'{directory} holds no checkpoint; expected <step>/ directories '
-                          'written by encoder_jax.main or encoder_jax.convert')
+  saved = steps(workdir)
+  if not saved:
+    raise CheckpointError(f'{directory} holds no complete checkpoint; expected <step>/ '
+                          'directories written by encoder_jax.main or encoder_jax.convert')
   if step is None:
-    return steps[-1]
-  if step not in steps:
-    raise CheckpointError(f'{directory} has no checkpoint for step {step}; it has steps {steps}')
+    return saved[-1]
+  if step not in saved:
+    unfinished = (directory / str(step)).exists()
+    raise CheckpointError(
+        f'{directory} has no checkpoint for step {step}' + (
+            ' that completed (its save was cut short: no commit marker)' if unfinished else '')
+        + f'; it has steps {saved}')
   return step
 
 

@@ -102,6 +102,22 @@ class Blob:
     return True
 
 
+def forget_listings(url: str) -> None:
+  """Drops this process's cached listings under ``url`` (a no-op for a local path). gcsfs
+  keeps every directory listing it made, without expiry: where another host may have
+  changed a prefix (a checkpoint step moved or deleted, data prepared), the next listing
+  must ask the bucket."""
+  if '://' not in str(url):
+    return
+  import fsspec  # pylint: disable=g-import-not-at-top
+  prefix = str(url).split('://', 1)[1].rstrip('/')
+  # Ours, and etils.epath's (which Orbax lists through), made with other arguments.
+  for fs in (storage_client.gcsfs(url), fsspec.filesystem('gs', finalize_on_close=True)):
+    for key in [k for k in list(fs.dircache) if k.startswith(prefix + '/')]:
+      fs.dircache.pop(key, None)  # gcsfs's own invalidation drops the path and its parents.
+    fs.invalidate_cache(prefix)
+
+
 def glob(pattern: str) -> list[str]:
   """The ``gs://`` objects matching ``pattern`` (``*``, ``?``, ``[...]``, ``**``), sorted."""
   try:
