@@ -144,8 +144,43 @@ class Template:
     return cls(((cls_id, 0), ('A', 0), (sep_id, 0)),
                ((cls_id, 0), ('A', 0), (sep_id, 0), (sep_id, 0), ('B', 0), (sep_id, 0)))
 
+  @classmethod
+  def xlnet(cls, cls_id: int, sep_id: int) -> 'Template':
+    """``A <sep> <cls>`` and ``A <sep> B <sep> <cls>`` (segments 0 then 1, and 2 for the
+    summary token, which comes last), as Hugging Face's XLNet tokenizer frames texts."""
+    return cls((('A', 0), (sep_id, 0), (cls_id, 2)),
+               (('A', 0), (sep_id, 0), ('B', 1), (sep_id, 1), (cls_id, 2)))
+
   def num_added(self, pair: bool = False) -> int:
     return sum(not isinstance(t, str) for t, _ in (self.pair if pair else self.single))
+
+  def around_pieces(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...],
+                                   tuple[tuple[int, int], ...]]:
+    """``(head, closing, tail)`` of a row of any number of texts, read from ``pair``.
+
+    ``head``: the ``(token_id, type_id)`` specials before the first text; ``closing``: the
+    ids of the specials that close every text, each in that text's segment; ``tail``: the
+    specials after the last text's closing. A row is ``head``, then each text followed by
+    ``closing``, then ``tail``: pretraining rows hold one text or several (sentence pairs,
+    packed documents), so the layout must not depend on how many. ``[CLS] A [SEP] B [SEP]``
+    gives ``(([CLS], 0),), ([SEP],), ()``; XLNet's ``A <sep> B <sep> <cls>`` gives ``(),
+    (<sep>,), ((<cls>, 2),)``.
+
+    Raises:
+      ValueError: ``pair`` does not close both texts alike, each in its own segment
+        (RoBERTa's ``<s> A </s></s> B </s>``), so it has no such layout.
+    """
+    items = self.pair
+    at = [i for i, (item, _) in enumerate(items) if isinstance(item, str)]
+    if [items[i][0] for i in at] == ['A', 'B']:
+      a, b = at
+      closing = items[a + 1:b]
+      n = len(closing)
+      if (all(k == items[a][1] for _, k in closing)
+          and items[b + 1:b + 1 + n] == tuple((t, items[b][1]) for t, _ in closing)):
+        return items[:a], tuple(t for t, _ in closing), items[b + 1 + n:]
+    raise ValueError(f'The pair frame {self.pair} does not close each text alike in its '
+                     'own segment; a row of several texts cannot be laid out with it.')
 
   def frame(self, a, b=None) -> tuple[list[int], list[int]]:
     """(ids, segment ids) of ``a`` (and ``b``) with the specials in place."""
