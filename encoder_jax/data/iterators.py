@@ -71,34 +71,58 @@ class DocumentStream:
     return self._cache[epoch]
 
 
-def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
-  """Instances -> (input_ids, segment_ids int32 [N, L], lengths [N], labels int32 [N])."""
+def render(instances, seq_len: int, template, pad_id: int, per_document: bool = False):
+  """Instances -> (input_ids, segment_ids int32 [N, L], lengths [N], labels int32 [N]), and
+  with ``per_document`` document_ids int32 [N, L].
+
+  The one way special tokens frame a row: ``template`` (the builder's, a
+  ``tokenizer_files.Template``) gives the specials before the first piece, those closing
+  each piece (in the piece's segment) and those after the last one
+  (``Template.around_pieces``): BERT's ``[CLS] A [SEP] B [SEP]``, XLNet's
+  ``A [SEP] B [SEP] [CLS]``. With ``per_document`` each piece is a document framed alone,
+  head to tail, under its own id (1, 2, ... in row order; 0 = padding): packed rows of
+  ``[CLS] document [SEP]`` that the encoder reads one document at a time.
+  """
+  head, closing, tail = template.around_pieces()
+  (head_ids, head_seg), (tail_ids, tail_seg) = (
+      (np.array([t for t, _ in part], np.int32), np.array([k for _, k in part], np.int32))
+      for part in (head, tail))
+  closing = np.array(closing, np.int32)
+  nh, nc, nt = len(head), len(closing), len(tail)
+  head_typed, tail_typed = head_seg.any(), tail_seg.any()  # Rows start in segment 0.
   n = len(instances)
   ids = np.full((n, seq_len), pad_id, np.int32)
   seg = np.zeros((n, seq_len), np.int32)
   lengths = np.zeros(n, np.int64)
   labels = np.zeros(n, np.int32)
+  documents = np.zeros((n, seq_len), np.int32)
   for r, (pieces, label) in enumerate(instances):
-    row_ids, row_seg = ids[r], seg[r]
-    row_ids[0] = cls_id
-    pos = 1
-    for tokens, start, stop, segment in pieces:
+    row_ids, row_seg, pos, last = ids[r], seg[r], 0, len(pieces) - 1
+    for d, (tokens, start, stop, segment) in enumerate(pieces):
+      first = pos
+      if nh and (per_document or d == 0):  # The head: before the first piece (or each).
+        row_ids[pos:pos + nh] = head_ids
+        if head_typed:
+          row_seg[pos:pos + nh] = head_seg
+        pos += nh
       end = pos + stop - start
+      if end + nc + nt > seq_len:  # The row ends at or after that.
+        raise AssertionError(f'A built example has more than {seq_len} tokens (bug).')
       row_ids[pos:end] = tokens[start:stop]
-      row_ids[end] = sep_id
+      row_ids[end:end + nc] = closing
       if segment:
-        row_seg[pos:end + 1] = segment
-      pos = end + 1
+        row_seg[pos:end + nc] = segment
+      pos = end + nc
+      if nt and (per_document or d == last):  # The tail: after the last piece (or each).
+        row_ids[pos:pos + nt] = tail_ids
+        if tail_typed:
+          row_seg[pos:pos + nt] = tail_seg
+        pos += nt
+      if per_document:
+        documents[r, first:pos] = d + 1
     lengths[r] = pos
     labels[r] = label
-  if n and lengths.max() > seq_len:
-    raise AssertionError(f'A built example has {lengths.max()} > {seq_len} tokens (bug).')
-  return ids, seg, lengths, labels
-
-
-def _render(builder, instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
-  """The builder's own ``render`` of ``instances`` if it has one (XLNet), else ``render``."""
-  return getattr(builder, 'render', render)(instances, seq_len, cls_id, sep_id, pad_id)
+  return (ids, seg, lengths, labels) + ((documents,) if per_document else ())
 
 
 def _batch(ids, seg, lengths, labels, *documents, seq_len: int) -> dict:
@@ -226,7 +250,8 @@ class _Stream:
       instances.append(instance)
     if not instances:
       raise StopIteration
-    arrays = _render(it.builder, instances, seq_len, it._cls, it._sep, it._pad)
+    arrays = render(instances, seq_len, it.template, it._pad,
+                    it.builder.packs_documents)
     rng = np.random.Generator(np.random.PCG64(seeding.mix(
         it.seed, seeding.POOL_SHUFFLE, self.index, number)))
     self.pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
@@ -295,7 +320,7 @@ class TrainIterator:
       raise ValueError('config.data.shuffle_pool_examples must be >= 1; got '
                        f'{self.pool_size}')
     tok = prepared.tokenizer
-    self._cls, self._sep, self._pad = tok.cls_id, tok.sep_id, tok.pad_id
+    self._pad = tok.pad_id
     corpus = prepared.split('train')
     self.num_streams = num_streams(config, corpus.num_documents)
     self.rows_per_stream = self.global_batch_size // self.num_streams
@@ -321,6 +346,7 @@ class TrainIterator:
                      for j in own]
     self._offset = lo - own[0] * self.rows_per_stream  # First own row in the streams' rows.
     self.builder = _make_builder(config, self.seed)
+    self.template = self.builder.template(tok.cls_id, tok.sep_id)  # How rows are framed.
     # What the corpus means for the pair objective: stops here if nothing can be built.
     self.corpus_warnings = check_corpus(config, prepared, 'train')
     self._config = config
@@ -479,8 +505,8 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
         f'The held-out split ({n} documents, {len(instances)} examples of length {seq_len}) '
         f'is smaller than one batch of config.train.batch_size = {batch_size}; raise '
         'config.data.held_out_fraction / held_out_max_documents.')
-  arrays = _render(builder, instances[:num_batches * batch_size], int(seq_len), tok.cls_id,
-                   tok.sep_id, tok.pad_id)
+  arrays = render(instances[:num_batches * batch_size], int(seq_len),
+                  builder.template(tok.cls_id, tok.sep_id), tok.pad_id, builder.packs_documents)
   batches = []
   for b in range(num_batches):
     own = slice(b * batch_size + lo, b * batch_size + hi)

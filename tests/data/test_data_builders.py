@@ -9,6 +9,7 @@ from encoder_jax import objectives
 from encoder_jax.data import builders
 from encoder_jax.data import iterators
 from encoder_jax.data import mixing
+from encoder_jax.data import tokenizer_files
 from encoder_jax.objectives import masking
 
 
@@ -149,8 +150,9 @@ def test_packed_documents_use_every_token_once_in_full_rows(prepared_small):
     assert (coverage[id(tokens)][bounds[0]:bounds[-1]] == 1).all()
   tok = prepared.tokenizer
   builder = builders.make('packed_documents', seed=0, short_seq_prob=0.1)
-  ids, seg, lengths, labels, documents = builder.render(instances, seq_len, tok.cls_id,
-                                                        tok.sep_id, tok.pad_id)
+  ids, seg, lengths, labels, documents = iterators.render(
+      instances, seq_len, builder.template(tok.cls_id, tok.sep_id), tok.pad_id,
+      per_document=builder.packs_documents)
   assert (seq_len - lengths[:-1] < 3).all() and (seg == 0).all() and (labels == 0).all()
   assert ((documents > 0) == (np.arange(seq_len) < lengths[:, None])).all()
   assert (ids[documents == 0] == tok.pad_id).all()
@@ -190,14 +192,49 @@ def test_xlnet_layout_puts_cls_last_in_its_own_segment():
   tokens = np.arange(100, 120)
   instances = [([(tokens, 0, 3, 0), (tokens, 10, 12, 1)], 1), ([(tokens, 5, 6, 0),
                                                              (tokens, 7, 8, 1)], 0)]
-  ids, seg, lengths, labels = builders.REGISTRY['xlnet'].render(instances, 9, cls_id=2,
-                                                                sep_id=3, pad_id=0)
+  builder = builders.REGISTRY['xlnet']
+  ids, seg, lengths, labels = iterators.render(instances, 9, builder.template(2, 3), 0,
+                                               builder.packs_documents)
   np.testing.assert_array_equal(ids[0], [100, 101, 102, 3, 110, 111, 3, 2, 0])
   np.testing.assert_array_equal(seg[0], [0, 0, 0, 0, 1, 1, 1, 2, 0])
   np.testing.assert_array_equal(ids[1], [105, 3, 107, 3, 2, 0, 0, 0, 0])
   np.testing.assert_array_equal(lengths, [8, 5])
   np.testing.assert_array_equal(labels, [1, 0])
-  assert not builders.REGISTRY['xlnet'].pair_labels  # XLNet reads no pair label.
+  assert not builder.pair_labels  # XLNet reads no pair label.
+
+
+def test_one_render_frames_every_builder_by_its_template():
+  """``iterators.render`` lays out any template: the head before the first piece, each
+  piece closed in its own segment, the tail after the last; per document, each piece alone
+  under its own id. A row that does not fit is a builder's bug."""
+  tokens = np.arange(100, 120)
+  pieces = [(tokens, 0, 2, 0), (tokens, 4, 5, 1)]
+  templates = {'bert': tokenizer_files.Template.bert(2, 3),
+               'xlnet': tokenizer_files.Template.xlnet(2, 3)}
+  assert {k: t.around_pieces() for k, t in templates.items()} == {
+      'bert': (((2, 0),), (3,), ()), 'xlnet': ((), (3,), ((2, 2),))}
+  rows = {(k, per): iterators.render([(pieces, 1)], 10, t, 0, per)
+          for k, t in templates.items() for per in (False, True)}
+  np.testing.assert_array_equal(rows['bert', False][0][0], [2, 100, 101, 3, 104, 3, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows['bert', False][1][0], [0, 0, 0, 0, 1, 1, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows['bert', True][0][0], [2, 100, 101, 3, 2, 104, 3, 0, 0, 0])
+  np.testing.assert_array_equal(rows['bert', True][4][0], [1, 1, 1, 1, 2, 2, 2, 0, 0, 0])
+  np.testing.assert_array_equal(rows['xlnet', True][0][0], [100, 101, 3, 2, 104, 3, 2, 0, 0, 0])
+  np.testing.assert_array_equal(rows['xlnet', True][1][0], [0, 0, 0, 2, 1, 1, 2, 0, 0, 0])
+  assert [len(a) for a in (rows['bert', False], rows['bert', True])] == [4, 5]
+  np.testing.assert_array_equal(rows['xlnet', False][2], [6])
+  for seq_len, per in ((6, True), (5, False)):  # Rows of 7 and 6 tokens.
+    with pytest.raises(AssertionError, match=f'more than {seq_len} tokens'):
+      iterators.render([(pieces, 0)], seq_len, templates['bert'], 0, per)
+  iterators.render([(pieces, 0)], 7, templates['bert'], 0, per_document=True)
+  # A frame that does not close each text alike has no layout for several texts.
+  with pytest.raises(ValueError, match='does not close each text alike'):
+    tokenizer_files.Template.roberta(0, 2).around_pieces()
+  # Every builder declares its template; only the packing of documents frames per piece.
+  for kind, builder in builders.REGISTRY.items():
+    want = tokenizer_files.Template.xlnet if kind == 'xlnet' else tokenizer_files.Template.bert
+    assert builder.template(2, 3) == want(2, 3), kind
+    assert builder.packs_documents == (kind == 'packed_documents'), kind
 
 
 def _tiny_corpus(tmp_path, make_config, sp_model_path, kind, sources):

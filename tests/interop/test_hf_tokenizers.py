@@ -24,6 +24,8 @@ import transformers
 import encoder_jax
 from encoder_jax import convert
 from encoder_jax import loading
+from encoder_jax.data import builders
+from encoder_jax.data import tokenizer_files
 from encoder_jax.data import tokenizer_kinds
 from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import registry as models
@@ -103,6 +105,20 @@ def test_ids_equal_autotokenizer(kind, root):
   for text in texts:
     ids, segments = tok.frame(tok.encode(text))
     assert ids == auto(text)['input_ids'], text
+
+
+@pytest.mark.parametrize('kind, pair_kind, template', [
+    ('bert', 'nsp', tokenizer_files.Template.bert),
+    ('xlnet', 'xlnet', tokenizer_files.Template.xlnet)])
+def test_pretraining_rows_are_framed_as_the_checkpoints_tokenizer_frames_pairs(
+    kind, pair_kind, template, root):
+  """A pretraining builder's template (``iterators.render`` frames its rows with it) is
+  the one the family's Hugging Face tokenizer records for a pair: BERT's ``[CLS] A [SEP] B
+  [SEP]``, XLNet's ``A <sep> B <sep> <cls>`` with ``<cls>`` in segment 2."""
+  path, _, _ = built(kind, root)
+  tok = tokenizer_io.load_hf_tokenizer(path)
+  assert template(tok.cls_id, tok.sep_id) == tok.template
+  assert builders.REGISTRY[pair_kind].template(tok.cls_id, tok.sep_id) == tok.template
 
 
 @pytest.mark.parametrize('kind', KINDS)

@@ -2,11 +2,15 @@
 
 A builder turns a stream of documents into instances. An instance is ``(pieces, label)``
 where each piece is ``(tokens, start, stop, segment_id)``: a contiguous token range of a
-prepared shard. It is rendered as ``[CLS] piece_1 [SEP] piece_2 [SEP] ...``; each piece's
-tokens and its closing ``[SEP]`` get the piece's segment id ([CLS] gets 0). So NSP/SOP pairs
-are two pieces with segment ids 0 and 1, and packed sequences are one piece per document
-with segment id 0 and an extra [SEP] between documents. [CLS]/[SEP] stand for the
-tokenizer's ``cls_id``/``sep_id`` (``iterators.render``): ``<s>``/``</s>`` with byte-level BPE.
+prepared shard. Each builder declares its ``template`` (``(cls_id, sep_id) ->
+tokenizer_files.Template``), and ``iterators.render`` frames every builder's rows with it:
+the template's specials before the first piece, each piece closed by its separators in the
+piece's own segment, then the template's trailing specials. With ``Template.bert`` that is
+``[CLS] piece_1 [SEP] piece_2 [SEP] ...`` ([CLS] in segment 0): NSP/SOP pairs are two
+pieces with segment ids 0 and 1, and packed sequences one piece per document with segment
+id 0 and an extra [SEP] between documents; XLNet's pairs (``Template.xlnet``) are
+``A [SEP] B [SEP] [CLS]``, [CLS] in segment 2. [CLS]/[SEP] stand for the tokenizer's
+``cls_id``/``sep_id``: ``<s>``/``</s>`` with byte-level BPE.
 
 Builders are generators over a ``DocumentStream`` from a cursor ``(epoch, position, sub)``
 and yield ``(instance, cursor after it)``, so a consumer can stop anywhere and later
@@ -18,10 +22,9 @@ Each builder class also says whether a corpus can feed it: ``check_corpus(docume
 sentences, tokens, where) -> [warning]`` raises ValueError when it can build nothing valid
 (one document of one sentence for NSP), and ``pair_labels`` says whether its labels are a
 pair objective's targets (the iterator warns when its first pool has one class only).
-A builder with its own layout has a ``render`` (same signature as ``iterators.render``),
-e.g. XLNet's ``A [SEP] B [SEP] [CLS]``; its arrays may add ``document_ids`` [N, L] (a
-builder with ``packs_documents = True``: several documents per row, see
-``packing.PackedDocuments``), which the batches then carry.
+A builder with ``packs_documents = True`` puts several documents in a row
+(``packing.PackedDocuments``): each piece is framed alone, head to tail, and the arrays add
+``document_ids`` [N, L], which the batches then carry.
 """
 
 from __future__ import annotations

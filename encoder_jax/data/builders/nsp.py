@@ -29,6 +29,7 @@ from __future__ import annotations
 import random
 
 from encoder_jax.data import seeding
+from encoder_jax.data import tokenizer_files
 
 
 def _popcount(x: int) -> int:
@@ -40,6 +41,8 @@ class _PairBuilder:
 
   length_dependent_cursor = True  # Instances differ with seq_len: a new length restarts a doc.
   pair_labels = True  # Labels are a pair objective's targets (see iterators' first-pool check).
+  template = tokenizer_files.Template.bert  # [CLS] A [SEP] B [SEP].
+  packs_documents = False  # One text per row (A and B).
 
   def __init__(self, seed: int, short_seq_prob: float):
     if not 0.0 <= short_seq_prob <= 1.0:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from encoder_jax.data import tokenizer_files
+
 
 def greedy_fill(bounds, start: int, stop: int, limit: int) -> int:
   """The rule of greedy packing, in one place: items ``start``, ``start + 1``, ... (item
@@ -68,6 +70,8 @@ class _Packer:
   length_dependent_cursor = False  # A sentence index means the same at any length.
   cross_documents = True
   pair_labels = False  # Every label is 0: there is no pair objective to feed.
+  template = tokenizer_files.Template.bert  # [CLS] piece [SEP] piece [SEP] ...
+  packs_documents = False  # One text per row (its pieces continue one another).
 
   def __init__(self, seed: int, short_seq_prob: float):
     del seed, short_seq_prob  # Deterministic: no random choices besides the epoch order.
@@ -127,16 +131,17 @@ class PackedDocuments(_Packer):
   cursor is the token offset in the current document (the same at any length). No pair
   label (0).
 
-  :meth:`render` adds ``document_ids`` [N, L] (1, 2, ... in row order, 0 = padding) to
-  the usual arrays; the encoder derives from it the block-diagonal attention mask and
-  the positions restarting at each document (``models.packing``), so only kinds whose
-  attention reads it (``ModelKind.packed_rows``) may train on these rows
-  (``validation``).
+  Rendered per document (``iterators.render``: each piece framed alone), the rows carry
+  ``document_ids`` [N, L] (1, 2, ... in row order, 0 = padding) beside the usual arrays;
+  the encoder derives from it the block-diagonal attention mask and the positions
+  restarting at each document (``models.packing``), so only kinds whose attention reads it
+  (``ModelKind.packed_rows``) may train on these rows (``validation``).
   """
 
   # A token offset in the cursor (``sub``) means the same at any length, as a sentence
-  # index does; no pair label; any non-empty corpus packs (``_Packer``).
-  packs_documents = True  # Rows carry 'document_ids' (read by validation and the models).
+  # index does; no pair label; any non-empty corpus packs (``_Packer``). Each piece is
+  # framed alone and rows carry 'document_ids' (read by validation and the models).
+  packs_documents = True
 
   def generate(self, stream, cursor, seq_len: int):
     """Yields ``(instance, cursor after it)`` from ``cursor`` on, until the stream ends."""
@@ -158,25 +163,3 @@ class PackedDocuments(_Packer):
           nxt = (epoch, k, start - bounds[0]) if start < stop else (epoch, k + 1, 0)
           yield (pieces, 0), nxt
           pieces, room = [], seq_len
-
-  @staticmethod
-  def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
-    """Instances -> (input_ids, segment_ids, lengths, labels, document_ids): each piece
-    ``[CLS] tokens [SEP]`` under its own id (1, 2, ...), padding id 0 at the tail."""
-    n = len(instances)
-    ids = np.full((n, seq_len), pad_id, np.int32)
-    documents = np.zeros((n, seq_len), np.int32)
-    lengths = np.zeros(n, np.int64)
-    for r, (pieces, _) in enumerate(instances):
-      pos = 0
-      for d, (tokens, start, stop, _) in enumerate(pieces):
-        end = pos + 1 + stop - start
-        if end + 1 > seq_len:
-          raise AssertionError(f'A packed row needs {end + 1} > {seq_len} tokens (bug).')
-        ids[r, pos] = cls_id
-        ids[r, pos + 1:end] = tokens[start:stop]
-        ids[r, end] = sep_id
-        documents[r, pos:end + 1] = d + 1
-        pos = end + 1
-      lengths[r] = pos
-    return ids, np.zeros((n, seq_len), np.int32), lengths, np.zeros(n, np.int32), documents

@@ -6,7 +6,8 @@ one sequence with the classification token *last*; the segment ids are 0 for A a
 [SEP], 1 for B and its [SEP], 2 for [CLS]. Its model never reads the pair label (XLNet has
 no NSP loss; only the relative segment encoding sees the two segments). So the instances
 are BERT's next-sentence pairs (``nsp.NextSentencePairs``: the same 50% random B, within
-``seq_len - 3`` tokens) rendered in XLNet's layout by :meth:`XLNetPairs.render`.
+``seq_len - 3`` tokens) framed by XLNet's template (``tokenizer_files.Template.xlnet``,
+as Hugging Face's XLNet tokenizer frames a pair), which ``iterators.render`` lays out.
 
 Differences from the original kept on purpose: segments are cut at sentence boundaries
 from one document at a time (the original cuts a token stream that runs across documents
@@ -20,44 +21,18 @@ is produced on device by the permutation objective (``objectives/plm.py``).
 
 from __future__ import annotations
 
-import numpy as np
-
+from encoder_jax.data import tokenizer_files
 from encoder_jax.data.builders import nsp
-
-CLS_SEGMENT = 2  # XLNet's SEG_ID_CLS.
 
 
 class XLNetPairs(nsp.NextSentencePairs):
-  """NSP's pairs (label unused) rendered as ``A [SEP] B [SEP] [CLS]``."""
+  """NSP's pairs (label unused) framed as ``A [SEP] B [SEP] [CLS]``."""
 
   pair_labels = False  # The label is not a training target: no one-class warning.
+  template = tokenizer_files.Template.xlnet  # [CLS] last, in segment 2 (SEG_ID_CLS).
 
   @staticmethod
   def check_corpus(documents: int, sentences: int, tokens: int, where: str) -> list[str]:
     """Stops where no pair can be built (as NSP); the label balance does not matter here."""
     nsp.NextSentencePairs.check_corpus(documents, sentences, tokens, where)
     return []
-
-  @staticmethod
-  def render(instances, seq_len: int, cls_id: int, sep_id: int, pad_id: int):
-    """Instances -> (input_ids, segment_ids int32 [N, L], lengths [N], labels int32 [N])."""
-    n = len(instances)
-    ids = np.full((n, seq_len), pad_id, np.int32)
-    seg = np.zeros((n, seq_len), np.int32)
-    lengths = np.zeros(n, np.int64)
-    labels = np.zeros(n, np.int32)
-    for r, (pieces, label) in enumerate(instances):
-      pos = 0
-      for tokens, start, stop, segment in pieces:
-        end = pos + stop - start
-        if end + 2 > seq_len:
-          raise AssertionError(f'A built example has more than {seq_len} tokens (bug).')
-        ids[r, pos:end] = tokens[start:stop]
-        ids[r, end] = sep_id
-        seg[r, pos:end + 1] = segment
-        pos = end + 1
-      ids[r, pos] = cls_id
-      seg[r, pos] = CLS_SEGMENT
-      lengths[r] = pos + 1
-      labels[r] = label
-    return ids, seg, lengths, labels
