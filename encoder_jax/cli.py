@@ -8,7 +8,11 @@ thing and what was expected, and exits with status 2; a traceback is for bugs, o
 (``--config.model.hiden_size``) is one such line too, naming the key and the nearest
 fields, printed while the flags are parsed (before any work). A command of several runs
 (bake-off, probe, GLUE) that SIGTERM stopped mid-run prints one ``preempted: ...`` line
-saying what a rerun does, and exits with status 3. Library chatter (Orbax INFO notes)
+saying what a rerun does, and exits with status 3. A Cloud Storage failure that outlasted
+its library's retries (an outage, lost credentials: google-cloud-storage, gcsfs, aiohttp or
+tensorstore raised it, or it is behind the error raised) is one ``error:`` line too (status
+2), naming the ``gs://`` path and what a rerun does (a training run resumes from its last
+checkpoint), instead of the library's traceback. Library chatter (Orbax INFO notes)
 stays out of the console unless ``--verbosity`` is given.
 """
 
@@ -39,30 +43,56 @@ def user_errors() -> tuple[type[BaseException], ...]:
           PermissionError, FloatingPointError, checkpointing.CheckpointError, extras.MissingExtra)
 
 
+# What a rerun does after a storage failure, said after its line.
+STORAGE_RERUN = ('Rerun the same command once the bucket is reachable: a training run resumes '
+                 'from its last checkpoint.')
+
+
 def run(main: Callable[[list[str]], None]) -> None:
-  """``absl.app.run(main)``, with user errors as one line on stderr (exit status 2), and a
-  command of several runs stopped by SIGTERM as one ``preempted:`` line (exit status 3)."""
+  """``absl.app.run(main)``, with user errors and storage failures as one line on stderr
+  (exit status 2), and a command of several runs stopped by SIGTERM as one ``preempted:``
+  line (exit status 3)."""
 
   def wrapped(argv):
     quiet_logging()
     storage_client.configure()  # gs:// (and an emulator STORAGE_EMULATOR_HOST names).
     try:
       return main(argv)
-    except user_errors() as e:  # pylint: disable=catching-non-exception
+    except Exception as e:  # pylint: disable=broad-except  (what is not one line is raised)
       if _TRACEBACK.value:
         raise
-      message = str(e) or type(e).__name__
-      print(f'error: {message}', file=sys.stderr, flush=True)
-      print('(run with --traceback for the details of where it happened)', file=sys.stderr)
-      sys.exit(USER_ERROR_EXIT)
-    except RuntimeError as e:  # After user_errors: CheckpointError is one.
-      from encoder_jax import engine  # pylint: disable=g-import-not-at-top
-      if not isinstance(e, engine.PreemptedError) or _TRACEBACK.value:
+      line, status = one_line(e)
+      if line is None:
         raise
-      print(f'preempted: {e}', file=sys.stderr, flush=True)
-      sys.exit(PREEMPTED_EXIT)
+      print(line, file=sys.stderr, flush=True)
+      if status == USER_ERROR_EXIT:
+        print('(run with --traceback for the details of where it happened)', file=sys.stderr)
+      sys.exit(status)
 
   app.run(wrapped, flags_parser=parse_flags)
+
+
+def one_line(error: BaseException) -> tuple[str | None, int]:
+  """The console line and exit status for ``error`` as a command ends: a storage failure
+  (``storage_client.failure_of``: it, or the error behind it) with what a rerun does, a user
+  error, or a preemption; (None, 0) for a bug, whose traceback is the point.
+
+  A storage failure is looked for first: tensorstore reports one as a ValueError, which would
+  otherwise pass for a user error without saying what a rerun does. An error of the project
+  raised from one (a WorkdirError naming the flag) keeps its own words.
+  """
+  failure = storage_client.failure_of(error)
+  if failure is not None:
+    raised, explained = failure
+    own = raised is not error and isinstance(error, user_errors())
+    message = ' '.join((str(error) if own else str(explained)).split()).rstrip('.')
+    return f'error: {message}. {STORAGE_RERUN}', USER_ERROR_EXIT
+  if isinstance(error, user_errors()):
+    return f'error: {str(error) or type(error).__name__}', USER_ERROR_EXIT
+  from encoder_jax import engine  # pylint: disable=g-import-not-at-top
+  if isinstance(error, engine.PreemptedError):
+    return f'preempted: {error}', PREEMPTED_EXIT
+  return None, 0
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
@@ -148,15 +178,11 @@ def define_finetune_flags(out_help: str, *, epochs: int, batch_size: int,
 
 
 def load_from_flags(f, with_tokenizer: bool = True):
-  """The ``loading.Loaded`` model the source flags name."""
-  from encoder_jax import loading  # pylint: disable=g-import-not-at-top
-  from encoder_jax.interop import hf_import  # pylint: disable=g-import-not-at-top
-  if bool(f.hf_dir) == bool(f.workdir):
-    raise ValueError('Pass exactly one of --workdir (with optional --config/--step) or '
-                     '--hf_dir')
-  if f.hf_dir:
-    return hf_import.load_hf_dir(f.hf_dir)
-  return loading.load_workdir(f.workdir, f.config, f.step, with_tokenizer=with_tokenizer)
+  """The ``loading.Loaded`` model the source flags name (``source.load``)."""
+  from encoder_jax import source  # pylint: disable=g-import-not-at-top
+  named = source.Named(workdir=f.workdir or '', step=f.step, hf_dir=f.hf_dir or '',
+                       keys=('--workdir', '--hf_dir'))
+  return source.load(named, f.config, with_tokenizer=with_tokenizer)
 
 
 def quiet_logging() -> None:

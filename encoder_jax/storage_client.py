@@ -28,7 +28,9 @@ each for its own window: google-cloud-storage for 120 s (its default deadline), 
 for up to 32 attempts with delays growing to 32 s, and gcsfs, which on its own gives up after
 6 attempts (about 30 s: too short for the checkpoint metadata and commit marker Orbax writes
 through epath), for :data:`RETRY_WINDOW_S` here (:func:`configure` registers gcsfs's
-file system with that window for ``gs://``).
+file system with that window for ``gs://``). When a window is spent the library's error
+reaches the command, and :func:`failure_of` turns it (or the error raised from it) into one
+line naming the object, which ``cli.run`` prints with what a rerun does.
 
 **One switch.** Google's client libraries read ``STORAGE_EMULATOR_HOST`` (``host:port``
 or a URL) and then talk to that endpoint without credentials; gcsfs does too. tensorstore
@@ -59,7 +61,10 @@ import asyncio
 import functools
 import os
 import random
+import re
+import sys
 import time
+import urllib.parse
 
 from encoder_jax import extras
 
@@ -182,6 +187,11 @@ def explain(path: str, error: BaseException, permission: str = '') -> StorageErr
                                    'does not exist' in text.lower()):
     return StorageError(f'{path}: the bucket {bucket} does not exist. Create it (gcloud storage '
                         f'buckets create gs://{bucket}) or fix the path.')
+  if (status in TRANSIENT_STATUS or name == 'RetryError' or 'Connect' in name or
+      'Timeout' in name or text.startswith(('UNAVAILABLE:', 'DEADLINE_EXCEEDED:')) or
+      re.search(r'All \d+ retry attempts failed', text)):
+    return StorageError(f'{path}: the bucket did not answer through all retries ({name}: '
+                        f'{text})')
   return StorageError(f'{path}: {name}: {text}')
 
 
@@ -193,6 +203,92 @@ def failures() -> tuple[type[BaseException], ...]:
   from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
   return exceptions.GoogleAPIError, auth.GoogleAuthError, requests.ConnectionError
 
+
+# tensorstore's errors are ValueErrors whose text starts with an absl status code; these are
+# the ones a storage failure gives (an outage, a refused or missing credential, a refusal).
+_TENSORSTORE_STATUS = re.compile(
+    r'^(UNAVAILABLE|ABORTED|DEADLINE_EXCEEDED|UNKNOWN|INTERNAL|RESOURCE_EXHAUSTED|'
+    r'PERMISSION_DENIED|UNAUTHENTICATED): ')
+# Its annotations ([tensorstore_spec='...'], [http_response_body='...'], [source_locations=...]):
+# long, and not what a user acts on.
+_TENSORSTORE_NOTE = re.compile(r"\s*\[[a-z_ ]+=('[^']*'|[^\]]*)\]")
+_GS_URL = re.compile(r'gs://[^\s\'"\]:,]+')
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def _library_failures() -> tuple[type[BaseException], ...]:
+  """The error types the storage libraries raise that are already imported (one that is not
+  imported raised nothing): google-api-core, google-auth, requests, gcsfs, aiohttp."""
+  found = []
+  for module, names in (('google.api_core.exceptions', ('GoogleAPIError',)),
+                        ('google.auth.exceptions', ('GoogleAuthError',)),
+                        ('requests.exceptions', ('ConnectionError', 'Timeout')),
+                        ('gcsfs.retry', ('HttpError',)),
+                        ('aiohttp.client_exceptions', ('ClientError',))):
+    loaded = sys.modules.get(module)
+    found += [getattr(loaded, name) for name in names if loaded and hasattr(loaded, name)]
+  return tuple(found)
+
+
+def gs_url(request_url: str) -> str:
+  """The ``gs://`` path a JSON API request names (``.../b/BUCKET/o/NAME``, an upload's
+  ``name=`` or a listing's ``prefix=``), ``gs://BUCKET`` when it names only the bucket, or ''
+  when it names none."""
+  parsed = urllib.parse.urlsplit(request_url)
+  found = re.search(r'/b/([^/?]+)(?:/o/([^/?]+))?', parsed.path)
+  if not found:
+    return ''
+  bucket, name = found.group(1), urllib.parse.unquote(found.group(2) or '')
+  query = urllib.parse.parse_qs(parsed.query)
+  name = name or (query.get('name') or query.get('prefix') or [''])[0]
+  return f'gs://{bucket}/{name}'.rstrip('/')
+
+
+def _url_in(error: BaseException) -> str:
+  """Where ``error`` happened: the object the patient gcsfs noted on it, the ``gs://`` path
+  in its text (tensorstore), or the object of the request URL in its text (google-cloud-
+  storage names the request); '' if none."""
+  noted = getattr(error, 'storage_url', '')
+  if noted:
+    return noted
+  text = str(error)
+  found = _GS_URL.search(text)
+  if found:
+    return found.group(0).rstrip('.')
+  request = re.search(r'https?://\S+', text)
+  return gs_url(request.group(0).rstrip(':')) if request else ''
+
+
+def _tensorstore_failure(error: BaseException) -> bool:
+  return (isinstance(error, (ValueError, RuntimeError)) and
+          bool(_TENSORSTORE_STATUS.match(str(error))) and 'gs://' in str(error))
+
+
+def failure_of(error: BaseException) -> tuple[BaseException, StorageError] | None:
+  """The storage failure behind ``error``: ``error`` itself or one it was raised from (its
+  cause or context), with one line for it (:func:`explain`) naming its ``gs://`` path;
+  None when no storage library raised one.
+
+  What counts: a :class:`StorageError` (as the project raises it), the errors of
+  google-cloud-storage (google.api_core, google.auth, requests), gcsfs and aiohttp (each after
+  its retries), and tensorstore's ValueErrors about a ``gs://`` path (its status code first:
+  ``UNAVAILABLE: ...``). Used where a command ends (``cli.run``), so that an outage longer
+  than every retry window ends a run with one line instead of a library's traceback.
+  """
+  kinds = _library_failures()
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, StorageError):
+      return error, error
+    if kinds and isinstance(error, kinds) or _tensorstore_failure(error) or getattr(
+        error, 'storage_url', ''):
+      url = _url_in(error) or 'a Cloud Storage request'
+      if _tensorstore_failure(error):  # Its text, without the spec it dumps.
+        return error, explain(url, type(error)(_TENSORSTORE_NOTE.sub('', str(error))))
+      return error, explain(url, error)
+    error = error.__cause__ or error.__context__
+  return None
 
 
 def retry_window_s() -> float:
@@ -216,12 +312,20 @@ def gcsfs(path: str):
 
 @functools.lru_cache(maxsize=None)
 def _patient_gcsfs_class():
-  """gcsfs's ``GCSFileSystem`` whose requests retry for :func:`retry_window_s`: each try is
-  gcsfs's own six (about 30 s); a transient failure after them is tried again, with backoff,
-  until the window is spent. gcsfs fixes its retry count when it is imported, so a subclass
-  is the one place to lengthen it."""
+  """gcsfs's ``GCSFileSystem`` whose requests retry a transient failure (gcsfs's own retriable
+  set: 408, 429, 5xx, dropped connections) with backoff for :func:`retry_window_s`, and no
+  longer: each try is one request (gcsfs's own six tries, about 30 s, are bypassed), so the
+  window is what ``ENCODER_JAX_GCS_RETRY_S`` says. gcsfs fixes its retry count when it is
+  imported, so a subclass is the one place to change it. The error that ends the window
+  carries the object it was for (``storage_url``, read by :func:`failure_of`): gcsfs's own
+  errors do not name it."""
   import gcsfs as gcsfs_lib  # pylint: disable=g-import-not-at-top
   from gcsfs import retry  # pylint: disable=g-import-not-at-top
+  # One try, without gcsfs's retry decorator (which keeps the undecorated function here).
+  once = getattr(gcsfs_lib.GCSFileSystem._request, '__wrapped__', None)  # pylint: disable=protected-access
+
+  def transient(error: BaseException) -> bool:
+    return retry.is_retriable(error) and getattr(error, 'status', None) != 404
 
   class PatientGCSFileSystem(gcsfs_lib.GCSFileSystem):
     """gcsfs, retrying a transient failure for the project's window, not 30 s."""
@@ -231,9 +335,20 @@ def _patient_gcsfs_class():
       delay = 1.0
       while True:
         try:
-          return await super()._request(method, path, *args, **kwargs)
+          if once is None:  # Another gcsfs: its own tries inside each of ours.
+            return await super()._request(method, path, *args, **kwargs)
+          return await once(self, method, path, *args, **kwargs)
         except Exception as e:  # pylint: disable=broad-except  (gcsfs's own retriable set)
-          if not retry.is_retriable(e) or time.monotonic() + delay > deadline:
+          if not transient(e) or time.monotonic() + delay > deadline:
+            if isinstance(e, retry.HttpError) and e.code == 400 and 'requester pays' in str(
+                e.message):  # As gcsfs's own retries say it.
+              raise ValueError('Bucket is requester pays. Set `requester_pays=True` when '
+                               'creating the GCSFileSystem.') from e
+            if not isinstance(e, (FileNotFoundError, FileExistsError)):
+              try:
+                e.storage_url = gs_url(self._format_path(path, args))
+              except Exception:  # pylint: disable=broad-except  (a note, never a new error)
+                pass
             raise
         await asyncio.sleep(delay * (0.5 + random.random()))
         delay = min(2 * delay, 32.0)

@@ -188,23 +188,19 @@ def test_a_run_checks_at_start_what_it_may_do_in_its_bucket(bucket, faulty_proxy
   assert list(storage_client.client().list_blobs(name)) == []  # The probe is gone.
 
 
-def test_gcsfs_rides_out_an_outage_longer_than_its_own_retries(bucket, faulty_proxy,
-                                                               monkeypatch):
+def test_gcsfs_rides_out_an_outage_within_the_project_window(bucket, faulty_proxy,
+                                                            monkeypatch):
   """Orbax's metadata and commit marker go through etils.epath on gcsfs, whose own retries
-  give up after six tries (about 30 s; made 50 times faster here): the project's file
-  system keeps trying for storage_client.RETRY_WINDOW_S."""
-  import asyncio  # pylint: disable=g-import-not-at-top
+  give up after six tries (about 30 s): the project's file system retries each request
+  itself, one request a try, until storage_client.retry_window_s() is spent (here 20 s
+  through a 3 s outage; tests/gcs/test_gcs_errors.py has a window that runs out)."""
   import threading  # pylint: disable=g-import-not-at-top
-  import types  # pylint: disable=g-import-not-at-top
-  from gcsfs import retry  # pylint: disable=g-import-not-at-top
   from encoder_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  real_sleep = asyncio.sleep
-  monkeypatch.setattr(retry, 'asyncio', types.SimpleNamespace(
-      sleep=lambda s: real_sleep(s / 50)))
+  monkeypatch.setenv(storage_client.RETRY_WINDOW_VARIABLE, '20')
   proxy = faulty_proxy()
   _through(proxy, monkeypatch)
   proxy.down = True
   threading.Timer(3.0, lambda: setattr(proxy, 'down', False)).start()
   marker = workdir_lib.path(f'{bucket}/run/checkpoints/12', 'commit_success.txt')
   marker.write_text('done')
-  assert proxy.refused > 6 and marker.read_text() == 'done'
+  assert proxy.refused >= 2 and marker.read_text() == 'done'
