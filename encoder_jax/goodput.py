@@ -16,6 +16,7 @@ from absl import logging
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from encoder_jax import console as console_lib
+from encoder_jax import storage_client
 from encoder_jax import workdir as workdir_lib
 
 COMPILATION_CACHE = 'compilation_cache'  # compilation_cache_dir='auto' without JAX's own.
@@ -58,6 +59,8 @@ def compilation_cache(setting: str, workdir: str | None):
   want, before = compilation_cache_dir(setting, workdir), (
       jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
   change = want != cache_in_use()
+  if want and '://' in want:  # JAX reads it through etils.epath: gcsfs, not tf.io.gfile.
+    storage_client.configure()
   if change:
     _use_cache(want or before[0], bool(want))
     logging.info('Persistent compilation cache: %s', want or 'off')

@@ -31,8 +31,8 @@ from absl import logging
 from etils import epath
 
 from encoder_jax import locks
-from encoder_jax import storage_client
 from encoder_jax import storage
+from encoder_jax import storage_client
 
 CONFIG_JSON = 'config.json'
 CHECKPOINTS_DIR = 'checkpoints'

