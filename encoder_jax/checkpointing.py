@@ -364,8 +364,9 @@ def resolve_step(workdir: str, step: int | None = None) -> int:
     raise CheckpointError(f'workdir {workdir!r} does not exist')
   saved = steps(workdir)
   if not saved:
-    raise CheckpointError(f'{directory} holds no complete checkpoint; expected <step>/ '
-                          'directories written by encoder_jax.main or encoder_jax.convert')
+    raise CheckpointError(f'{directory} holds no checkpoint; expected <step>/ directories '
+                          'written by encoder_jax.main or encoder_jax.convert (a step counts '
+                          'once its save completed)')
   if step is None:
     return saved[-1]
   if step not in saved:

@@ -440,7 +440,7 @@ class _Session:
         profile = goodput.ProfileWindow(spec.profile_first_step, spec.profile_steps,
                                         self.workdir, job.console)
       try:
-        state, preempted, position = self._loop(state, flusher, out, profile)
+        state, preempted, position = _loop(self, state, flusher, out, profile)
         result = Result(state=state, step=self.step, preempted=preempted, metrics=flusher.last,
                         data_state=position, resumed=start.resumed)
         if job.finish is not None and not preempted:
@@ -459,79 +459,82 @@ class _Session:
     warn_skipped(flusher)
     return result
 
-  def _after_step(self, step: int, phase, state, data_state, stop: bool, flusher, out) -> None:
-    """Log, evaluate and save as the hooks say; the metrics are flushed (and checked for
-    non-finite values) before every save, the one on preemption included."""
-    end = step == self.spec.num_steps
-    due = self.job.hooks.due(step, data_state)
-    if self.lock is not None and (due.log or due.save or end or stop):
-      # A lost workdir lock stops the run before it writes again (every process at the same
-      # steps: the hooks' decisions are deterministic), before another run takes the workdir.
-      self.lock.check(everywhere=True)
-    if due.log or end:
-      flusher.flush(step, phase, state)
-    if due.evaluate:
-      self.job.hooks.evaluate(step, state, phase, data_state, out)
-      flusher.restart_timer()
-    if due.save or end or stop:
-      flusher.flush(step, phase, state)  # Never save over a non-finite step.
-      if self.ckpt is not None:
-        self.ckpt.save(step, state, data_state)
-        self.job.console.say(
-            f'saving step {step} in {checkpointing.checkpoint_dir(self.workdir)}')
-      flusher.restart_timer()
 
-  def _loop(self, state, flusher, out, profile) -> tuple[TrainState, bool, Any]:
-    """Steps from ``state.step`` until ``num_steps`` or preemption. Returns (state, whether
-    preempted, the batches' position)."""
-    job, console, hooks = self.job, self.job.console, self.job.hooks
-    step = self.step = int(jax.device_get(state.step))
-    position = job.batches.get_state()
-    if self.preempted.at(step):
-      console.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the '
-                  'same command to resume.')
-      return state, True, position
-    step_fns: dict[int, Any] = {}
-    ran: set[int] = set()  # Phases whose step ran in this session: compiled.
-    feed = feeding.Prefetcher(job.batches)
-    batch_shard = sharding.batch_sharding(self.mesh)
-    rows = self.spec.batch_size if self.spec.global_rows else None
-    try:
-      while step < self.spec.num_steps:
-        phase = hooks.phase_at(step)
-        if phase.index not in step_fns:  # A new phase compiles a new step: time from after.
-          flusher.flush(step, hooks.phase_at(max(step - 1, 0)), state)
-          step_fns[phase.index] = self.make_step(phase)
-          flusher.restart_timer()
-        batch, data_state = next(feed)
-        if batch['input_ids'].shape[1] != phase.seq_len:
-          raise RuntimeError(f'Step {step + 1}: the batches have length '
-                             f'{batch["input_ids"].shape[1]}; phase {phase.index} needs '
-                             f'{phase.seq_len}')
-        if profile is not None:
-          profile.before(step + 1, compiled=phase.index in ran)
-        with jax.profiler.StepTraceAnnotation('train', step_num=step + 1):
-          state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard, rows))
-        step = self.step = step + 1
-        position = data_state
-        ran.add(phase.index)
-        flusher.add(m, state)
-        if profile is not None and profile.after(step, (state, m)):
-          flusher.restart_timer()  # Writing the trace is no step's time.
-        stop = self.preempted.at(step)
-        self._after_step(step, phase, state, data_state, stop, flusher, out)
-        if stop:
-          console.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
-                      'command to resume.')
-          return state, True, position
-    finally:
-      feed.close()
-      if profile is not None:  # Preempted or failed inside the window: the trace so far.
-        try:
-          profile.stop(step)
-        except Exception as e:  # pylint: disable=broad-except
-          logging.warning('Could not write the profile trace: %s', e)
-    return state, False, position
+def _after_step(session: _Session, step: int, phase, state, data_state, stop: bool, flusher,
+                out) -> None:
+  """Log, evaluate and save as the hooks say; the metrics are flushed (and checked for
+  non-finite values) before every save, the one on preemption included."""
+  end = step == session.spec.num_steps
+  due = session.job.hooks.due(step, data_state)
+  if session.lock is not None and (due.log or due.save or end or stop):
+    # A lost workdir lock stops the run before it writes again (every process at the same
+    # steps: the hooks' decisions are deterministic), before another run takes the workdir.
+    session.lock.check(everywhere=True)
+  if due.log or end:
+    flusher.flush(step, phase, state)
+  if due.evaluate:
+    session.job.hooks.evaluate(step, state, phase, data_state, out)
+    flusher.restart_timer()
+  if due.save or end or stop:
+    flusher.flush(step, phase, state)  # Never save over a non-finite step.
+    if session.ckpt is not None:
+      session.ckpt.save(step, state, data_state)
+      session.job.console.say(
+          f'saving step {step} in {checkpointing.checkpoint_dir(session.workdir)}')
+    flusher.restart_timer()
+
+
+def _loop(session: _Session, state, flusher, out, profile) -> tuple[TrainState, bool, Any]:
+  """Steps from ``state.step`` until ``num_steps`` or preemption. Returns (state, whether
+  preempted, the batches' position)."""
+  job, console, hooks = session.job, session.job.console, session.job.hooks
+  step = session.step = int(jax.device_get(state.step))
+  position = job.batches.get_state()
+  if session.preempted.at(step):
+    console.say(f'Preempted before step {step + 1}: nothing new to save, exiting; rerun the '
+                'same command to resume.')
+    return state, True, position
+  step_fns: dict[int, Any] = {}
+  ran: set[int] = set()  # Phases whose step ran in this session: compiled.
+  feed = feeding.Prefetcher(job.batches)
+  batch_shard = sharding.batch_sharding(session.mesh)
+  rows = session.spec.batch_size if session.spec.global_rows else None
+  try:
+    while step < session.spec.num_steps:
+      phase = hooks.phase_at(step)
+      if phase.index not in step_fns:  # A new phase compiles a new step: time from after.
+        flusher.flush(step, hooks.phase_at(max(step - 1, 0)), state)
+        step_fns[phase.index] = session.make_step(phase)
+        flusher.restart_timer()
+      batch, data_state = next(feed)
+      if batch['input_ids'].shape[1] != phase.seq_len:
+        raise RuntimeError(f'Step {step + 1}: the batches have length '
+                           f'{batch["input_ids"].shape[1]}; phase {phase.index} needs '
+                           f'{phase.seq_len}')
+      if profile is not None:
+        profile.before(step + 1, compiled=phase.index in ran)
+      with jax.profiler.StepTraceAnnotation('train', step_num=step + 1):
+        state, m = step_fns[phase.index](state, feeding.to_global(batch, batch_shard, rows))
+      step = session.step = step + 1
+      position = data_state
+      ran.add(phase.index)
+      flusher.add(m, state)
+      if profile is not None and profile.after(step, (state, m)):
+        flusher.restart_timer()  # Writing the trace is no step's time.
+      stop = session.preempted.at(step)
+      _after_step(session, step, phase, state, data_state, stop, flusher, out)
+      if stop:
+        console.say(f'Preempted at step {step}: checkpoint saved, exiting; rerun the same '
+                    'command to resume.')
+        return state, True, position
+  finally:
+    feed.close()
+    if profile is not None:  # Preempted or failed inside the window: the trace so far.
+      try:
+        profile.stop(step)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Could not write the profile trace: %s', e)
+  return state, False, position
 
 
 def warn_skipped(flusher: MetricsFlusher) -> None:

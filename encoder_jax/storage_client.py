@@ -81,7 +81,20 @@ def configure() -> None:
   and gcsfs's retry window (:func:`gcsfs`). Cheap and idempotent: run where a command starts
   and before each first use of a client."""
   configure_environment()
+  _epath_decides_again()
   _register_patient_gcsfs()
+
+
+def _epath_decides_again() -> None:
+  """etils.epath decides once per process, on its first use of any path, whether to serve
+  ``gs://`` through TensorFlow (a cached check of ``EPATH_USE_TF``): a local path used before
+  :func:`configure` (a workdir on disk, a test) would fix that choice to tf.io.gfile, which
+  reaches neither an emulator nor gcsfs's retries. Its cached answer is dropped, so the
+  next use reads the environment as configured."""
+  gpath = sys.modules.get('etils.epath.gpath')
+  cached = getattr(gpath, '_is_tf_installed', None)
+  if cached is not None and hasattr(cached, 'cache_clear'):
+    cached.cache_clear()
 
 
 def configure_environment(environ=None) -> dict[str, str]:

@@ -289,13 +289,7 @@ class _Pretraining:
           f' (the run started from {self.source.description}: {INIT_REPORT})'
           if self.source is not None else ''))
     elif start.parts is not None:
-      report = dict(source=self.source.description, init=self.source.key,
-                    source_step=self.source.step, **start.parts,
-                    network=dict(config.model.to_dict()),
-                    tokenizer=dict(kind=str(self.source.tokenizer.kind),
-                                   path=str(self.source.tokenizer.path),
-                                   vocab_size=int(self.source.tokenizer.vocab_size)),
-                    optimizer='fresh (step 0): the source\'s optimizer state is not taken')
+      report = _init_report(config, self.source, start.parts)
       for line in train_state.report_lines(report):
         out.say('  ' + line)
       out.say(f'  report in {workdir_lib.path(workdir, INIT_REPORT)}')
@@ -310,6 +304,17 @@ class _Pretraining:
     return [f'; checkpoints in {checkpointing.checkpoint_dir(workdir)}, metrics in '
             f'{workdir_lib.path(workdir, "metrics.jsonl")}. Next:'] + [
                 f'  {command}' for command in console_lib.next_commands(workdir)]
+
+
+def _init_report(config: ml_collections.ConfigDict, source: train_state.Source,
+                 parts: dict) -> dict:
+  """What a run started from ``source`` took and initialised (``init_report.json``)."""
+  tok = source.tokenizer
+  return dict(source=source.description, init=source.key, source_step=source.step, **parts,
+              network=dict(config.model.to_dict()),
+              tokenizer=dict(kind=str(tok.kind), path=str(tok.path),
+                             vocab_size=int(tok.vocab_size)),
+              optimizer='fresh (step 0): the source\'s optimizer state is not taken')
 
 
 def _program_key(config: ml_collections.ConfigDict, tables: masking.VocabTables) -> str:

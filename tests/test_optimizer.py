@@ -62,15 +62,18 @@ def test_unknown_schedule_is_named():
     _schedule(schedule='cosin')
 
 
-def test_fine_tunings_optim_section_builds_through_make():
+def test_fine_tunings_optim_section_builds_through_its_spec():
   """Fine-tuning's optim (warmup as a share of the steps, AdamW's betas and epsilon as
-  fields) is read by the same builder: warmup_fraction of the steps, then linear decay."""
+  fields) makes an ``optimizer.Optim`` (``finetune.train.spec``: warmup_fraction of the
+  steps, in steps) for the same builder: warmup, then linear decay."""
   from encoder_jax.finetune import config as finetune_config  # pylint: disable=g-import-not-at-top
-  o = finetune_config.base_config().optim
-  o.update(learning_rate=1.0, warmup_fraction=0.25)
-  assert (o.b1, o.b2, o.eps) == (0.9, 0.999, 1e-6)  # BERT fine-tuning's.
-  lr = optimizer.learning_rate_schedule(o, 100)
+  from encoder_jax.finetune import train as finetune_train  # pylint: disable=g-import-not-at-top
+  c = finetune_config.base_config()
+  c.optim.update(learning_rate=1.0, warmup_fraction=0.25)
+  o = finetune_train.spec(c, total_steps=100, steps_per_epoch=50).optim
+  assert (o.b1, o.b2, o.eps, o.warmup_steps, o.schedule) == (0.9, 0.999, 1e-6, 25, 'linear')
+  lr = optimizer.schedule(o, 100)
   assert float(lr(0)) == 0.0 and float(lr(25)) == 1.0 and float(lr(100)) == 0.0
-  o.warmup_fraction = 1.5
+  c.optim.warmup_fraction = 1.5
   with pytest.raises(ValueError, match='config.optim.warmup_fraction=1.5'):
-    optimizer.learning_rate_schedule(o, 100)
+    finetune_config.validate(c)

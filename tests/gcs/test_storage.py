@@ -89,3 +89,26 @@ def test_a_library_user_reaches_the_emulator_without_a_command(gcs_emulator, buc
                         check=True)
   assert f"refused: '{bucket}/nothing' does not exist" in proc.stdout, proc.stderr[-2000:]
   assert f'tensorstore: {gcs_emulator.url}' in proc.stdout
+
+
+_LOCAL_PATH_FIRST = '''
+import os
+import tensorflow  # Installed: etils.epath would serve gs:// through tf.io.gfile.
+from etils import epath
+epath.Path(os.getcwd()).exists()  # A workdir on disk used first fixes epath's choice...
+from encoder_jax import storage_client
+storage_client.configure()  # ...which configure makes it take again.
+path = epath.Path(%r)
+path.write_text('through gcsfs')
+print('read:', path.read_text())
+'''
+
+
+def test_a_local_path_used_first_does_not_send_gs_through_tensorflow(gcs_emulator, bucket):
+  """tf.io.gfile reaches neither an emulator nor gcsfs's retries: a process that used
+  etils.epath on a local path before configuring storage must still reach the bucket."""
+  env = {k: v for k, v in os.environ.items() if k not in _DERIVED + ('EPATH_USE_TF',)}
+  env[storage_client.EMULATOR_HOST] = gcs_emulator.url
+  proc = subprocess.run([sys.executable, '-c', _LOCAL_PATH_FIRST % f'{bucket}/x.txt'],
+                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert 'read: through gcsfs' in proc.stdout, proc.stderr[-2000:]
