@@ -21,6 +21,7 @@ import pytest
 
 from encoder_jax import aot
 from encoder_jax import chips
+from encoder_jax import hlo
 from encoder_jax.models import modernbert
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,7 +222,7 @@ ENTRY %main (a: f32[8], /*index=1*/b: f32[8]) -> f32[8] {
 
 
 def test_collectives_count_a_loop_body_by_its_trip_count():
-  found = aot.collectives(HLO)
+  found = hlo.collectives(HLO)
   assert found['all-reduce'] == [13.0, 12 * 32 + 2048]
   assert found['all-gather'] == [12.0, 12 * (16 + 64) / 2]
 
