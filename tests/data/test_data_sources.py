@@ -33,12 +33,20 @@ def test_embedded_corpus_cache_file_equals_the_extraction(tmp_path, monkeypatch,
   embedded._corpus.cache_clear()
   try:
     assert embedded.embedded_corpus() == corpus_docs and os.path.exists(path)  # Written.
+    extracted = embedded._corpus()
+    calls = []
+
+    def extract(*args):  # The extraction above again, without its seconds of parsing.
+      calls.append(args)
+      return extracted
+
+    monkeypatch.setattr(embedded, '_extract', extract)
     embedded._corpus.cache_clear()
-    assert embedded.embedded_corpus() == corpus_docs  # Read back: the same documents.
+    assert embedded.embedded_corpus() == corpus_docs and not calls  # Read back, not parsed.
     with open(path, 'w', encoding='utf-8') as f:
       f.write('[["truncat')  # Damaged: extracted again, and rewritten whole.
     embedded._corpus.cache_clear()
-    assert embedded.embedded_corpus() == corpus_docs
+    assert embedded.embedded_corpus() == corpus_docs and calls == [(root, files)]
     with open(path, encoding='utf-8') as f:
       assert len(json.load(f)) == len(corpus_docs)
   finally:
