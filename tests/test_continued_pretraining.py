@@ -125,9 +125,9 @@ def _lines(workdir, split='train'):
 
 @pytest.mark.slow
 def test_a_run_from_a_workdir_starts_from_it_and_resumes_from_its_own_checkpoint(
-    tmp_path, monkeypatch, capsys):
+    prepared_dir, tmp_path, monkeypatch, capsys):
   src = str(tmp_path / 'src')
-  c = tiny_config.get_config(f'prepared_dir={tmp_path / "p_src"}')
+  c = tiny_config.get_config(f'prepared_dir={prepared_dir}')
   c.train.update(num_steps=2, eval_every_steps=0, seq_lens=(32,), max_predictions=(5,),
                  phase_fractions=(1.0,))
   c.checkpoint.every_steps = 2

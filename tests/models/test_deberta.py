@@ -344,7 +344,7 @@ def test_flops_count_the_relative_terms_and_the_emd():
 # ------------------------------------------------------------------ end to end
 
 @pytest.mark.slow
-def test_short_run_loss_falls_then_loads_and_exports(tmp_path):
+def test_short_run_loss_falls_then_loads_and_exports(prepared_dir, tmp_path):
   """DeBERTa-v2 with EMD and whole-word masking on the embedded corpus: the loss falls;
   ``encoder_jax.load`` serves the workdir; the HF export computes our encoder exactly."""
   import json  # pylint: disable=g-import-not-at-top
@@ -360,7 +360,7 @@ def test_short_run_loss_falls_then_loads_and_exports(tmp_path):
                  position_buckets=8, share_att_key=True, norm_rel_ebd=True, emd_layers=2,
                  type_vocab_size=0, layer_norm_eps=1e-7)
   c.objective.update(names=('mlm',), whole_word_masking=True)
-  c.data.update(pair_kind='full_sentences', prepared_dir=str(tmp_path / 'prepared'))
+  c.data.update(pair_kind='full_sentences', prepared_dir=prepared_dir)  # The tiny config's.
   c.train.update(num_steps=30, seq_lens=(32,), max_predictions=(5,), phase_fractions=(1.0,),
                  log_every_steps=5, eval_every_steps=0)
   c.optim.update(learning_rate=3e-3, warmup_steps=5)

@@ -57,9 +57,9 @@ def _hf(model, ids, mask):
     return model(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(np.zeros_like(ids)))
 
 
-@pytest.mark.slow  # ~35 s of CPU: data preparation, 12 steps, evaluation, export.
-def test_electra_small_trains_evaluates_and_exports(tmp_path):
-  c = _config(str(tmp_path / 'prepared'))
+@pytest.mark.slow  # 12 steps, evaluation, export (the tiny config's prepared data).
+def test_electra_small_trains_evaluates_and_exports(prepared_dir, tmp_path):
+  c = _config(prepared_dir)
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(c, workdir)
   losses = [r['loss'] for r in metrics_lib.read_metrics(workdir) if r['split'] == 'train']
