@@ -290,3 +290,35 @@ def test_vocab_size_must_match_the_tokenizer(prepared_dir):
   c.model.vocab_size = 1234
   with pytest.raises(ValueError, match='model.vocab_size=1234 but the tokenizer'):
     train.vocab_tables(c, prepared)
+
+
+def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
+    prepared_dir, tmp_path, monkeypatch):
+  """Another run took the workdir mid-run (its lock written over ours): the engine checks
+  the lock before each log and save, so the run stops with LockLost at the next one and
+  writes no further step."""
+  from encoder_jax import locks  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  # The run's own lock, beating every 50 ms instead of every minute.
+  monkeypatch.setattr(workdir_lib, 'run_lock', lambda w, wait_s=None: _quick_lock(w))
+  due = train._Pretraining.due  # pylint: disable=protected-access
+
+  def taken_at_step_3(self, step, data_state):
+    if step == 3:
+      info = dict(locks.LockInfo.new().__dict__, host='tpu-worker-7', pid=12345, token='other')
+      with open(os.path.join(workdir, workdir_lib.LOCK_FILE), 'w', encoding='utf-8') as f:
+        json.dump(info, f)
+      time.sleep(1.0)  # The next beats find it replaced.
+    return due(self, step, data_state)
+
+  monkeypatch.setattr(train._Pretraining, 'due', taken_at_step_3)  # pylint: disable=protected-access
+  with pytest.raises(locks.LockLost, match='no longer ours'):
+    train.train_and_evaluate(_config(prepared_dir), workdir)
+  assert [r['step'] for r in _train_lines(workdir)] == [1, 2]
+  assert checkpointing.steps(workdir) == []
+
+
+def _quick_lock(workdir):
+  lock = workdir_lib.WorkdirLock(workdir, heartbeat_s=0.05, wait_s=0)
+  lock.acquire()
+  return lock
