@@ -1,6 +1,6 @@
 """What the training engine trains: the contract of a pretraining setup and a fine-tuning task.
 
-The engine (``train.make_train_step``, ``train.drive``, ``train_state``, the checkpoints)
+The engine (``engine.run``: its train step, loop, ``train_state`` and checkpoints)
 needs of what it trains only this: its params' initialisation, one differentiable
 ``loss_fn(params, batch, rng, phase, train)``, any state carried between steps, the FLOPs
 of a step (MFU), how its metrics average and show, and which network serves downstream.

@@ -87,7 +87,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
 
 
 def completed(result: dict, what: str, rerun: str) -> dict:
-  """``result`` of :func:`finetune`; a ``train.PreemptedError`` if the run was preempted
+  """``result`` of :func:`finetune`; an ``engine.PreemptedError`` if the run was preempted
   instead: ``what`` names the run, ``rerun`` says what running the command again does."""
   if result.get('preempted'):
     raise engine.PreemptedError(f'{what} was preempted at step {result["step"]}; {rerun}')
