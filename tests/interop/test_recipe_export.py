@@ -39,11 +39,11 @@ SHAPE = dict(hidden_size=30, num_heads=3, intermediate_size=38, max_position_emb
 
 
 @pytest.fixture(scope='module')
-def contrastive_run(tmp_path_factory):
+def contrastive_run(prepared_dir, tmp_path_factory):
   """A workdir of configs/crammed_small.py:contrastive=True's recipe at a tiny odd size,
-  trained 2 steps on 300 embedded documents."""
+  trained 2 steps on 300 embedded documents (the tiny config's prepared data)."""
   root = tmp_path_factory.mktemp('recipe_export')
-  config = tiny_config.get_config(f'prepared_dir={root / "prepared"}')
+  config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
   config_base.apply_recipe(config, config_base.with_objective(config_base.SMALL_BUDGET_RECIPE,
                                                               'contrastive'))
   config.model.update(SHAPE)
