@@ -86,8 +86,10 @@ class Due(NamedTuple):
 
 class Out(Protocol):
   """What an evaluation reports through: ``report(metrics, split)`` writes them to
-  metrics.jsonl and the console; ``last`` holds the last logged training metrics."""
+  metrics.jsonl and the console; ``last`` holds the last logged training metrics;
+  ``param_shardings``: where the params live (an evaluation step's input shardings)."""
   last: dict[str, float]
+  param_shardings: Any
 
   def report(self, metrics: dict[str, float], split: str) -> None: ...
 
@@ -126,8 +128,9 @@ class Job:
   # scratch); read only for a fresh start, never on a resume.
   pretrained: Callable[[], tuple[Any, dict[str, str]]] | None = None
   # After restore or the fresh params, before the state is placed: the header, the
-  # workdir's files (every refusal is behind by then).
-  on_start: Callable[[Start, int], None] = lambda start, n_params: None
+  # workdir's files (every refusal is behind by then). Its second argument: the params'
+  # abstract tree, boxed with their logical axes (the parameter table, the count).
+  on_start: Callable[[Start, Any], None] = lambda start, params: None
   # Equal keys (with the mesh and the phase) reuse a compiled step across runs in this
   # process; '' never.
   program_key: str = ''
@@ -344,10 +347,16 @@ def mesh_line(mesh, batch_size: int) -> str:
           f'{jax.devices()[0].device_kind}; batch {batch_size}')
 
 
+def param_count(boxed_params) -> int:
+  """The number of parameters of an abstract (boxed) params tree."""
+  return int(sum(x.size for x in jax.tree.leaves(nn.unbox(boxed_params))))
+
+
 class _Reporter:
-  def __init__(self, step_of, num_steps: int, console, writer, flusher):
+  def __init__(self, step_of, num_steps: int, console, writer, flusher, param_shardings):
     self.step_of, self.num_steps = step_of, num_steps
     self.console, self.writer, self.flusher = console, writer, flusher
+    self.param_shardings = param_shardings
 
   @property
   def last(self) -> dict[str, float]:
@@ -371,7 +380,7 @@ class _Session:
     self.tx = optimizer_lib.build(spec.optim, spec.num_steps)
     self.schedule = optimizer_lib.schedule(spec.optim, spec.num_steps)
     boxed, self.shards = train_state.shardings(job.trainable, self.tx, mesh, spec.batch_size)
-    self.n_params = sum(x.size for x in jax.tree.leaves(nn.unbox(boxed.params)))
+    self.boxed_params = boxed.params
     self.ckpt = (checkpointing.Checkpointer(workdir, spec.checkpoint) if workdir else None)
     self.step = 0
 
@@ -397,18 +406,18 @@ class _Session:
       extra = self.ckpt.restored_extra  # None: the setup carries none, or the checkpoint none.
       if extra is None:
         extra = train_state.initial_extra(job.trainable, spec.batch_size, shards)
-      job.on_start(Start(resumed=restored.step, set_aside=set_aside), self.n_params)
+      job.on_start(Start(resumed=restored.step, set_aside=set_aside), self.boxed_params)
       return TrainState(step=jax.device_put(jnp.int32(restored.step), shards.step),
                         params=restored.params, opt_state=restored.opt_state, extra=extra), (
                             Start(resumed=restored.step))
     if job.pretrained is None:
       start = Start(set_aside=set_aside)
-      job.on_start(start, self.n_params)
+      job.on_start(start, self.boxed_params)
       return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
                                 job.init_rng), start
     params, parts = train_state.start_params(job.trainable, job.init_rng, *job.pretrained())
     start = Start(parts=parts, set_aside=set_aside)
-    job.on_start(start, self.n_params)
+    job.on_start(start, self.boxed_params)
     # Global arrays from the host copy every process holds (any mesh, any process count).
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(
         np.shape(x), s, lambda index, x=x: np.asarray(x)[index]), params, shards.params)
@@ -434,7 +443,8 @@ class _Session:
           resume_step=0 if restored is None else restored.step)
       flusher = MetricsFlusher(spec, job.trainable, job.console, writer, self.ckpt,
                                self.workdir)
-      out = _Reporter(lambda: self.step, spec.num_steps, job.console, writer, flusher)
+      out = _Reporter(lambda: self.step, spec.num_steps, job.console, writer, flusher,
+                      self.shards.params)
       profile = None
       if spec.profile_steps and self.lead and self.workdir:  # One host's trace.
         profile = goodput.ProfileWindow(spec.profile_first_step, spec.profile_steps,

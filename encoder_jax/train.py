@@ -250,19 +250,17 @@ class _Pretraining:
     if phase.index not in self.eval_fns:
       self.eval_fns[phase.index] = engine.reused(
           ('eval', _program_key(self.config, self.tables), self.mesh, phase),
-          lambda: make_eval_step(self.config, self.objective, self.mesh,
-                                 train_state.state_shardings(
-                                     self.config, self.mesh, self.objective)[1].params, phase))
+          lambda: make_eval_step(self.config, self.objective, self.mesh, out.param_shardings,
+                                 phase))
     out.report(evaluate(self.eval_fns[phase.index], state.params, self.eval_set(phase),
                         self.mesh, self.objective, self.config.train.batch_size), 'eval')
 
   # ---- the run's start and end
 
-  def on_start(self, start: engine.Start, n_params: int) -> None:
+  def on_start(self, start: engine.Start, params) -> None:
     """Every refusal is behind: the workdir's files, then the header."""
     config, workdir, out = self.config, self.workdir, self.console
-    boxed, _ = train_state.state_shardings(config, self.mesh, self.objective)
-    table = sharding.describe(boxed.params, self.mesh)
+    table = sharding.describe(params, self.mesh)
     logging.info('Mesh %s; parameters:\n%s', dict(self.mesh.shape), table)
     if self.lead:
       workdir_lib.pin_tokenizer(workdir, self.prepared.tokenizer, self.prepared.unigram_counts)
@@ -271,7 +269,7 @@ class _Pretraining:
     m_cfg, prepared = config.model, self.prepared
     train_split = prepared.manifest['splits']['train']
     out.say(f'encoder_jax: pretraining {m_cfg.kind} ({m_cfg.num_layers} x {m_cfg.hidden_size}, '
-            f'{n_params:,} parameters; table in '
+            f'{engine.param_count(params):,} parameters; table in '
             f'{workdir_lib.path(workdir, PARAMETERS_TXT)}) '
             f'with {" + ".join(config.objective.names)} in {workdir}')
     out.say(engine.mesh_line(self.mesh, config.train.batch_size) + '; phases ' + ', '.join(

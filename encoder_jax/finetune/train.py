@@ -163,12 +163,12 @@ class _FineTuning:
                       pretrained=pretrained, on_start=self.on_start, finish=self.finish,
                       summary=self.summary)
 
-  def on_start(self, start: engine.Start, n_params: int) -> None:
+  def on_start(self, start: engine.Start, params) -> None:
     c, o, out, names = self.config, self.config.optim, self.console, self.prepared.names
     if self.workdir and self.lead:
       workdir_lib.path(self.workdir).mkdir(parents=True, exist_ok=True)
     out.say(f'encoder_jax: fine-tuning {c.task} from {self.pretrained.source} '
-            f'({self.task.network.config.kind}, {n_params:,} parameters'
+            f'({self.task.network.config.kind}, {engine.param_count(params):,} parameters'
             + (f', labels {list(names)}' if names else '') + ')'
             + (f' in {self.workdir}' if self.workdir else ''))
     out.say(engine.mesh_line(self.mesh, o.batch_size) + f'; {o.epochs} epochs x '
@@ -212,10 +212,8 @@ class _FineTuning:
   def report(self, params, split: str, arrays, out: engine.Out) -> dict:
     """A split's scores, written and printed; prefixed with the split's name."""
     if self.predict is None:
-      shards = train_state.shardings(self.task, optimizer_lib.build(
-          self.spec.optim, self.spec.num_steps), self.mesh, self.spec.batch_size)[1]
       self.predict = jax.jit(self.task.predict, in_shardings=(
-          shards.params, sharding.batch_sharding(self.mesh)))
+          out.param_shardings, sharding.batch_sharding(self.mesh)))
     held_out = score(self, self.predict, params, split, arrays)
     out.report(held_out, split)
     return {f'{split}_{k}': v for k, v in held_out.items()}
