@@ -379,13 +379,15 @@ class _Session:
     self.lead = jax.process_index() == 0
     self.tx = optimizer_lib.build(spec.optim, spec.num_steps)
     self.schedule = optimizer_lib.schedule(spec.optim, spec.num_steps)
-    boxed, self.shards = train_state.shardings(job.trainable, self.tx, mesh, spec.batch_size)
-    self.boxed_params = boxed.params
+    self.boxed, self.shards = train_state.shardings(job.trainable, self.tx, mesh,
+                                                    spec.batch_size)
+    self.boxed_params = self.boxed.params
     self.ckpt = (checkpointing.Checkpointer(workdir, spec.checkpoint) if workdir else None)
     self.step = 0
 
   def _abstract(self):
-    return train_state.abstract(self.job.trainable, self.tx, self.mesh, self.spec.batch_size)
+    return train_state.abstract(self.job.trainable, self.tx, self.mesh, self.spec.batch_size,
+                                known=(self.boxed, self.shards))
 
   def _restore(self) -> checkpointing.Restored | None:
     """The newest restorable checkpoint, its data state applied to the batches."""
@@ -414,7 +416,7 @@ class _Session:
       start = Start(set_aside=set_aside)
       job.on_start(start, self.boxed_params)
       return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
-                                job.init_rng), start
+                                job.init_rng, shards=shards), start
     params, parts = train_state.start_params(job.trainable, job.init_rng, *job.pretrained())
     start = Start(parts=parts, set_aside=set_aside)
     job.on_start(start, self.boxed_params)
@@ -422,7 +424,7 @@ class _Session:
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(
         np.shape(x), s, lambda index, x=x: np.asarray(x)[index]), params, shards.params)
     return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
-                              job.init_rng, params), start
+                              job.init_rng, params, shards=shards), start
 
   def make_step(self, phase):
     spec, job = self.spec, self.job

@@ -10,8 +10,10 @@ files written before this rule.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import time
 from typing import Mapping
 
@@ -109,13 +111,31 @@ def _summary_writer(logdir: str, purge_step: int | None = None):
   ``purge_step``: TensorBoard hides this run's earlier events at steps >= it (redone after
   a resume). tf.summary has no such flag; TensorBoard drops the out-of-order steps itself.
   """
-  if logdir.startswith('gs://'):
-    storage_appends.tensorboardx(logdir)  # Appends by compose; or the gcs extra named.
-  if '://' not in logdir or logdir.startswith('gs://'):
+  if '://' in logdir and not logdir.startswith('gs://'):
+    return _TfSummaryWriter(logdir)
+  with _tensorboardx_without_torch():
+    if logdir.startswith('gs://'):
+      storage_appends.tensorboardx(logdir)  # Appends by compose; or the gcs extra named.
     import tensorboardX  # pylint: disable=g-import-not-at-top
-    return tensorboardX.SummaryWriter(logdir, purge_step=purge_step, max_queue=TENSORBOARD_QUEUE,
-                                      flush_secs=TENSORBOARD_FLUSH_S)
-  return _TfSummaryWriter(logdir)
+  return tensorboardX.SummaryWriter(logdir, purge_step=purge_step, max_queue=TENSORBOARD_QUEUE,
+                                    flush_secs=TENSORBOARD_FLUSH_S)
+
+
+@contextlib.contextmanager
+def _tensorboardx_without_torch():
+  """tensorboardX's writer module imports torch where it is installed, only to accept torch
+  tensors as values (about 2 s of CPU in every run's process); the writer is given floats.
+  While tensorboardX is first imported, an import of torch finds none (unless torch is
+  already imported); nothing else changes."""
+  if 'torch' in sys.modules or 'tensorboardX.writer' in sys.modules:
+    yield
+    return
+  sys.modules['torch'] = None  # `import torch` raises ImportError, as where it is absent.
+  try:
+    yield
+  finally:
+    if 'torch' in sys.modules and sys.modules['torch'] is None:
+      del sys.modules['torch']
 
 
 class _TfSummaryWriter:

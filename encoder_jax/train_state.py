@@ -58,17 +58,20 @@ def shardings(setup, tx, mesh, batch_size: int):
   return boxed, sharding.shardings_of(boxed, mesh)
 
 
-def abstract(setup, tx, mesh, batch_size: int) -> TrainState:
-  """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
-  boxed, shards = shardings(setup, tx, mesh, batch_size)
+def abstract(setup, tx, mesh, batch_size: int, known=None) -> TrainState:
+  """ShapeDtypeStructs with shardings: the target of a checkpoint restore. ``known``: what
+  :func:`shardings` gave for the same arguments (not traced again)."""
+  boxed, shards = known or shardings(setup, tx, mesh, batch_size)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       nn.unbox(boxed), shards)
 
 
-def create(setup, tx, mesh, batch_size: int, rng, params=None) -> TrainState:
+def create(setup, tx, mesh, batch_size: int, rng, params=None, shards=None) -> TrainState:
   """A new sharded TrainState (step 0): initialised from ``rng``, or from ``params`` (a
-  host or global tree) when given."""
-  _, shards = shardings(setup, tx, mesh, batch_size)
+  host or global tree) when given. ``shards``: :func:`shardings`'s for the same arguments
+  (not traced again)."""
+  if shards is None:
+    _, shards = shardings(setup, tx, mesh, batch_size)
   if params is None:
     init = _boxed_init_fn(setup, tx, int(batch_size))
     return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)

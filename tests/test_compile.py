@@ -164,11 +164,13 @@ def _compile_command(*args):
 
 
 def test_an_oversized_model_is_a_one_line_verdict(one_slice):
-  """A 40M-row embedding: its params and AdamW moments alone (15 GiB a chip) leave no room;
-  the compiler's refusal is the verdict, with its figures, and the advice."""
+  """A 40M-row position embedding: its params and AdamW moments alone (14 GiB a chip) leave
+  no room; the compiler's refusal is the verdict, with its figures, and the advice. (Rows
+  of positions, not of the vocabulary: the masking's vocabulary tables would make the
+  program's constants as large, and its compile twice as long.)"""
   setup, _ = one_slice
   config = setup.config.copy_and_resolve_references()
-  config.model.vocab_size = 40_000_000
+  config.model.max_position_embeddings = 40_000_000
   big = aot.build(config, setup.devices)
   r = aot.compile_phase(big, big.phases[0], with_eval=False, with_flops=False)
   assert not r.fits and r.train.refusal and r.train.total > r.train.hbm_limit

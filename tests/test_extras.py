@@ -47,6 +47,19 @@ loaded = sorted(({m.split('.')[0] for m in sys.modules if sys.modules[m] is not 
                 & set(OPTIONAL))
 '''
 
+_LOCAL_RUN = '''
+import os, tempfile
+from encoder_jax import metrics_log, storage_client
+storage_client.configure()
+with tempfile.TemporaryDirectory() as d:
+  writer = metrics_log.MetricWriter(d, resume_step=0)
+  writer.write(1, {'loss': 1.0})
+  writer.close()
+  events = len(os.listdir(os.path.join(d, 'tensorboard')))
+used = sorted(({m.split('.')[0] for m in sys.modules if sys.modules[m] is not None} - by_jax)
+              & set(OPTIONAL))
+'''
+
 # site -> (extra, code run with every optional package absent; it must raise MissingExtra).
 SITES = {
     'fine-tuning scores': ('finetune', '''
@@ -136,11 +149,16 @@ def test_every_module_imports_without_any_optional_package(without_optional):
 def test_no_module_imports_an_optional_package_until_it_is_used():
   """With every extra installed, importing the package's modules loads none of them: the
   commands start without TensorFlow's or PyTorch's import time."""
-  code = (f'MODULES = {MODULES!r}\nOPTIONAL = {OPTIONAL!r}\n' + _IMPORT_ALL
-          + 'print(json.dumps(dict(failed=sorted(failed), loaded=loaded)))')
+  code = (f'MODULES = {MODULES!r}\nOPTIONAL = {OPTIONAL!r}\n' + _IMPORT_ALL + _LOCAL_RUN
+          + 'print(json.dumps(dict(failed=sorted(failed), loaded=loaded, used=used, '
+          'events=events)))')
   result = _json_of(_python(code))
   assert not result['failed'], result['failed']
   assert result['loaded'] == [], f'imported at module level: {result["loaded"]}'
+  # Nor does a run on local disk: tensorboardX's writer (which would import torch to accept
+  # its tensors) and the storage setup (gcsfs, imported at the first gs:// use).
+  assert result['events'] == 1
+  assert result['used'] == [], f'imported by a run on local disk: {result["used"]}'
 
 
 @pytest.mark.parametrize('site', sorted(SITES))
