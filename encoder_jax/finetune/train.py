@@ -14,6 +14,7 @@ scores at an epoch's end, and the final params in ``<workdir>/params`` with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -161,7 +162,20 @@ class _FineTuning:
     return engine.Job(trainable=self.task, batches=self.batches, hooks=self,
                       console=self.console, init_rng=jax.random.PRNGKey(int(self.config.seed)),
                       pretrained=pretrained, on_start=self.on_start, finish=self.finish,
-                      summary=self.summary)
+                      program_key=self.program_key, summary=self.summary)
+
+  @property
+  def program_key(self) -> str:
+    """A digest of everything the task's compiled steps depend on besides the mesh and the
+    phase: the config, the network's config, the head's outputs (label count, the
+    classifier's side index), the length and the step count (the schedule). A resumed run,
+    or the next seed of a sweep, in this process reuses the traced steps."""
+    h = hashlib.sha256(self.config.to_json_best_effort(sort_keys=True).encode('utf-8'))
+    p = self.prepared
+    h.update(repr((type(self.task).__name__, self.task.network.config, self.max_len,
+                   p.num_outputs, list(p.names), p.context.get('cls_index'),
+                   self.spec.num_steps)).encode('utf-8'))
+    return h.hexdigest()
 
   def on_start(self, start: engine.Start, params) -> None:
     c, o, out, names = self.config, self.config.optim, self.console, self.prepared.names
@@ -212,8 +226,9 @@ class _FineTuning:
   def report(self, params, split: str, arrays, out: engine.Out) -> dict:
     """A split's scores, written and printed; prefixed with the split's name."""
     if self.predict is None:
-      self.predict = jax.jit(self.task.predict, in_shardings=(
-          out.param_shardings, sharding.batch_sharding(self.mesh)))
+      self.predict = engine.reused(('predict', self.program_key, self.mesh), lambda: jax.jit(
+          self.task.predict, in_shardings=(out.param_shardings,
+                                           sharding.batch_sharding(self.mesh))))
     held_out = score(self, self.predict, params, split, arrays)
     out.report(held_out, split)
     return {f'{split}_{k}': v for k, v in held_out.items()}
