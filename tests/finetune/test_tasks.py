@@ -115,6 +115,7 @@ def test_every_task_trains_resumes_and_evaluates(name, hf_dir, tmp_path, monkeyp
   write(tmp_path, c)
   pretrained = train.load_pretrained(c)  # Once for the three runs: the same encoder.
   whole = train.finetune(c, str(tmp_path / 'whole'), pretrained=pretrained)
+  programs = dict(engine._PROGRAMS)  # pylint: disable=protected-access
   real_at = engine.Preempted.at
   monkeypatch.setattr(engine.Preempted, 'at', lambda self, step: step == 3 or real_at(self, step))
   stopped = train.finetune(c, str(tmp_path / 'split'), pretrained=pretrained)
@@ -122,6 +123,10 @@ def test_every_task_trains_resumes_and_evaluates(name, hf_dir, tmp_path, monkeyp
   monkeypatch.setattr(engine.Preempted, 'at', real_at)
   resumed = train.finetune(c, str(tmp_path / 'split'), pretrained=pretrained)
   assert 'resuming from checkpoint step 3' in capsys.readouterr().out
+  # The same task and config again in this process: its traced steps (train, predict) are
+  # the first run's.
+  assert {k[0] for k in programs} >= {'train', 'predict'}
+  assert dict(engine._PROGRAMS) == programs  # pylint: disable=protected-access
   jax.tree.map(np.testing.assert_array_equal, train.read_final_params(str(tmp_path / 'whole')),
                train.read_final_params(str(tmp_path / 'split')))
   assert np.isfinite(whole[f'eval_{metric}']) and whole['step'] == resumed['step']
