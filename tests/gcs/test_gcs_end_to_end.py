@@ -7,15 +7,13 @@ output there too; convert exports to it and imports from it); a run SIGKILLed an
 through a proxy that answers some requests with 503 ends as the first run; a garbled
 newest checkpoint is set aside on the bucket. Tiny config.
 
-The commands run as ``python -m`` runs them (``runpy``, their flags parsed from argv), in
-this process: what they read and write on the bucket is the point, not their process,
-and a Python and JAX start each is saved. The run that is SIGKILLed and its rerun through
+The commands run as ``python -m`` runs them, in this process (``in_process.command``): what
+they read and write on the bucket is the point, not their process. The run that is SIGKILLed and its rerun through
 the proxy (another endpoint) are subprocesses."""
 
 import io
 import json
 import os
-import runpy
 import subprocess
 import sys
 import time
@@ -30,6 +28,7 @@ from encoder_jax import storage_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import in_process  # pylint: disable=wrong-import-position
 import tiny_config  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
@@ -44,26 +43,7 @@ def _run(module: str, *flags: str, endpoint: str | None = None) -> subprocess.Co
                         env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-def _cli(capsys, module: str, *flags: str) -> subprocess.CompletedProcess:
-  """``python -m encoder_jax.<module> FLAGS...`` in this process: its exit status and
-  console output. The command's flags are removed afterwards (the next defines its own)."""
-  from absl import app  # pylint: disable=g-import-not-at-top,unused-import
-  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
-  from encoder_jax import cli  # pylint: disable=g-import-not-at-top,unused-import
-  before, argv = set(absl_flags.FLAGS), sys.argv  # absl.app's and cli's flags among them.
-  sys.argv = [f'encoder_jax.{module}', *flags]
-  capsys.readouterr()
-  try:
-    runpy.run_module(f'encoder_jax.{module}', run_name='__main__')
-    code = 0
-  except SystemExit as e:  # absl's app.run ends with sys.exit.
-    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-  finally:
-    sys.argv = argv
-    for name in set(absl_flags.FLAGS) - before:
-      delattr(absl_flags.FLAGS, name)
-  out = capsys.readouterr()
-  return subprocess.CompletedProcess(flags, code, out.out, out.err)
+_cli = in_process.command
 
 
 def _main_flags(prepared: str, workdir: str, *flags: str) -> list[str]:

@@ -53,9 +53,9 @@ def test_same_numbers_on_one_device_and_on_a_mesh(run):
     assert math.isclose(one[k], eight[k], rel_tol=1e-5, abs_tol=1e-6), (k, one[k], eight[k])
 
 
-def test_cli_writes_json_and_summary(run):
+def test_cli_writes_json_and_summary(run, one_device_env):
   workdir, _ = run
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = one_device_env
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.evaluate', f'--workdir={workdir}',
                         '--batch_size=4', '--eval_batches=2', '--alsologtostderr'],
                        capture_output=True, text=True, env=env, check=False,
@@ -80,8 +80,8 @@ def test_batch_size_must_fit_the_mesh(run):
     evaluate.evaluate_checkpoint(config, workdir, eval_batches=0)
 
 
-def test_cli_errors_name_the_problem(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+def test_cli_errors_name_the_problem(tmp_path, one_device_env):
+  env = one_device_env
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.evaluate',
                         f'--workdir={tmp_path / "missing"}'], capture_output=True, text=True,
                        env=env, check=False,

@@ -90,11 +90,11 @@ def test_pooling_definitions(loaded, hf_dir_and_model):
     np.testing.assert_allclose(raw['mean'][i], h.mean(0), atol=1e-4)
 
 
-def test_cli_outputs(hf_dir_and_model, tmp_path):
+def test_cli_outputs(hf_dir_and_model, tmp_path, one_device_env):
   hf_dir, _ = hf_dir_and_model
   sentences = tmp_path / 'sentences.txt'
   sentences.write_text('the cat sat on the mat.\nparis is the capital of france.\n\nhi\n')
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = one_device_env
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed', f'--hf_dir={hf_dir}',
                         f'--input={sentences}', f'--output={tmp_path / "e.npy"}',
                         '--pooling=cls', '--batch_size=2'],
@@ -244,13 +244,14 @@ def test_fill_mask_says_when_the_mlm_head_is_random(st_base_model, loaded, tmp_p
   assert loading.read_import_report(str(tmp_path)) is None  # Not an import.
 
 
-def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_path):
+def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_path,
+                                                           one_device_env):
   """embed with default flags cuts at the model's max_seq_length with its pooling; fill_mask
   on the workdir of a headless import warns that its predictions are random."""
   _, workdir, _, from_workdir = st_base_model
   sentences = tmp_path / 'sentences.txt'
   sentences.write_text(f'{LONG}\nthe cat sat.\n')
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = one_device_env
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed', f'--workdir={workdir}',
                         f'--input={sentences}', f'--output={tmp_path / "e.npy"}'],
                        capture_output=True, text=True, env=env, cwd=ROOT, check=False)

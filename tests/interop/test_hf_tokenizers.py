@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -32,8 +30,8 @@ from encoder_jax.models import registry as models
 
 import hf_fixtures
 import hf_tokenizer_dirs as dirs
+import in_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = dirs.KINDS
 # (kind, what) -> mismatching rows, printed after the module (pytest -s): the id comparison.
 ID_TABLE: dict[tuple[str, str], str] = {}
@@ -299,18 +297,16 @@ def test_slow_files_alone_are_converted_as_autotokenizer_does(root, tmp_path):
   assert _compare_ids(tok, auto, dirs.TEXTS) == 0
 
 
-def _run(*args):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  out = subprocess.run([sys.executable, '-m', *args], capture_output=True, text=True, env=env,
-                       cwd=ROOT, check=False)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return out
-
-
-@pytest.mark.slow  # ~20 s: two command lines per kind, each a fresh process.
+@pytest.mark.slow  # Two command lines per kind (in this process: in_process.command).
 @pytest.mark.parametrize('kind', ['xlnet', 'deberta_v2'])
-def test_command_lines_on_the_directories(kind, root, tmp_path):
+def test_command_lines_on_the_directories(kind, root, tmp_path, capsys):
   path, auto, model = built(kind, root)
+
+  def _run(module, *flags):
+    out = in_process.command(capsys, module.removeprefix('encoder_jax.'), *flags)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
   sentences = tmp_path / 'sentences.txt'
   sentences.write_text('\n'.join(t.replace('\n', ' ') for t in dirs.TEXTS) + '\n',
                        encoding='utf-8')

@@ -83,7 +83,8 @@ def _long_sentence(tokenizer, tokens: int) -> str:
   raise AssertionError(f'no prefix of {tokens} tokens')
 
 
-def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path):
+def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path,
+                                                            one_device_env):
   """all-MiniLM-L6-v2 is used at 256 tokens (its sentence_bert_config.json), not 512 (its
   positions) nor 128: a 403-token sentence matches sentence-transformers with no flags."""
   assert loaded.sentence_settings['max_seq_length'] == 256 and loaded.max_length == 512
@@ -94,7 +95,7 @@ def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path)
   api = loaded.embed(texts)  # Python API defaults.
   path = tmp_path / 'in.txt'
   path.write_text('\n'.join(texts) + '\n')
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = one_device_env
   out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed',
                         f'--hf_dir={gt_minilm.get_model_path()}', f'--input={path}',
                         f'--output={tmp_path / "e.npy"}'],
