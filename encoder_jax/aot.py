@@ -241,14 +241,21 @@ def _refusal(error: Exception) -> str | None:
 
 
 def _tpu_compile(lowered):
-  """``lowered.compile()`` with the persistent compilation cache off: an executable for a
-  slice this host has no client for is written but cannot be read back here."""
-  was = jax.config.jax_enable_compilation_cache
-  jax.config.update('jax_enable_compilation_cache', False)
+  """``lowered.compile()`` writing nothing to the persistent compilation cache: an
+  executable for a slice this host has no client for can be written but not read back here
+  (each read is an error warning). JAX decides whether the cache is on once per process,
+  at its first compile, so the cache is also told to keep no program however long it took
+  to compile (read at each write)."""
+  options = {'jax_enable_compilation_cache': False,
+             'jax_persistent_cache_min_compile_time_secs': float('inf')}
+  was = {name: getattr(jax.config, name) for name in options}
+  for name, value in options.items():
+    jax.config.update(name, value)
   try:
     return lowered.compile()
   finally:
-    jax.config.update('jax_enable_compilation_cache', was)
+    for name, value in was.items():
+      jax.config.update(name, value)
 
 
 def _compile(name: str, lower, limit: float, state_bytes: float) -> tuple[Program, Any]:
