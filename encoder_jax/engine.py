@@ -386,8 +386,7 @@ class _Session:
     self.step = 0
 
   def _abstract(self):
-    return train_state.abstract(self.job.trainable, self.tx, self.mesh, self.spec.batch_size,
-                                known=(self.boxed, self.shards))
+    return train_state.abstract_of(self.boxed, self.shards)
 
   def _restore(self) -> checkpointing.Restored | None:
     """The newest restorable checkpoint, its data state applied to the batches."""

@@ -58,10 +58,14 @@ def shardings(setup, tx, mesh, batch_size: int):
   return boxed, sharding.shardings_of(boxed, mesh)
 
 
-def abstract(setup, tx, mesh, batch_size: int, known=None) -> TrainState:
-  """ShapeDtypeStructs with shardings: the target of a checkpoint restore. ``known``: what
-  :func:`shardings` gave for the same arguments (not traced again)."""
-  boxed, shards = known or shardings(setup, tx, mesh, batch_size)
+def abstract(setup, tx, mesh, batch_size: int) -> TrainState:
+  """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
+  return abstract_of(*shardings(setup, tx, mesh, batch_size))
+
+
+def abstract_of(boxed, shards):
+  """ShapeDtypeStructs with ``shards`` of an abstract boxed tree (a TrainState: what
+  :func:`shardings` gave, nothing traced again; or params alone)."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       nn.unbox(boxed), shards)
 
@@ -104,9 +108,7 @@ def abstract_params(config: ml_collections.ConfigDict, mesh, setup=None):
   """ShapeDtypeStructs (with shardings on ``mesh``) of the params alone (no optimizer)."""
   setup = setup or objectives.build(config)
   boxed = jax.eval_shape(setup.init, jax.random.key(0))
-  shards = sharding.shardings_of(boxed, mesh)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      nn.unbox(boxed), shards)
+  return abstract_of(boxed, sharding.shardings_of(boxed, mesh))
 
 
 def create_train_state(config: ml_collections.ConfigDict, mesh, params=None, setup=None,
