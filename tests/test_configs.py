@@ -54,6 +54,9 @@ def test_config_builds_under_eval_shape(path, arg):
 def test_runlocal_variant_prepares_the_embedded_corpus(name, tmp_path):
   c = _load(os.path.join(ROOT, 'configs', name), 'runlocal=True')
   c.data.prepared_dir = str(tmp_path / 'prepared')
+  # Tokenized in this process: a pool of spawned workers (each a Python start) would give the
+  # same shards (tests/data/test_data_prepare.py::test_workers_give_identical_shards).
+  c.data.num_workers = 1
   prepared = data_lib.load_or_prepare(c)
   assert prepared.tokenizer.vocab_size == c.model.vocab_size
   assert prepared.tokenizer.kind == c.tokenizer.kind

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ import pytest
 from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import plot
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import in_process
 
 
 def _log(workdir, steps, resume_step=None, scale=1.0, eval_every=4):
@@ -89,17 +87,15 @@ def test_plot_draws_train_and_eval_loss_and_accuracy(tmp_path):
   assert list(series) == ['mlm_loss'] and series['mlm_loss'][0] == list(range(4, 41, 4))
 
 
-def test_plot_command_line(tmp_path):
+def test_plot_command_line(tmp_path, capsys):
+  """The command as ``python -m`` runs it, in this process (what it writes and prints is the
+  point): the PNG where --out says; a workdir without metrics is one line, exit status 1."""
   _log(tmp_path / 'run', range(1, 9))
   out = tmp_path / 'plots' / 'curves.png'
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  done = subprocess.run([sys.executable, '-m', 'encoder_jax.plot', f'--workdir={tmp_path}/run',
-                         f'--out={out}'], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=120)
+  done = in_process.command(capsys, 'plot', f'--workdir={tmp_path}/run', f'--out={out}')
   assert done.returncode == 0, done.stderr
   assert f'Wrote {out}' in done.stdout and _png_size(out)[0] > 0
-  done = subprocess.run([sys.executable, '-m', 'encoder_jax.plot', f'--workdir={tmp_path}/none'],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  done = in_process.command(capsys, 'plot', f'--workdir={tmp_path}/none')
   assert done.returncode == 1
   assert done.stderr.strip().splitlines()[-1].startswith('encoder_jax.plot: ')
   assert 'Traceback' not in done.stderr and 'holds no training metrics' in done.stderr

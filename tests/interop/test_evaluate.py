@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from encoder_jax import evaluate
 
 import hf_fixtures
+import in_process
 
 
 @pytest.fixture(scope='module')
@@ -53,21 +52,21 @@ def test_same_numbers_on_one_device_and_on_a_mesh(run):
     assert math.isclose(one[k], eight[k], rel_tol=1e-5, abs_tol=1e-6), (k, one[k], eight[k])
 
 
-def test_cli_writes_json_and_summary(run, one_device_env):
-  workdir, _ = run
-  env = one_device_env
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.evaluate', f'--workdir={workdir}',
-                        '--batch_size=4', '--eval_batches=2', '--alsologtostderr'],
-                       capture_output=True, text=True, env=env, check=False,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+def test_cli_writes_json_and_summary(run, capsys):
+  """evaluate as ``python -m`` runs it, in this process (on its 8 simulated devices: the
+  batch is a multiple of 8): the summary printed, the JSON written, Orbax's notes hidden."""
+  workdir, config = run
+  assert config.train.batch_size != 16  # The flag, not the config's batch.
+  out = in_process.command(capsys, 'evaluate', f'--workdir={workdir}', '--batch_size=16',
+                           '--eval_batches=2', '--alsologtostderr')
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'MLM   loss' in out.stdout and 'perplexity' in out.stdout and 'NSP' in out.stdout
-  assert '2 batches of 4' in out.stdout
+  assert '2 batches of 16' in out.stdout
   assert 'could not be restored' not in out.stderr, out.stderr[-3000:]  # Orbax notes hidden.
   with open(os.path.join(workdir, 'eval_0.json')) as f:
     metrics = json.load(f)
   assert {'mlm_loss', 'mlm_accuracy', 'mlm_perplexity', 'pair_accuracy'} <= set(metrics)
-  assert (metrics['batches'], metrics['batch_size'], metrics['sequences']) == (2, 4, 8)
+  assert (metrics['batches'], metrics['batch_size'], metrics['sequences']) == (2, 16, 32)
 
 
 def test_batch_size_must_fit_the_mesh(run):
@@ -80,11 +79,7 @@ def test_batch_size_must_fit_the_mesh(run):
     evaluate.evaluate_checkpoint(config, workdir, eval_batches=0)
 
 
-def test_cli_errors_name_the_problem(tmp_path, one_device_env):
-  env = one_device_env
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.evaluate',
-                        f'--workdir={tmp_path / "missing"}'], capture_output=True, text=True,
-                       env=env, check=False,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+def test_cli_errors_name_the_problem(tmp_path, capsys):
+  out = in_process.command(capsys, 'evaluate', f'--workdir={tmp_path / "missing"}')
   assert out.returncode != 0
   assert 'does not exist' in out.stderr

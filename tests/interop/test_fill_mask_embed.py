@@ -6,8 +6,6 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,8 +19,8 @@ from encoder_jax import loading
 from encoder_jax.interop import hf_import
 
 import hf_fixtures
+import in_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPE = dict(hidden_size=30, num_layers=2, num_heads=5, intermediate_size=37, max_positions=40)
 
 
@@ -90,15 +88,14 @@ def test_pooling_definitions(loaded, hf_dir_and_model):
     np.testing.assert_allclose(raw['mean'][i], h.mean(0), atol=1e-4)
 
 
-def test_cli_outputs(hf_dir_and_model, tmp_path, one_device_env):
+def test_cli_outputs(hf_dir_and_model, tmp_path, capsys):
+  """embed and fill_mask as ``python -m`` runs them, in this process (what they write and
+  print is the point, not their process)."""
   hf_dir, _ = hf_dir_and_model
   sentences = tmp_path / 'sentences.txt'
   sentences.write_text('the cat sat on the mat.\nparis is the capital of france.\n\nhi\n')
-  env = one_device_env
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed', f'--hf_dir={hf_dir}',
-                        f'--input={sentences}', f'--output={tmp_path / "e.npy"}',
-                        '--pooling=cls', '--batch_size=2'],
-                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  out = in_process.command(capsys, 'embed', f'--hf_dir={hf_dir}', f'--input={sentences}',
+                           f'--output={tmp_path / "e.npy"}', '--pooling=cls', '--batch_size=2')
   assert out.returncode == 0, out.stderr[-3000:]
   emb = np.load(tmp_path / 'e.npy')
   assert emb.shape == (4, 30) and emb.dtype == np.float32  # Row i = line i, blank included.
@@ -106,9 +103,8 @@ def test_cli_outputs(hf_dir_and_model, tmp_path, one_device_env):
   assert 'truncated' not in out.stderr
   assert "max_len 40 (the model's position limit) with cls pooling (--pooling)" in out.stdout, (
       out.stdout)
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.fill_mask', f'--hf_dir={hf_dir}',
-                        '--text=the [MASK] sat.', '--top_k=3'],
-                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  out = in_process.command(capsys, 'fill_mask', f'--hf_dir={hf_dir}', '--text=the [MASK] sat.',
+                           '--top_k=3')
   assert out.returncode == 0, out.stderr[-3000:]
   assert '[MASK] #1:' in out.stdout
   assert 'MLM head' not in out.stderr  # BertForPreTraining: its own head, no warning.
@@ -244,17 +240,15 @@ def test_fill_mask_says_when_the_mlm_head_is_random(st_base_model, loaded, tmp_p
   assert loading.read_import_report(str(tmp_path)) is None  # Not an import.
 
 
-def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_path,
-                                                           one_device_env):
+def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_path, capsys):
   """embed with default flags cuts at the model's max_seq_length with its pooling; fill_mask
-  on the workdir of a headless import warns that its predictions are random."""
+  on the workdir of a headless import warns that its predictions are random. The commands
+  run as ``python -m`` runs them, in this process (``in_process.command``)."""
   _, workdir, _, from_workdir = st_base_model
   sentences = tmp_path / 'sentences.txt'
   sentences.write_text(f'{LONG}\nthe cat sat.\n')
-  env = one_device_env
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed', f'--workdir={workdir}',
-                        f'--input={sentences}', f'--output={tmp_path / "e.npy"}'],
-                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  out = in_process.command(capsys, 'embed', f'--workdir={workdir}', f'--input={sentences}',
+                           f'--output={tmp_path / "e.npy"}')
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'longer than max_len=24 tokens and were truncated (lines 1' in out.stderr, out.stderr
   files = 'sentence_bert_config.json, modules.json, 1_Pooling/config.json'
@@ -262,9 +256,7 @@ def test_cli_defaults_and_warnings_of_an_imported_workdir(st_base_model, tmp_pat
       out.stdout)
   np.testing.assert_allclose(np.load(tmp_path / 'e.npy'),
                              from_workdir.embed([LONG, 'the cat sat.']), atol=1e-5)
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.fill_mask', f'--workdir={workdir}',
-                        '--text=the [MASK] sat.'],
-                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  out = in_process.command(capsys, 'fill_mask', f'--workdir={workdir}', '--text=the [MASK] sat.')
   assert out.returncode == 0, out.stderr[-3000:]
   assert '[MASK] #1:' in out.stdout
   assert 'has no MLM head' in out.stderr and 'predictions are random' in out.stderr, out.stderr

