@@ -71,3 +71,9 @@ def prepared_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp('prepared'))
   data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
   return d
+
+
+@pytest.fixture(scope='session')
+def family_root(tmp_path_factory):
+  """Where tests/family.py's rows prepare their data and train, once per test process."""
+  return str(tmp_path_factory.mktemp('family'))

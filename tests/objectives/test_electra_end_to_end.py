@@ -1,13 +1,14 @@
-"""ELECTRA end to end on the embedded corpus: configs/electra_small.py (runlocal, shrunk)
-trains and its loss falls; held-out evaluation reports every metric; the workdir exports
-to Hugging Face (discriminator at OUT, generator at OUT/generator) with the logits ours
-computes; the export loads back (generator included) and as ``ElectraModel``. (Fine-tuning
-the discriminator from an ELECTRA workdir: tests/finetune/test_probe_bakeoff.py's end-to-end
-run, whose probes fine-tune its ELECTRA row's checkpoints.)"""
+"""ELECTRA end to end on the embedded corpus: the family's ELECTRA row (tests/family.py:
+configs/electra_small.py's recipe at tiny size, on 8 simulated devices) trains and its loss
+falls; held-out evaluation reports every metric; the workdir exports to Hugging Face
+(discriminator at OUT, generator at OUT/generator) with the logits ours computes; the export
+loads back (generator included) and as ``ElectraModel``. (Fine-tuning the discriminator from
+an ELECTRA workdir: tests/finetune/test_probe_bakeoff.py's end-to-end run, whose probes
+fine-tune its ELECTRA row's checkpoints.)"""
 
-import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -18,29 +19,12 @@ from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import loading
 from encoder_jax import metrics_log as metrics_lib
-from encoder_jax import train
 from encoder_jax.interop import hf_import
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import family  # pylint: disable=wrong-import-position
+
 ATOL = 1e-5
-
-
-def _config(prepared_dir):
-  spec = importlib.util.spec_from_file_location('cfg', os.path.join(ROOT, 'configs',
-                                                                    'electra_small.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config('runlocal=True')
-  # Smaller still: 2 x 64 discriminator (E = 32), a 16-wide generator.
-  c.model.update(vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128,
-                 embedding_size=32, max_position_embeddings=64)
-  c.data.update(sources='embedded;max_documents=300', prepared_dir=prepared_dir)
-  c.train.update(num_steps=12, batch_size=8, seq_lens=(32,), max_predictions=(5,),
-                 phase_fractions=(1.0,), log_every_steps=2, eval_every_steps=12,
-                 eval_batches=2)
-  c.optim.update(learning_rate=2e-3, warmup_steps=2)
-  c.checkpoint.update(every_steps=12, async_save=False)
-  return c
 
 
 def _rows(tok, texts):
@@ -57,13 +41,16 @@ def _hf(model, ids, mask):
     return model(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(np.zeros_like(ids)))
 
 
-@pytest.mark.slow  # 12 steps, evaluation, export (the tiny config's prepared data).
-def test_electra_small_trains_evaluates_and_exports(prepared_dir, tmp_path):
-  c = _config(prepared_dir)
-  workdir = str(tmp_path / 'run')
-  train.train_and_evaluate(c, workdir)
+ROW = 'electra_rtd'
+
+
+@pytest.mark.slow  # The row's run (shared with tests/test_family.py), evaluation, export.
+@pytest.mark.xdist_group(family.group(ROW))
+def test_electra_small_trains_evaluates_and_exports(family_root, tmp_path):
+  run = family.trained(ROW, family_root)
+  c, workdir = run.config, run.workdir
   losses = [r['loss'] for r in metrics_lib.read_metrics(workdir) if r['split'] == 'train']
-  assert len(losses) == 6 and np.mean(losses[-2:]) < 0.9 * losses[0], losses  # 41.5 -> 34.2.
+  assert len(losses) == 6 and np.mean(losses[-2:]) < 0.9 * losses[0], losses  # 41.6 -> 26.7.
 
   result = evaluate.evaluate_checkpoint(c, workdir)
   for key in ('generator_mlm_loss', 'generator_mlm_accuracy', 'rtd_loss', 'rtd_accuracy',

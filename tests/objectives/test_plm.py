@@ -20,7 +20,6 @@ import pytest
 from encoder_jax import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax import length_phases
-from encoder_jax import train
 from encoder_jax import train_state
 from encoder_jax.models import registry
 from encoder_jax.objectives import masking
@@ -28,6 +27,7 @@ from encoder_jax.objectives import plm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import family  # pylint: disable=wrong-import-position
 import tiny_config  # pylint: disable=wrong-import-position
 
 V, CLS, SEP, PAD = 50, 3, 4, 0
@@ -303,23 +303,19 @@ def test_checkpoints_hold_the_extra_state_only_when_there_is_one(tmp_path):
 # ------------------------------------------------------------------- end to end
 
 
-@pytest.mark.slow
-def test_short_run_loss_falls(prepared_dir, tmp_path):
-  c = tiny_config.get_config()
-  c.model.update(kind='xlnet', type_vocab_size=3, mem_len=8)
-  c.objective.update(names=('plm',), max_ngram=5, partial_prediction_k=6,
-                     bidirectional_data=True)
-  c.data.update(pair_kind='xlnet', prepared_dir=prepared_dir)  # The same corpus's shards.
-  # 12 steps at a high rate: the loss falls by about 0.7 (6.9 -> 6.2).
-  c.train.update(num_steps=12, seq_lens=(32,), max_predictions=(6,), phase_fractions=(1.0,),
-                 log_every_steps=2, eval_every_steps=0, grad_accum_steps=2)
-  c.optim.update(learning_rate=1e-2, warmup_steps=2)
-  c.checkpoint.update(every_steps=12, async_save=False)
-  c.mesh.update(data=2, fsdp=2, tensor=2)  # Micro-batches of 4 rows over data x fsdp = 4.
-  workdir = str(tmp_path / 'run')
-  train.train_and_evaluate(c, workdir)
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r]
+ROW = 'xlnet_plm_memory'
+
+
+@pytest.mark.slow  # The family's XLNet row (tests/family.py), shared with tests/test_family.py.
+@pytest.mark.xdist_group(family.group(ROW))
+def test_short_run_loss_falls(family_root):
+  """12 steps at a high rate, memory carried, two micro-batches of 4 rows a step over data x
+  fsdp = 4: the loss falls by over 0.5 (6.9 -> 6.3)."""
+  run = family.trained(ROW, family_root)
+  c = run.config
+  assert c.train.grad_accum_steps == 2 and c.model.mem_len > 0
+  with open(os.path.join(run.workdir, 'metrics.jsonl')) as f:
+    losses = [r['loss'] for r in map(json.loads, f) if r.get('split') == 'train']
   assert len(losses) == 6
   assert np.mean(losses[-2:]) < losses[0] - 0.5, losses
   # The rows it trained on were XLNet's layout: ... [SEP] [CLS], [CLS] in segment 2.

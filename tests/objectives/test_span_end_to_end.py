@@ -1,10 +1,11 @@
-"""SpanBERT end to end on the embedded corpus: configs/spanbert_base.py (runlocal, shrunk)
-trains with span masking + SBO and its losses fall; held-out evaluation reports MLM and
-SBO; the workdir exports as ``BertForPreTraining`` (the SBO head, a pretraining-only part,
-left out) with the MLM logits ours computes."""
+"""SpanBERT end to end on the embedded corpus: the family's SpanBERT row (tests/family.py:
+configs/spanbert_base.py's recipe at tiny size, on 8 simulated devices) trains with span
+masking + SBO and its losses fall; held-out evaluation reports MLM and SBO; the workdir
+exports as ``BertForPreTraining`` (the SBO head, a pretraining-only part, left out) with the
+MLM logits ours computes."""
 
-import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -15,38 +16,21 @@ from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import loading
 from encoder_jax import metrics_log as metrics_lib
-from encoder_jax import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import family  # pylint: disable=wrong-import-position
 
-
-def _config(prepared_dir):
-  spec = importlib.util.spec_from_file_location('cfg', os.path.join(ROOT, 'configs',
-                                                                    'spanbert_base.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config('runlocal=True')
-  c.model.update(vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128,
-                 max_position_embeddings=64)
-  c.data.update(sources='embedded;max_documents=300', prepared_dir=prepared_dir)
-  # 16 steps at a high rate: the losses fall by over 10% (the steps are cheap beside
-  # compiling them, but there is no need for more).
-  c.train.update(num_steps=16, batch_size=8, seq_lens=(32,), max_predictions=(5,),
-                 phase_fractions=(1.0,), log_every_steps=2, eval_every_steps=16,
-                 eval_batches=2)
-  c.optim.update(learning_rate=1e-2, warmup_steps=2)
-  c.checkpoint.update(every_steps=16, async_save=False)
-  return c
+ROW = 'spanbert_mlm_sbo'
 
 
-@pytest.mark.slow  # ~25 s of CPU: data preparation, 16 steps, evaluation, export.
-def test_spanbert_trains_evaluates_and_exports(tmp_path):
-  c = _config(str(tmp_path / 'prepared'))
-  workdir = str(tmp_path / 'run')
-  train.train_and_evaluate(c, workdir)
+@pytest.mark.slow  # The row's run (shared with tests/test_family.py), evaluation, export.
+@pytest.mark.xdist_group(family.group(ROW))
+def test_spanbert_trains_evaluates_and_exports(family_root, tmp_path):
+  run = family.trained(ROW, family_root)
+  c, workdir = run.config, run.workdir
   rows = [r for r in metrics_lib.read_metrics(workdir) if r['split'] == 'train']
-  assert len(rows) == 8
-  for key in ('loss', 'mlm_loss', 'sbo_loss'):  # From ~2 x ln(1000) = 13.8 down.
+  assert len(rows) == 6
+  for key in ('loss', 'mlm_loss', 'sbo_loss'):  # The sum: 2 x ln(1000) = 13.8 -> 12.1.
     values = [r[key] for r in rows]
     assert np.mean(values[-2:]) < 0.9 * values[0], (key, values)
 
