@@ -119,6 +119,11 @@ class Run:
   result: dict
   console: str
 
+  def logged(self, key: str) -> list[float]:
+    """``key``'s value at each logged training step (every 2 steps: 6 values)."""
+    from encoder_jax import metrics_log  # pylint: disable=g-import-not-at-top
+    return [r[key] for r in metrics_log.read_metrics(self.workdir) if r['split'] == 'train']
+
 
 _RUNS: dict[tuple[str, str], Run] = {}
 

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from encoder_jax import engine
-from encoder_jax import metrics_log as metrics_lib
 from encoder_jax import checkpointing
 from encoder_jax import config_base
 from encoder_jax import objectives
@@ -94,7 +93,7 @@ def test_trains_on_8_devices_learns_and_resumes_exactly(name, family_root, tmp_p
   assert np.isfinite(run.result['loss'])
   # Every row learns: the mean of the last two logged losses is below the first by 3% or
   # more (4.3-34% measured).
-  losses = [r['loss'] for r in metrics_lib.read_metrics(run.workdir) if r['split'] == 'train']
+  losses = run.logged('loss')
   assert len(losses) == family.NUM_STEPS // 2 and np.mean(losses[-2:]) < 0.97 * losses[0], losses
   # The progress lines show what the setup declares (each objective names its metrics).
   progress = [l for l in run.console.splitlines() if l.startswith(('train step', 'eval  step'))]

@@ -358,14 +358,11 @@ def test_short_run_loss_falls_then_loads_and_exports(family_root, tmp_path):
   """DeBERTa-v2 (v3's options) with EMD and whole-word masking on the embedded corpus, 12
   steps: the loss falls; ``encoder_jax.load`` serves the workdir; the HF export computes our
   encoder exactly."""
-  import json  # pylint: disable=g-import-not-at-top
   import encoder_jax  # pylint: disable=g-import-not-at-top
   from encoder_jax import convert  # pylint: disable=g-import-not-at-top
   run = family.trained(ROW, family_root)
   assert run.config.model.kind == 'deberta_v2' and run.config.model.emd_layers == 2
-  workdir = run.workdir
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r and r.get('split') == 'train']
+  workdir, losses = run.workdir, run.logged('loss')
   assert len(losses) == 6 and np.mean(losses[-2:]) < losses[0] - 0.5, losses  # 7.6 -> 6.9.
   model = encoder_jax.load(workdir)
   x = model.encode(['The cat sat on the mat.', 'A second, longer sentence here.'])

@@ -18,7 +18,6 @@ import transformers
 from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import loading
-from encoder_jax import metrics_log as metrics_lib
 from encoder_jax.interop import hf_import
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,8 +47,7 @@ ROW = 'electra_rtd'
 @pytest.mark.xdist_group(family.group(ROW))
 def test_electra_small_trains_evaluates_and_exports(family_root, tmp_path):
   run = family.trained(ROW, family_root)
-  c, workdir = run.config, run.workdir
-  losses = [r['loss'] for r in metrics_lib.read_metrics(workdir) if r['split'] == 'train']
+  c, workdir, losses = run.config, run.workdir, run.logged('loss')
   assert len(losses) == 6 and np.mean(losses[-2:]) < 0.9 * losses[0], losses  # 41.6 -> 26.7.
 
   result = evaluate.evaluate_checkpoint(c, workdir)

@@ -5,7 +5,6 @@ state (and in checkpoints), and a short run whose loss falls."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -314,8 +313,7 @@ def test_short_run_loss_falls(family_root):
   run = family.trained(ROW, family_root)
   c = run.config
   assert c.train.grad_accum_steps == 2 and c.model.mem_len > 0
-  with open(os.path.join(run.workdir, 'metrics.jsonl')) as f:
-    losses = [r['loss'] for r in map(json.loads, f) if r.get('split') == 'train']
+  losses = run.logged('loss')
   assert len(losses) == 6
   assert np.mean(losses[-2:]) < losses[0] - 0.5, losses
   # The rows it trained on were XLNet's layout: ... [SEP] [CLS], [CLS] in segment 2.

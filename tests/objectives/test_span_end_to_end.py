@@ -15,7 +15,6 @@ import transformers
 from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax import loading
-from encoder_jax import metrics_log as metrics_lib
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import family  # pylint: disable=wrong-import-position
@@ -28,11 +27,9 @@ ROW = 'spanbert_mlm_sbo'
 def test_spanbert_trains_evaluates_and_exports(family_root, tmp_path):
   run = family.trained(ROW, family_root)
   c, workdir = run.config, run.workdir
-  rows = [r for r in metrics_lib.read_metrics(workdir) if r['split'] == 'train']
-  assert len(rows) == 6
   for key in ('loss', 'mlm_loss', 'sbo_loss'):  # The sum: 2 x ln(1000) = 13.8 -> 12.1.
-    values = [r[key] for r in rows]
-    assert np.mean(values[-2:]) < 0.9 * values[0], (key, values)
+    values = run.logged(key)
+    assert len(values) == 6 and np.mean(values[-2:]) < 0.9 * values[0], (key, values)
 
   result = evaluate.evaluate_checkpoint(c, workdir)
   assert np.isfinite(result['sbo_loss']) and result['sbo_predictions'] > 0
