@@ -133,31 +133,40 @@ def summarize(runs: Sequence[dict]) -> dict:
   return out
 
 
-def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, log=print
-                         ) -> tuple[float, list[dict], dict[int, dict]]:
-  """(the chosen rate, every rate's validation scores, the chosen rate's selection runs by
-  seed): each rate of ``s.learning_rates`` fine-tuned with ``s.selection_seeds`` and scored
-  on ``specs['validation']``; the best mean validation accuracy wins (ties: macro-F1, then
-  the lower rate). Each selection run also scores the test split after its last epoch
-  (``data.more_evals``), unread by the choice: the chosen rate's runs are then the test
-  runs of their seeds (the same training), not fine-tuned again."""
+def _check_grid(specs: dict[str, str], s: ProbeSettings) -> None:
+  """A ValueError when ``s.learning_rates`` asks for a choice that cannot be made."""
   if len(s.learning_rates) <= 1:  # Nothing to choose.
-    return float(s.learning_rates[0] if s.learning_rates else s.learning_rate), [], {}
+    return
   if not specs.get('validation'):
     raise ValueError('Choosing the fine-tuning rate from learning_rates='
                      f'{list(s.learning_rates)} needs a validation split (never the test '
                      'split): pass --validation (a finetune data spec), or one rate')
   if not s.selection_seeds:
     raise ValueError('ProbeSettings.selection_seeds is empty: no run to choose a rate from')
+
+
+def select_learning_rate(init: dict, specs: dict[str, str], s: ProbeSettings, log=print,
+                         pretrained=None) -> tuple[float, list[dict], dict[int, dict]]:
+  """(the chosen rate, every rate's validation scores, the chosen rate's selection runs by
+  seed): each rate of ``s.learning_rates`` fine-tuned with ``s.selection_seeds`` and scored
+  on ``specs['validation']``; the best mean validation accuracy wins (ties: macro-F1, then
+  the lower rate). Each selection run also scores the test split after its last epoch
+  (``data.more_evals``), unread by the choice: the chosen rate's runs are then the test
+  runs of their seeds (the same training), not fine-tuned again. ``pretrained``: the
+  encoder ``init`` names, when already loaded (``finetune.train.load_pretrained``)."""
+  if len(s.learning_rates) <= 1:  # Nothing to choose.
+    return float(s.learning_rates[0] if s.learning_rates else s.learning_rate), [], {}
+  _check_grid(specs, s)
   scores, runs_of = [], {}
   for lr in s.learning_rates:
     runs_of[float(lr)] = {}
     for seed in s.selection_seeds:
       c = probe_config(init, specs, s, seed, 'validation', lr)
       c.data.more_evals = f'test={specs["test"]}'
+      pretrained = pretrained or finetune_train.load_pretrained(c)  # Once for every run.
       runs_of[float(lr)][int(seed)] = finetune_train.completed(
-          finetune_train.finetune(c), f'the probe\'s fine-tune at rate {lr:g}, seed {seed}',
-          IN_MEMORY)
+          finetune_train.finetune(c, pretrained=pretrained),
+          f'the probe\'s fine-tune at rate {lr:g}, seed {seed}', IN_MEMORY)
     row = dict(learning_rate=float(lr), **_brief(summarize(list(runs_of[float(lr)].values()))))
     scores.append(row)
     log(f'probe: learning rate {lr:g}: validation accuracy {row["accuracy"]:.2%}, macro-F1 '
@@ -200,11 +209,16 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
                      'fine-tuning seed to score')
   if specs is None:
     specs = probe_data.dataset(dataset).specs(out_dir, s.train_examples, log)
-  lr, selection, done = select_learning_rate(init, specs, s, log)
+  _check_grid(specs, s)
+  # The encoder is loaded once: every fine-tune of the probe (each rate of the grid, each
+  # seed) starts from it (reading the checkpoint again took half a second of CPU a run).
+  pretrained = finetune_train.load_pretrained(probe_config(init, specs, s, s.seeds[0]))
+  lr, selection, done = select_learning_rate(init, specs, s, log, pretrained)
   runs = []
   for seed in s.seeds:
     result = done.get(int(seed)) or finetune_train.completed(
-        finetune_train.finetune(probe_config(init, specs, s, seed, 'test', lr)),
+        finetune_train.finetune(probe_config(init, specs, s, seed, 'test', lr),
+                                pretrained=pretrained),
         f'the probe\'s fine-tune of seed {seed} at rate {lr:g}', IN_MEMORY)
     runs.append({k: v for k, v in result.items() if k != 'labels'})
     log(f'probe seed {seed}: test accuracy {result["eval_accuracy"]:.2%}, macro-F1 '
@@ -243,7 +257,9 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
                                    step=None if step < 0 else step))
   if init.get('from_scratch'):  # The same networks, randomly initialised.
     rng = jax.random.PRNGKey(int(s.seeds[0]) if s.seeds else 0)
-    model.params = nn.unbox(model.setup.init(rng))
+    # One compiled program, not the init run op by op (each op dispatched and compiled on
+    # its own: a tiny ELECTRA's took 6 s of CPU, jitted 3 s).
+    model.params = nn.unbox(jax.jit(model.setup.init)(rng))
   d = finetune_config.base_config().data
   d.update(text_fields=('text',), label_field='label')
   splits, names = {}, None
