@@ -40,6 +40,11 @@ from encoder_jax.finetune import task as task_lib
 from encoder_jax.finetune import tasks
 from encoder_jax.models import registry as models
 
+# config.data fields that say where examples come from and how they are read, not what the
+# compiled steps compute (the length, packing and labels are in the steps).
+_SOURCE_FIELDS = ('train', 'eval', 'more_evals', 'tfds_data_dir', 'text_fields', 'label_field',
+                  'tokens_field', 'tags_field')
+
 
 def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
   """The encoder ``config.init`` names (``source.load``)."""
@@ -167,10 +172,16 @@ class _FineTuning:
   @property
   def program_key(self) -> str:
     """A digest of everything the task's compiled steps depend on besides the mesh and the
-    phase: the config, the network's config, the head's outputs (label count, the
-    classifier's side index), the length and the step count (the schedule). A resumed run,
-    or the next seed of a sweep, in this process reuses the traced steps."""
-    h = hashlib.sha256(self.config.to_json_best_effort(sort_keys=True).encode('utf-8'))
+    phase: the config (less where the params and examples come from: ``init`` and the data
+    sources and their field names), the network's config, the head's outputs (label count,
+    the classifier's side index), the length and the step count (the schedule). A resumed
+    run, the next seed of a sweep, or a fine-tune of another checkpoint of the same network
+    on other files, in this process reuses the traced steps."""
+    c = self.config.to_dict()
+    del c['init']
+    for name in _SOURCE_FIELDS:
+      c['data'].pop(name, None)
+    h = hashlib.sha256(json.dumps(c, sort_keys=True, default=repr).encode('utf-8'))
     p = self.prepared
     h.update(repr((type(self.task).__name__, self.task.network.config, self.max_len,
                    p.num_outputs, list(p.names), p.context.get('cls_index'),
