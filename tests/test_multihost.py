@@ -12,6 +12,7 @@ gradient's partial sums in another order).
 """
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -200,13 +201,15 @@ def test_failed_preparation_stops_the_waiters(tmp_path):
 # ------------------------------------------------------------------ end to end (slow)
 
 
-def _launch(workdir, prepared_dir, log_path, cache_dir, *flags, processes=2, devices=2):
+def _launch(workdir, prepared_dir, log_path, *flags, processes=2, devices=2):
   """The documented local launch (``processes`` x ``devices`` CPU devices), output to
   ``log_path``."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
-             # Process 0 of every later run loads what process 0 of the first compiled
-             # (JAX writes the cache from process 0 only, so the others still compile).
-             JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             # The session's compilation cache (tests/conftest.py): process 0 of every later
+             # run loads what process 0 of the first compiled (JAX writes the cache from
+             # process 0 only, and a program's key holds its process's view of the
+             # topology, so the others still compile).
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
   for var in ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID'):
     env.pop(var, None)
@@ -253,9 +256,16 @@ def _objects(url):
           for b in storage_client.client().list_blobs(bucket, prefix=prefix + '/')}
 
 
-def _final_params(workdir, config):
-  mesh = sharding.make_mesh(config.mesh)
-  params, step = checkpointing.restore_params(workdir, train.abstract_state(config, mesh).params)
+@functools.lru_cache(maxsize=None)
+def _abstract_params(prepared_dir):
+  """(config, abstract params on this process's mesh) of the tiny config: traced once."""
+  config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
+  return config, train.abstract_state(config, sharding.make_mesh(config.mesh)).params
+
+
+def _final_params(workdir, prepared_dir):
+  config, abstract = _abstract_params(prepared_dir)
+  params, step = checkpointing.restore_params(workdir, abstract)
   assert step == config.train.num_steps
   return jax.device_get(params)
 
@@ -276,24 +286,23 @@ def _compare(got, want):
 
 
 def _same_params(workdir, other, prepared_dir):
-  config = tiny_config.get_config(f'prepared_dir={prepared_dir}')
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-6),
-               _final_params(workdir, config), _final_params(other, config))
+               _final_params(workdir, prepared_dir), _final_params(other, prepared_dir))
 
 
 @pytest.fixture(scope='module')
 def two_process_run(tmp_path_factory, gcs_emulator):
   """A 2 x 2 run from scratch, preparing its data (locally) on the way, its workdir on a
-  bucket of the emulator as on a pod: (workdir, prepared_dir, log, compilation cache)."""
+  bucket of the emulator as on a pod: (workdir, prepared_dir, log)."""
   base = tmp_path_factory.mktemp('multihost')
   bucket = f'multihost-{uuid.uuid4().hex[:12]}'
   gcs_emulator.create_bucket(bucket)
   workdir, prepared_dir = f'gs://{bucket}/run', str(base / 'prepared')
-  log_path, cache = str(base / 'run.log'), str(base / 'jax_cache')
+  log_path = str(base / 'run.log')
   start = time.time()
-  log = _finish(_launch(workdir, prepared_dir, log_path, cache), log_path)
+  log = _finish(_launch(workdir, prepared_dir, log_path), log_path)
   print(f'2 x 2 run: {time.time() - start:.0f} s')
-  return workdir, prepared_dir, log, cache
+  return workdir, prepared_dir, log
 
 
 def _in_process(workdir, prepared_dir):
@@ -307,7 +316,7 @@ def test_the_same_run_on_another_topology(two_process_run, tmp_path):
   same config. (1 x 1, 1 x 4, the same mesh in one process, and 2 x 4 agreed to 1.3e-7 when
   measured, and are left out of the suite for its time; the in-process test of the data
   covers 8 processes.)"""
-  workdir, prepared_dir, log, _ = two_process_run
+  workdir, prepared_dir, log = two_process_run
   assert re.search(r'^\[p1\] process 1 of 2, coordinator localhost:\d+ \(explicit\): 2 local '
                    '/ 4 global cpu devices$', log, re.M), log[:3000]
   other = str(tmp_path / 'other')
@@ -322,7 +331,7 @@ def test_the_same_run_on_another_topology(two_process_run, tmp_path):
 
 @pytest.mark.slow
 def test_written_once_prepared_once_and_one_global_data_state(two_process_run):
-  workdir, prepared_dir, log, _ = two_process_run
+  workdir, prepared_dir, log = two_process_run
   # One process prepared; the other waited for its manifest.
   assert len(re.findall(r'^\[p\d\] Prepared ', log, re.M)) == 1, log[-6000:]
   preparer = re.search(r'^\[p(\d)\] Prepared ', log, re.M).group(1)
@@ -356,10 +365,10 @@ def test_sigkill_then_resume_on_one_process_of_eight_devices(two_process_run, tm
   """A 2 x 2 run killed after a checkpoint, resumed by 1 x 8 (this process, the same config
   as the other tests' in-process run, whose compiled steps it may reuse): the uninterrupted
   run's metrics."""
-  full_workdir, prepared_dir, _, cache = two_process_run
+  full_workdir, prepared_dir, _ = two_process_run
   workdir, log_path = str(tmp_path / 'killed'), str(tmp_path / 'killed.log')
   no_eval = '--config.train.eval_every_steps=0'  # Saves compiles; params do not depend on it.
-  proc = _launch(workdir, prepared_dir, log_path, cache, no_eval)
+  proc = _launch(workdir, prepared_dir, log_path, no_eval)
   try:
     done = os.path.join(checkpointing.checkpoint_dir(workdir), '4', '_CHECKPOINT_METADATA')
     end = time.time() + 300
