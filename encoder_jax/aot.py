@@ -139,19 +139,22 @@ class Setup:
   schedule_fn: Any
   shards: Any
   devices: list
+  state: Any  # The TrainState's ShapeDtypeStructs, with the shardings of `shards`.
 
 
 def build(config: ml_collections.ConfigDict, devices) -> Setup:
   """Validates ``config`` and builds its objective, optimizer and state shardings on a mesh
-  of ``devices`` (the batch must divide the data axes, as in a run)."""
+  of ``devices`` (the batch must divide the data axes, as in a run). The abstract state
+  (``Setup.state``) is that of the shardings' trace: the model's init is traced once."""
   validation.validate(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   phases = train.validate(config, mesh)
   objective = objectives.build(config, vocab_tables(config))
   tx = optimizer_lib.make(config)
   schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
-  _, shards = train_state.state_shardings(config, mesh, objective, tx)
-  return Setup(config, mesh, phases, objective, tx, schedule_fn, shards, list(devices))
+  boxed, shards = train_state.state_shardings(config, mesh, objective, tx)
+  return Setup(config, mesh, phases, objective, tx, schedule_fn, shards, list(devices),
+               train_state.abstract_of(boxed, shards))
 
 
 def abstract_batch(config: ml_collections.ConfigDict, mesh, seq_len: int,
@@ -299,7 +302,7 @@ def compile_phase(setup: Setup, phase: length_phases.Phase, *, with_eval: bool =
   ``with_flops``, also one micro-batch with the layers unrolled, for FLOPs and bytes."""
   c, mesh = setup.config, setup.mesh
   limit = hbm_limit(setup.devices[0])
-  state = train_state.abstract_state(c, mesh, setup.objective, setup.tx)
+  state = setup.state
   step = train.make_train_step(c, setup.objective, setup.tx, setup.schedule_fn, mesh,
                                setup.shards, phase)
   batch = abstract_batch(c, mesh, phase.seq_len)
@@ -371,10 +374,9 @@ def _unrolled(setup: Setup, phase: length_phases.Phase, num_layers: int,
     changes['model.attention_implementation'] = attention
   flat = _with(c, **changes)
   s = build(flat, setup.devices)
-  state = train_state.abstract_state(flat, s.mesh, s.objective, s.tx)
   step = train.make_train_step(flat, s.objective, s.tx, s.schedule_fn, s.mesh, s.shards, phase)
   with scanned_layers_as(scanned):
-    lowered = step.lower(state, abstract_batch(flat, s.mesh, phase.seq_len))
+    lowered = step.lower(s.state, abstract_batch(flat, s.mesh, phase.seq_len))
   cost = _tpu_compile(lowered).cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost.get('flops', 0.0)), float(cost.get('bytes accessed', 0.0))

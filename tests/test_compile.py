@@ -7,6 +7,12 @@ line ``does not fit`` (exit 1); a slice libtpu refuses is one ``error:`` line. A
 local and global layers (ModernBERT) counts each layer as its own kind, not as the
 conditional that selects it. The HLO collective counter is checked on a hand-written
 module (loops count their trip count).
+
+The compiles are most of this file's CPU (several seconds each, which go with the
+program's ops far more than with its sizes), so the tiny config runs without hidden
+dropout (its random bits took about a sixth of a train step's compile, and no figure
+checked here depends on them), and a program compiled again in this module (the same lowered text) is the one
+compiled before (``compiled_once``).
 """
 
 from __future__ import annotations
@@ -14,8 +20,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -25,29 +29,59 @@ from encoder_jax import chips
 from encoder_jax import hlo
 from encoder_jax.models import modernbert
 
+import in_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, 'tests', 'tiny_config.py')
 SLICE = 'v5e:2x2'  # The smallest v5e slice libtpu lays out here (its host bounds are 2x2).
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
-                                reason="libtpu (pip install 'encoder_jax[tpu]') is not installed")
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                       reason="libtpu (pip install 'encoder_jax[tpu]') is not installed"),
+    # One worker under -n: the module's fixtures and compiled programs are computed once.
+    pytest.mark.xdist_group('compile'),
+]
 
 
 def _tiny(**train):
+  """The tiny config's second phase alone, without hidden dropout (its attention dropout
+  keeps the train step's attention XLA's, and the eval step's the splash kernel)."""
   spec = importlib.util.spec_from_file_location('tiny_config', TINY)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
   c.train.update(seq_lens=(64,), max_predictions=(10,), phase_fractions=(1.0,), **train)
+  c.model.hidden_dropout_rate = 0.0
   return c
+
+
+@pytest.fixture(scope='module', autouse=True)
+def compiled_once():
+  """Within this module, a program already compiled for the slice (the same lowered text:
+  its ops, shapes, shardings and mesh) is not compiled again: ``one_slice``'s train step
+  is also the whole unrolled stack of the FLOP test and --fit's first try. Failures are not
+  kept (a refusal is compiled each time)."""
+  real, done = aot._tpu_compile, {}
+
+  def tpu_compile(lowered):
+    key = lowered.as_text()
+    if key not in done:
+      done[key] = real(lowered)
+    return done[key]
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(aot, '_tpu_compile', tpu_compile)
+    yield done
 
 
 @pytest.fixture(scope='module')
 def one_slice():
-  """The tiny config's phase on one v5e:2x2 slice: train, eval and the unrolled program."""
+  """The tiny config's phase on one v5e:2x2 slice: train, eval and the unrolled program.
+  Its layers are unrolled (``model.scan_unroll=0``): its train step is the whole unrolled
+  stack whose FLOPs the count at 2 and 3 layers extends to (``compiled_once``)."""
   devices = aot.topology_devices(SLICE)
   config = _tiny()
-  config.model.num_layers = 4  # FLOPs: compiled at 2 and 3 layers, extended to 4.
+  config.model.update(num_layers=4, scan_unroll=0)  # FLOPs: 2 and 3 layers, extended to 4.
   setup = aot.build(config, devices)
   return setup, aot.compile_phase(setup, setup.phases[0])
 
@@ -147,6 +181,7 @@ def test_two_slices_put_the_data_axis_across_them():
   assert sorted({d.slice_index for d in devices}) == [0, 1]
   config = _tiny()
   config.mesh.update(data=-1, dcn_data=2)
+  config.model.num_layers = 1  # The layout and the gradients' all-reduce: any depth.
   setup = aot.build(config, devices)
   assert dict(setup.mesh.shape) == {'data': 8, 'fsdp': 1, 'tensor': 1}
   # Neighbours along the data axis inside a slice share it; the last half is slice 1.
@@ -156,23 +191,15 @@ def test_two_slices_put_the_data_axis_across_them():
   assert r.train.fits and r.train.collectives['all-reduce'][0] >= 1
 
 
-def _compile_command(*args):
-  """``python -m encoder_jax.compile`` on the tiny config, in its own process."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='3')
-  return subprocess.run([sys.executable, '-m', 'encoder_jax.compile', f'--config={TINY}', *args],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-                        check=False)
-
-
-def test_an_oversized_model_is_a_one_line_verdict(one_slice):
+def test_an_oversized_model_is_a_one_line_verdict():
   """A 40M-row position embedding: its params and AdamW moments alone (14 GiB a chip) leave
   no room; the compiler's refusal is the verdict, with its figures, and the advice. (Rows
   of positions, not of the vocabulary: the masking's vocabulary tables would make the
-  program's constants as large, and its compile twice as long.)"""
-  setup, _ = one_slice
-  config = setup.config.copy_and_resolve_references()
-  config.model.max_position_embeddings = 40_000_000
-  big = aot.build(config, setup.devices)
+  program's constants as large, and its compile twice as long. One layer: the compiler
+  refuses the embedding at any depth, and a shallower program sooner.)"""
+  config = _tiny()
+  config.model.update(max_position_embeddings=40_000_000, num_layers=1)
+  big = aot.build(config, aot.topology_devices(SLICE))
   r = aot.compile_phase(big, big.phases[0], with_eval=False, with_flops=False)
   assert not r.fits and r.train.refusal and r.train.total > r.train.hbm_limit
   lines = aot.report_lines(r)
@@ -182,8 +209,11 @@ def test_an_oversized_model_is_a_one_line_verdict(one_slice):
   assert '--fit' in lines[-1]
 
 
-def test_a_slice_libtpu_refuses_is_one_error_line():
-  proc = _compile_command('--topology=v5e:3x3')
+# ml_collections loads the config file with importlib's deprecated load_module().
+@pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning')
+def test_a_slice_libtpu_refuses_is_one_error_line(capsys):
+  """``python -m encoder_jax.compile`` on the tiny config (in this process)."""
+  proc = in_process.command(capsys, 'compile', f'--config={TINY}', '--topology=v5e:3x3')
   errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
   assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
   assert "--topology='v5e:3x3'" in errors[0] and 'libtpu refuses' in errors[0]
