@@ -130,7 +130,9 @@ _RUNS: dict[tuple[str, str], Run] = {}
 
 def trained(name: str, root: str) -> Run:
   """Row ``name``'s run under ``root`` (its prepared data and workdir), trained by the first
-  caller in this process and then served from memory."""
+  caller in this process and then served from memory, each caller with a config of its own
+  (a test that changes its copy changes no other test's: a resumed run's steps are reused
+  only for the very same config)."""
   key = (name, root)
   if key not in _RUNS:
     from encoder_jax import train  # pylint: disable=g-import-not-at-top
@@ -140,7 +142,8 @@ def trained(name: str, root: str) -> Run:
     with contextlib.redirect_stdout(console):
       result = train.train_and_evaluate(c, workdir)
     _RUNS[key] = Run(name, c, workdir, result, console.getvalue())
-  return _RUNS[key]
+  run = _RUNS[key]
+  return dataclasses.replace(run, config=run.config.copy_and_resolve_references())
 
 
 def group(name: str) -> str:

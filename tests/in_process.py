@@ -44,11 +44,13 @@ def command(capsys, module: str, *flags: str) -> subprocess.CompletedProcess:
   try:
     with warnings.catch_warnings():  # The test's imports: the module runs again as __main__.
       warnings.filterwarnings('ignore', r"'encoder_jax\.\S+' found in sys.modules", RuntimeWarning)
+      _drop_gs_file_systems()  # A new process starts without any.
       runpy.run_module(f'encoder_jax.{module}', run_name='__main__')
     code = 0
   except SystemExit as e:  # absl's app.run ends with sys.exit.
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
+    _drop_gs_file_systems()  # Made in the command's environment, which ends with it.
     sys.argv = argv
     for name in set(fv) - set(before):
       delattr(fv, name)
@@ -67,3 +69,12 @@ def command(capsys, module: str, *flags: str) -> subprocess.CompletedProcess:
     python_handler.stream, absl_handler.filters[:] = stream, handler_filters
   out = capsys.readouterr()
   return subprocess.CompletedProcess(flags, code, out.out, out.err)
+
+
+def _drop_gs_file_systems() -> None:
+  """fsspec keeps each gs:// file system it made (gcsfs: the endpoint and credentials of the
+  environment it was made in, and its listings) for the process: a command that made one in
+  the test's process leaves none behind for the next test, as its own process would."""
+  if 'gcsfs' in sys.modules:
+    import fsspec  # pylint: disable=g-import-not-at-top
+    fsspec.get_filesystem_class('gs').clear_instance_cache()

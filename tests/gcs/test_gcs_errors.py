@@ -2,8 +2,8 @@
 missing credentials, a refused permission, and an outage that outlasts the retries (what a
 rerun does said too)."""
 
-import contextlib
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -17,8 +17,6 @@ from encoder_jax import storage_client
 from encoder_jax import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
-import in_process  # pylint: disable=wrong-import-position
 
 
 def test_a_missing_bucket_is_named_with_the_command_that_creates_it(gcs_emulator):
@@ -32,36 +30,20 @@ def test_a_missing_bucket_is_named_with_the_command_that_creates_it(gcs_emulator
     lock.try_acquire()
 
 
-def test_a_bucket_without_credentials_is_one_line_from_main(tmp_path, monkeypatch, capsys):
-  """``main`` (as ``python -m`` runs it, in this process) on a bucket, in an environment
-  without an emulator or credentials: one ``error:`` line."""
-  for name in (storage_client.EMULATOR_HOST, 'GOOGLE_APPLICATION_CREDENTIALS',
-               'TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING'):
-    monkeypatch.delenv(name, raising=False)
-  for name, value in dict(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path),
-                          NO_GCE_CHECK='True').items():
-    monkeypatch.setenv(name, value)
-  with _new_gcsfs():
-    proc = in_process.command(capsys, 'main', f'--config={ROOT}/tests/tiny_config.py',
-                              '--workdir=gs://some-bucket/run')
+def test_a_bucket_without_credentials_is_one_line_from_main(tmp_path):
+  env = {k: v for k, v in os.environ.items()
+         if k not in (storage_client.EMULATOR_HOST, 'GOOGLE_APPLICATION_CREDENTIALS',
+                      'TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING')}
+  env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path), NO_GCE_CHECK='True')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'encoder_jax.main', f'--config={ROOT}/tests/tiny_config.py',
+       '--workdir=gs://some-bucket/run'], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=300, check=False)
   assert proc.returncode != 0
   lines = [l for l in proc.stderr.splitlines() if l.startswith('error:')]
   assert len(lines) == 1, proc.stderr[-3000:]
   assert 'gs://some-bucket/run' in lines[0] and 'no Google Cloud credentials found' in lines[0]
   assert 'gcloud auth application-default login' in lines[0]
-
-
-@contextlib.contextmanager
-def _new_gcsfs():
-  """gcsfs keeps its file system (the endpoint and credentials of the environment it was made
-  in) for the process: a command run in this process under another environment makes its
-  own, as its own process would, dropped after it."""
-  import fsspec  # pylint: disable=g-import-not-at-top
-  fsspec.get_filesystem_class('gs').clear_instance_cache()
-  try:
-    yield
-  finally:
-    fsspec.get_filesystem_class('gs').clear_instance_cache()
 
 
 def test_a_refused_permission_names_the_bucket_and_the_role():
@@ -80,15 +62,13 @@ def test_a_refused_permission_names_the_bucket_and_the_role():
 
 
 def test_an_outage_past_the_retry_window_ends_a_run_with_one_line(bucket, faulty_proxy,
-                                                                 prepared_dir, monkeypatch,
-                                                                 capsys):
+                                                                 prepared_dir):
   """``main`` on a bucket through the fault proxy, whose outage starts at the run's first
   gcsfs request (the resume check's read of config.json, after the lock is taken) and lasts
   5 s, longer than the 1 s gcsfs window set here (tensorstore's window, minutes, cannot be
   shortened, so the outage comes before any array is written). The run ends at once with one
   ``error:`` line naming the object and what a rerun does, no traceback, and its lock
-  released once the bucket answers again (google-cloud-storage rides out the 5 s). ``main``
-  runs as ``python -m`` runs it, in this process, in the environment a user's would have."""
+  released once the bucket answers again (google-cloud-storage rides out the 5 s)."""
   outage_s, started = 5.0, []
   proxy = None
 
@@ -101,14 +81,15 @@ def test_an_outage_past_the_retry_window_ends_a_run_with_one_line(bucket, faulty
     return False
 
   proxy = faulty_proxy(lose_reply=first_gcsfs_request_starts_the_outage)
-  monkeypatch.setenv(storage_client.EMULATOR_HOST, proxy.url)
-  monkeypatch.setenv(storage_client.RETRY_WINDOW_VARIABLE, '1')
-  monkeypatch.delenv('TENSORSTORE_GCS_HTTP_URL', raising=False)  # Derived again, from the proxy.
+  env = dict(os.environ, **{storage_client.EMULATOR_HOST: proxy.url,
+                            storage_client.RETRY_WINDOW_VARIABLE: '1'})
+  env.pop('TENSORSTORE_GCS_HTTP_URL', None)  # Derived again, from the proxy.
   workdir = f'{bucket}/run'
-  with _new_gcsfs():
-    proc = in_process.command(
-        capsys, 'main', f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared_dir}',
-        f'--workdir={workdir}')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'encoder_jax.main',
+       f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared_dir}',
+       f'--workdir={workdir}'], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=240, check=False)
   ended = time.monotonic()
   assert started and proxy.refused >= 2, (proxy.refused, proc.stderr[-3000:])
   assert proc.returncode == cli.USER_ERROR_EXIT, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -119,7 +100,6 @@ def test_an_outage_past_the_retry_window_ends_a_run_with_one_line(bucket, faulty
   assert lines[0].endswith(cli.STORAGE_RERUN)
   # Ended soon after the outage: the lock's release waited for the bucket, nothing more.
   assert ended - started[0] < outage_s + 30, ended - started[0]
-  monkeypatch.undo()  # The emulator itself.
   bucket_name, prefix = storage.split(workdir)
   assert f'{prefix}/.lock' not in {b.name for b in storage_client.client().list_blobs(
       bucket_name, prefix=prefix)}
