@@ -46,20 +46,14 @@ def _endpoint(url: str):
   derived from that variable is derived again from it, and gcsfs (which keeps its file
   system, endpoint included, for the process) makes another, dropped after."""
   import fsspec  # pylint: disable=g-import-not-at-top
-  saved = {k: os.environ.get(k) for k in (storage_client.EMULATOR_HOST,
-                                          'TENSORSTORE_GCS_HTTP_URL')}
-  os.environ[storage_client.EMULATOR_HOST] = url
-  os.environ.pop('TENSORSTORE_GCS_HTTP_URL', None)
-  fsspec.get_filesystem_class('gs').clear_instance_cache()
-  try:
-    yield
-  finally:
-    for key, value in saved.items():
-      if value is None:
-        os.environ.pop(key, None)
-      else:
-        os.environ[key] = value
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv(storage_client.EMULATOR_HOST, url)
+    patch.delenv('TENSORSTORE_GCS_HTTP_URL', raising=False)
     fsspec.get_filesystem_class('gs').clear_instance_cache()
+    try:
+      yield
+    finally:
+      fsspec.get_filesystem_class('gs').clear_instance_cache()
 
 
 # The tiny config at one sequence length (what is read and written on the bucket does not
