@@ -4,8 +4,10 @@ on the embedded corpus, and each row's run, trained once per test process.
 ``tests/test_family.py`` trains every row on 8 simulated devices and checks exact resume and
 that the loss falls; the end-to-end tests of a kind or objective (evaluation, export,
 loading) read the same run's workdir instead of training one of their own: a row's run is
-trained by whichever test asks first, in its process (tests that share a run are kept in one
-pytest-xdist worker by their ``xdist_group`` mark, :func:`group`).
+trained by whichever test asks first, in its process. The tests that share a run carry one
+``xdist_group`` mark (:func:`group`) so that ``-n`` keeps them in one worker; with pytest 9.2
+and pytest-xdist 3.8 the mark does not group (xdist renames ``item._nodeid``, pytest 9 reads
+``item._id``), and a run is shared only by the readers that land in its worker.
 """
 
 from __future__ import annotations
