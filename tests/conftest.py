@@ -1,6 +1,7 @@
 """Shared test setup: 8 simulated CPU devices, so sharding is exercised without hardware;
 the tiny config's prepared data (``prepared_dir``), prepared once per test process."""
 
+import dataclasses
 import gc
 import os
 import sys
@@ -45,12 +46,26 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 pytest_plugins = ('gcs_emulator',)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
   """The end-to-end (``slow``) tests first, in their order: with ``-n 2`` the long ones are
   shared out while every worker is busy, instead of one worker finishing a long test while
-  the other has run out of work."""
+  the other has run out of work.
+
+  And the ``xdist_group`` marks made to group: under ``--dist=loadgroup`` pytest-xdist's
+  worker appends ``@<group>`` to each marked test's id for the scheduler to read, by setting
+  ``item._nodeid``, which pytest 9 no longer reads (an item's id is ``item._id``). Here the
+  id the worker reports carries the suffix again, so the tests that read one shared run
+  (tests/family.py) run in one worker."""
   del config
+  result = yield
+  for item in items:
+    grouped = vars(item).get('_nodeid')
+    if grouped and grouped != item.nodeid and hasattr(item, '_id'):
+      item._id = dataclasses.replace(item._id)  # pylint: disable=protected-access
+      object.__setattr__(item._id, '_str_cache', grouped)  # pylint: disable=protected-access
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+  return result
 
 
 @pytest.fixture

@@ -5,9 +5,8 @@ on the embedded corpus, and each row's run, trained once per test process.
 that the loss falls; the end-to-end tests of a kind or objective (evaluation, export,
 loading) read the same run's workdir instead of training one of their own: a row's run is
 trained by whichever test asks first, in its process. The tests that share a run carry one
-``xdist_group`` mark (:func:`group`) so that ``-n`` keeps them in one worker; with pytest 9.2
-and pytest-xdist 3.8 the mark does not group (xdist renames ``item._nodeid``, pytest 9 reads
-``item._id``), and a run is shared only by the readers that land in its worker.
+``xdist_group`` mark (:func:`group`) so that ``-n`` keeps them in one worker (with
+``--dist=loadgroup``, set in setup.cfg; tests/conftest.py makes the marks group under pytest 9).
 """
 
 from __future__ import annotations
@@ -120,6 +119,7 @@ class Run:
   workdir: str
   result: dict
   console: str
+  programs: tuple  # The keys of the jitted steps it ran (engine._PROGRAMS).
 
   def logged(self, key: str) -> list[float]:
     """``key``'s value at each logged training step (every 2 steps: 6 values)."""
@@ -137,13 +137,16 @@ def trained(name: str, root: str) -> Run:
   only for the very same config)."""
   key = (name, root)
   if key not in _RUNS:
-    from encoder_jax import train  # pylint: disable=g-import-not-at-top
+    from encoder_jax import engine, train  # pylint: disable=g-import-not-at-top
     c = family_config(name, os.path.join(root, 'prepared'))
     workdir = os.path.join(root, 'runs', name)
     console = io.StringIO()
+    before = set(engine._PROGRAMS)  # pylint: disable=protected-access
     with contextlib.redirect_stdout(console):
       result = train.train_and_evaluate(c, workdir)
-    _RUNS[key] = Run(name, c, workdir, result, console.getvalue())
+    programs = tuple(k for k in engine._PROGRAMS if k not in before)  # pylint: disable=protected-access
+    assert programs, f'{name}: its run traced no step of its own'
+    _RUNS[key] = Run(name, c, workdir, result, console.getvalue(), programs)
   run = _RUNS[key]
   return dataclasses.replace(run, config=run.config.copy_and_resolve_references())
 
