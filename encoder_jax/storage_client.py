@@ -370,6 +370,20 @@ def _patient_gcsfs_class():
   return PatientGCSFileSystem
 
 
+def forget_file_systems() -> None:
+  """Drops this process's ``gs://`` file systems, fsspec's and the one etils.epath keeps for
+  the process on its own (Orbax's metadata goes through it): each holds the endpoint and
+  credentials of the environment it was made in, and its cached listings. The next use
+  makes new ones from the environment as it is then (another endpoint, a test's fault
+  proxy). Clearing fsspec's alone would leave epath on the old one."""
+  if 'gcsfs' not in sys.modules:
+    return
+  import fsspec  # pylint: disable=g-import-not-at-top
+  from etils.epath import backend  # pylint: disable=g-import-not-at-top
+  fsspec.get_filesystem_class('gs').clear_instance_cache()
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+
+
 def _register_patient_gcsfs() -> None:
   """Makes fsspec (and so etils.epath and Orbax's metadata) use the patient gcsfs for
   ``gs://``; nothing without the gcs extra. Registered by name: gcsfs (about half a second

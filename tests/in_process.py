@@ -76,5 +76,5 @@ def _drop_gs_file_systems() -> None:
   environment it was made in, and its listings) for the process: a command that made one in
   the test's process leaves none behind for the next test, as its own process would."""
   if 'gcsfs' in sys.modules:
-    import fsspec  # pylint: disable=g-import-not-at-top
-    fsspec.get_filesystem_class('gs').clear_instance_cache()
+    from encoder_jax import storage_client  # pylint: disable=g-import-not-at-top
+    storage_client.forget_file_systems()

@@ -24,15 +24,19 @@ def test_a_step_without_its_commit_marker_is_never_a_step(bucket):
     checkpointing.resolve_step(run, 7)
 
 
-def test_a_step_another_host_moved_is_listed_anew(bucket):
+@pytest.mark.parametrize('fsspec_instances_dropped', [False, True])
+def test_a_step_another_host_moved_is_listed_anew(bucket, fsspec_instances_dropped):
   """gcsfs caches listings without expiry: after process 0 sets a step aside (here: its
   objects deleted through another client, as another host's are), this host's checkpointer
-  must list it gone, and save that step again."""
+  must list it gone, and save that step again. Also when fsspec's own file systems were
+  dropped meanwhile (by any code in the process): etils.epath keeps the one it made, and
+  its listings must be forgotten too."""
+  import fsspec  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   from encoder_jax import storage  # pylint: disable=g-import-not-at-top
   from encoder_jax import train_state  # pylint: disable=g-import-not-at-top
-  run = f'{bucket}/moved-run'
+  run = f'{bucket}/moved-run-{int(fsspec_instances_dropped)}'
   ckpt = checkpointing.Checkpointer(run, ml_collections.ConfigDict(
       dict(every_steps=1, keep=5, async_save=False)))
   state = train_state.TrainState(step=jnp.int32(0), params={'w': jnp.ones(3)},
@@ -43,6 +47,8 @@ def test_a_step_another_host_moved_is_listed_anew(bucket):
     ckpt.wait()
     assert ckpt.manager.all_steps() == [1, 2]
     assert sorted(d.name for d in epath.Path(f'{run}/checkpoints').iterdir()) == ['1', '2']
+    if fsspec_instances_dropped:
+      fsspec.get_filesystem_class('gs').clear_instance_cache()
     for url in storage.glob(f'{run}/checkpoints/2/**'):
       blob, now = storage.Blob(url), storage.Blob(url).read()
       if now is not None:  # An object, not a prefix.

@@ -45,15 +45,14 @@ def _endpoint(url: str):
   lasts, as a process started with ``STORAGE_EMULATOR_HOST=url`` would be: everything
   derived from that variable is derived again from it, and gcsfs (which keeps its file
   system, endpoint included, for the process) makes another, dropped after."""
-  import fsspec  # pylint: disable=g-import-not-at-top
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv(storage_client.EMULATOR_HOST, url)
     patch.delenv('TENSORSTORE_GCS_HTTP_URL', raising=False)
-    fsspec.get_filesystem_class('gs').clear_instance_cache()
+    storage_client.forget_file_systems()
     try:
       yield
     finally:
-      fsspec.get_filesystem_class('gs').clear_instance_cache()
+      storage_client.forget_file_systems()
 
 
 # The tiny config at one sequence length (what is read and written on the bucket does not

@@ -118,7 +118,7 @@ def test_each_storage_library_error_is_one_line_naming_the_object(bucket, faulty
   monkeypatch.setenv(storage_client.EMULATOR_HOST, proxy.url)
   monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', proxy.url)
   monkeypatch.setenv(storage_client.RETRY_WINDOW_VARIABLE, '1')
-  storage_client.gcsfs('gs://any').clear_instance_cache()  # gcsfs keeps one per endpoint.
+  storage_client.forget_file_systems()  # gcsfs keeps one per endpoint.
   proxy.down = True
   raised = {}
 

@@ -17,14 +17,13 @@ from encoder_jax import storage_client
 def _through(proxy, monkeypatch) -> None:
   """Every client made from now on in this process goes through ``proxy``."""
   monkeypatch.setenv(storage_client.EMULATOR_HOST, proxy.url)
-  storage_client.gcsfs('gs://any').clear_instance_cache()  # gcsfs keeps one per endpoint.
+  storage_client.forget_file_systems()  # gcsfs keeps one per endpoint.
 
 
 @pytest.fixture(autouse=True)
 def _fresh_gcsfs():
   yield
-  import fsspec  # pylint: disable=g-import-not-at-top
-  fsspec.get_filesystem_class('gs').clear_instance_cache()
+  storage_client.forget_file_systems()
 
 
 def _losing(*which: tuple[str, int]):
