@@ -152,3 +152,16 @@ def test_all_hidden_states_are_returned_on_request():
   out = bert.BertForPreTraining(cfg).apply({'params': params}, ids, seg, mask, collect_hidden=True)
   assert len(out['all_hidden_states']) == cfg.num_layers + 1
   np.testing.assert_array_equal(out['all_hidden_states'][-1], out['sequence_output'])
+
+
+def test_a_kind_imported_alone_builds_its_config():
+  """``from encoder_jax.models import bert`` and nothing else (a notebook): its config reads
+  its fields from the model registry, which it imports then."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ('import sys; from encoder_jax.models import bert; '
+          'assert "encoder_jax.models.registry" not in sys.modules; '
+          'print(bert.BertConfig(hidden_size=24).hidden_size)')
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        check=False, timeout=120)
+  assert proc.returncode == 0 and proc.stdout.split() == ['24'], proc.stderr[-3000:]
