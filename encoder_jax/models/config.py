@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -155,11 +154,9 @@ def use_fields(declared: Mapping[str, fields_lib.Field]) -> None:
 
 
 def _fields() -> dict[str, fields_lib.Field]:
-  if not _FIELDS:  # A kind's module imported alone (``models.bert``): the registry sets them.
-    importlib.import_module('encoder_jax.models.registry')
   if not _FIELDS:
-    raise RuntimeError('EncoderConfig reads its fields from the model registry, and '
-                       'importing encoder_jax.models.registry did not set them')
+    raise RuntimeError('EncoderConfig reads its fields from the model registry: import '
+                       'encoder_jax.models.registry before building one')
   return _FIELDS
 
 
