@@ -56,8 +56,19 @@ def pytest_collection_modifyitems(config, items):
   worker appends ``@<group>`` to each marked test's id for the scheduler to read, by setting
   ``item._nodeid``, which pytest 9 no longer reads (an item's id is ``item._id``). Here the
   id the worker reports carries the suffix again, so the tests that read one shared run
-  (tests/family.py) run in one worker."""
+  (tests/family.py) run in one worker.
+
+  The tests of a module that use one of its module-scoped fixtures (a training run, a
+  converted checkpoint) get a group of their module, unless they have a group: a worker
+  builds such a fixture for itself, so two workers sharing the module's tests built it
+  twice (the two-process run of tests/test_multihost.py: 33 s of setup in each worker)."""
   del config
+  for item in items:
+    info = getattr(item, '_fixtureinfo', None)
+    if info is None or item.get_closest_marker('xdist_group') is not None:
+      continue
+    if any(defs[-1].scope == 'module' for defs in info.name2fixturedefs.values() if defs):
+      item.add_marker(pytest.mark.xdist_group(item.nodeid.split('::')[0]))
   result = yield
   for item in items:
     grouped = vars(item).get('_nodeid')
