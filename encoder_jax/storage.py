@@ -113,8 +113,8 @@ def forget_listings(url: str) -> None:
   from etils.epath import backend as epath_backend  # pylint: disable=g-import-not-at-top
   prefix = str(url).split('://', 1)[1].rstrip('/')
   # Ours; fsspec's with etils.epath's arguments; and the one etils.epath holds (Orbax lists
-  # through it), which it keeps for the process: once fsspec's instances are cleared, or in
-  # another thread, fsspec makes new ones, and epath's is none of them.
+  # through it), which it keeps for the process: once fsspec's instances were cleared,
+  # fsspec makes new ones, and epath's is none of them.
   found = (storage_client.gcsfs(url), fsspec.filesystem('gs', finalize_on_close=True),
            epath_backend.fsspec_backend.fs(url))
   for fs in {id(fs): fs for fs in found}.values():

@@ -144,7 +144,8 @@ def trained(name: str, root: str) -> Run:
     before = set(engine._PROGRAMS)  # pylint: disable=protected-access
     with contextlib.redirect_stdout(console):
       result = train.train_and_evaluate(c, workdir)
-    programs = tuple(k for k in engine._PROGRAMS if k not in before)  # pylint: disable=protected-access
+    programs = tuple(k for k in engine._PROGRAMS  # pylint: disable=protected-access
+                     if k not in before)
     assert programs, f'{name}: its run traced no step of its own'
     _RUNS[key] = Run(name, c, workdir, result, console.getvalue(), programs)
   run = _RUNS[key]
