@@ -109,15 +109,12 @@ def forget_listings(url: str) -> None:
   must ask the bucket."""
   if '://' not in str(url):
     return
-  import fsspec  # pylint: disable=g-import-not-at-top
   from etils.epath import backend as epath_backend  # pylint: disable=g-import-not-at-top
   prefix = str(url).split('://', 1)[1].rstrip('/')
-  # Ours; fsspec's with etils.epath's arguments; and the one etils.epath holds (Orbax lists
-  # through it), which it keeps for the process: once fsspec's instances were cleared,
-  # fsspec makes new ones, and epath's is none of them.
-  found = (storage_client.gcsfs(url), fsspec.filesystem('gs', finalize_on_close=True),
-           epath_backend.fsspec_backend.fs(url))
-  for fs in {id(fs): fs for fs in found}.values():
+  # Ours, and the one etils.epath holds for the process (Orbax lists through it; made with
+  # other arguments, and kept by epath itself, so not always fsspec's current instance).
+  for fs in {id(fs): fs for fs in (storage_client.gcsfs(url),
+                                    epath_backend.fsspec_backend.fs(url))}.values():
     for key in [k for k in list(fs.dircache) if k.startswith(prefix + '/')]:
       fs.dircache.pop(key, None)  # gcsfs's own invalidation drops the path and its parents.
     fs.invalidate_cache(prefix)

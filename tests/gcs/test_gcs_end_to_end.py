@@ -57,23 +57,18 @@ def _endpoint(url: str):
 
 # The tiny config at one sequence length (what is read and written on the bucket does not
 # depend on the phases; the run compiles half the programs), checkpoints every 4 steps.
-_RUN = dict(train=dict(seq_lens=(32,), max_predictions=(5,), phase_fractions=(1.0,)),
-            checkpoint=dict(every_steps=4))
+def _tiny(prepared: str) -> str:
+  return f'prepared_dir={prepared},one_phase'
 
 
 def _main_flags(prepared: str, workdir: str, *flags: str) -> list[str]:
-  return [f'--config={ROOT}/tests/tiny_config.py:prepared_dir={prepared}',
-          f'--workdir={workdir}', *(f'--config.{group}.{key}={value}'
-                                    for group, fields in _RUN.items()
-                                    for key, value in fields.items()), *flags]
+  return [f'--config={ROOT}/tests/tiny_config.py:{_tiny(prepared)}', f'--workdir={workdir}',
+          *flags]
 
 
 def _config(prepared: str):
   """The config of the runs ``_main_flags`` starts."""
-  c = tiny_config.get_config(f'prepared_dir={prepared}')
-  for group, fields in _RUN.items():
-    c[group].update(fields)
-  return c
+  return tiny_config.get_config(_tiny(prepared))
 
 
 def _objects(url: str) -> dict[str, int]:
