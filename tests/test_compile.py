@@ -152,6 +152,7 @@ def local_layers():
   return setup, flops, costs, counts
 
 
+@pytest.mark.slow  # TPU compiles of a ModernBERT stack: one per layer kind and depth.
 def test_local_layers_are_counted_as_local_not_as_the_conditional(local_layers):
   """XLA counts a conditional as its costliest branch: the run's scan (local or global by
   ``lax.cond`` on the layer index) counts every layer as global. The count takes each kind

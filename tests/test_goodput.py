@@ -79,6 +79,7 @@ def jax_config():
   compilation_cache.reset_cache()  # JAX reopens the suite's cache at the next compile.
 
 
+@pytest.mark.slow  # A training run, profiled.
 def test_a_run_caches_its_programs_in_its_workdir_and_traces_its_window(
     prepared_dir, tmp_path, capsys, jax_config):
   jax_config('jax_compilation_cache_dir', None)  # No cache from the environment: 'auto'.

@@ -58,6 +58,7 @@ def test_partial_metrics_line_from_a_killed_run_is_dropped(tmp_path):
   assert [r['step'] for r in _train_lines(str(tmp_path))] == [1, 2]
 
 
+@pytest.mark.slow  # The module's training run (uninterrupted).
 def test_run_goes_through_both_phases_and_logs_everything(uninterrupted):
   workdir, last = uninterrupted
   lines = _train_lines(workdir)
@@ -202,6 +203,7 @@ def test_skip_policy_drops_a_nonfinite_update(prepared_dir):
                                 params['encoder']['layers']['query']['kernel'])
 
 
+@pytest.mark.slow  # A training run.
 def test_stop_policy_names_the_step_and_last_good_checkpoint(prepared_dir, tmp_path):
   c = _config(prepared_dir)
   c.optim.learning_rate = 1e38  # The first update overflows the parameters.
@@ -210,6 +212,7 @@ def test_stop_policy_names_the_step_and_last_good_checkpoint(prepared_dir, tmp_p
     train.train_and_evaluate(c, str(tmp_path / 'nan'))
 
 
+@pytest.mark.slow  # The module's training run (uninterrupted).
 def test_unreadable_checkpoint_falls_back_to_the_previous_one(prepared_dir, uninterrupted,
                                                                tmp_path):
   workdir = str(tmp_path / 'copy')
@@ -226,6 +229,7 @@ def test_unreadable_checkpoint_falls_back_to_the_previous_one(prepared_dir, unin
   assert step == 8 and data_state
 
 
+@pytest.mark.slow  # The module's training run (uninterrupted).
 def test_checkpoint_of_another_shape_is_reported_not_ignored(prepared_dir, uninterrupted,
                                                               tmp_path):
   c = _config(prepared_dir)
@@ -273,6 +277,7 @@ def test_data_states_of_the_processes_are_saved_as_one_global_state(monkeypatch)
     checkpointing._data_state({'processes': states}, 7)
 
 
+@pytest.mark.slow  # The module's training run (uninterrupted).
 def test_workdir_pins_the_tokenizer_and_refuses_another(prepared_dir, uninterrupted):
   tok, counts = workdir_lib.load_tokenizer(uninterrupted[0])
   prepared = data_lib.load_or_prepare(_config(prepared_dir))
@@ -292,6 +297,7 @@ def test_vocab_size_must_match_the_tokenizer(prepared_dir):
     train.vocab_tables(c, prepared)
 
 
+@pytest.mark.slow  # A training run.
 def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
     prepared_dir, tmp_path, monkeypatch):
   """Another run took the workdir mid-run (its lock written over ours): the engine checks

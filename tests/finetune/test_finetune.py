@@ -382,6 +382,7 @@ def test_packed_examples_give_each_example_its_own_logits_and_loss():
         document_ids_BxL=packed['document_ids'])
 
 
+@pytest.mark.slow  # Two fine-tuning runs.
 def test_nonfinite_loss_is_the_engines_policy(hf_dir, tmp_path):
   """'stop': the engine's flusher raises before the first save (no checkpoint holds a
   non-finite step) and names fine-tuning's key; 'skip': the run ends, updates dropped."""

@@ -104,6 +104,7 @@ def hf_dir(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow  # A fine-tuning run per task, resumed.
 @pytest.mark.parametrize('name', sorted(tasks.REGISTRY))
 def test_every_task_trains_resumes_and_evaluates(name, hf_dir, tmp_path, monkeypatch, capsys):
   assert name in TASK_DATA, f'task {name!r} is registered but has no data in this test'

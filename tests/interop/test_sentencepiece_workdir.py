@@ -27,6 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.slow  # Every test reads the module's training run (``run``).
+
 SENTENCES = [
     'The quick brown fox jumps over the lazy dog.',
     'Python is a programming language; its standard library is large.',
