@@ -201,10 +201,8 @@ def test_failed_preparation_stops_the_waiters(tmp_path):
 # ------------------------------------------------------------------ end to end (slow)
 
 
-def _tiny(prepared_dir):
-  """The tiny config's argument of every run here: one length phase (the topology, the data
-  state and resume do not depend on the phases; half the programs to compile)."""
-  return f'prepared_dir={prepared_dir},one_phase'
+# Every run here trains the tiny config in one length phase (tiny_config.one_phase): the
+# topology, the data state and resume do not depend on the phases; half the programs.
 
 
 def _launch(workdir, prepared_dir, log_path, *flags, processes=2, devices=2):
@@ -222,7 +220,7 @@ def _launch(workdir, prepared_dir, log_path, *flags, processes=2, devices=2):
   cmd = [sys.executable, LAUNCHER, f'--num_processes={processes}',
          f'--cpu_devices_per_process={devices}', '--',
          sys.executable, '-m', 'encoder_jax.main',
-         f'--config={ROOT}/tests/tiny_config.py:{_tiny(prepared_dir)}',
+         f'--config={ROOT}/tests/tiny_config.py:{tiny_config.one_phase(prepared_dir)}',
          f'--workdir={workdir}', *flags]
   with open(log_path, 'a') as log:  # Its own session: _stop ends the launcher and its children.
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -265,7 +263,7 @@ def _objects(url):
 @functools.lru_cache(maxsize=None)
 def _abstract_params(prepared_dir):
   """(config, abstract params on this process's mesh) of the tiny config: traced once."""
-  config = tiny_config.get_config(_tiny(prepared_dir))
+  config = tiny_config.get_config(tiny_config.one_phase(prepared_dir))
   return config, train.abstract_state(config, sharding.make_mesh(config.mesh)).params
 
 
@@ -313,7 +311,8 @@ def two_process_run(tmp_path_factory, gcs_emulator):
 
 def _in_process(workdir, prepared_dir):
   """The same run (the tiny config) in this process: 1 process x 8 devices (another mesh)."""
-  train.train_and_evaluate(tiny_config.get_config(_tiny(prepared_dir)), workdir)
+  config = tiny_config.get_config(tiny_config.one_phase(prepared_dir))
+  train.train_and_evaluate(config, workdir)
 
 
 @pytest.mark.slow
@@ -360,7 +359,7 @@ def test_written_once_prepared_once_and_one_global_data_state(two_process_run):
   state = json.loads(storage.Blob(f'{workdir}/checkpoints/12/data/metadata').read().text)[
       'global']
   assert state['step'] == 12 and sorted(map(int, state['streams'])) == list(range(8))
-  config = tiny_config.get_config(_tiny(prepared_dir))
+  config = tiny_config.get_config(tiny_config.one_phase(prepared_dir))
   prepared = data_lib.load_or_prepare(config)
   assert [data_lib.make_train_iterator(config, prepared, i, 2).streams
           for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]

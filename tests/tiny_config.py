@@ -25,3 +25,9 @@ def get_config(arg=None):
   c.optim.warmup_steps = 2
   c.checkpoint.update(every_steps=4, keep=5)
   return c
+
+
+def one_phase(prepared_dir: str) -> str:
+  """``get_config``'s argument (``--config=tests/tiny_config.py:ARG``) for one length phase
+  on the data prepared in ``prepared_dir``."""
+  return f'prepared_dir={prepared_dir},one_phase'

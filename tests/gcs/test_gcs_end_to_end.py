@@ -55,20 +55,16 @@ def _endpoint(url: str):
       storage_client.forget_file_systems()
 
 
-# The tiny config at one sequence length (what is read and written on the bucket does not
-# depend on the phases; the run compiles half the programs), checkpoints every 4 steps.
-def _tiny(prepared: str) -> str:
-  return f'prepared_dir={prepared},one_phase'
-
-
+# The tiny config at one sequence length (tiny_config.one_phase: what is read and written on
+# the bucket does not depend on the phases; the run compiles half the programs).
 def _main_flags(prepared: str, workdir: str, *flags: str) -> list[str]:
-  return [f'--config={ROOT}/tests/tiny_config.py:{_tiny(prepared)}', f'--workdir={workdir}',
-          *flags]
+  return [f'--config={ROOT}/tests/tiny_config.py:{tiny_config.one_phase(prepared)}',
+          f'--workdir={workdir}', *flags]
 
 
 def _config(prepared: str):
   """The config of the runs ``_main_flags`` starts."""
-  return tiny_config.get_config(_tiny(prepared))
+  return tiny_config.get_config(tiny_config.one_phase(prepared))
 
 
 def _objects(url: str) -> dict[str, int]:
