@@ -5,8 +5,10 @@ report of where it goes (the suite's time goal is a CPU budget on 2 cores).
   python benchmarks/suite_cpu.py                                     # the report
 
 A test's CPU is its worker's (every thread) plus that of the processes it started and
-waited for, from setup to teardown (``getrusage``); ``SUITE_CPU_DIR`` (default
-/tmp/suite_cpu) holds one JSON line per test, one file per worker. Start from an empty
+waited for, from setup to teardown (``getrusage``), and the seconds its worker spent tracing,
+lowering and compiling programs (JAX's own compile events; a persistent-cache hit is counted
+apart); ``SUITE_CPU_DIR`` (default /tmp/suite_cpu) holds one JSON line per test, one file per
+worker. Start from an empty
 directory (and an empty XLA compilation cache, for a cold suite).
 """
 
@@ -25,6 +27,41 @@ import pytest
 DIR = os.environ.get('SUITE_CPU_DIR', '/tmp/suite_cpu')
 _out = None
 
+# JAX's compile events (jax/_src/dispatch.py, compiler.py), summed per test by short name.
+_EVENTS = {'/jax/core/compile/jaxpr_trace_duration': 'trace_s',
+           '/jax/core/compile/jaxpr_to_mlir_module_duration': 'lower_s',
+           '/jax/core/compile/backend_compile_duration': 'compile_s',
+           '/jax/compilation_cache/cache_retrieval_time_sec': 'cache_read_s'}
+_phases = collections.Counter()
+_outcomes: dict[str, str] = {}
+
+
+def _devices() -> int:
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.device_count()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """A test's outcome: 'failed' if any of its phases failed, 'skipped' if it was skipped."""
+  del call
+  report = (yield).get_result()
+  if report.failed or (report.skipped and _outcomes.get(item.nodeid) != 'failed'):
+    _outcomes[item.nodeid] = report.outcome
+
+
+def _on_event(event: str, seconds: float, **_) -> None:
+  name = _EVENTS.get(event)
+  if name:
+    _phases[name] += seconds
+    if name == 'compile_s':
+      _phases['programs'] += 1
+
+
+def _listen() -> None:
+  import jax  # pylint: disable=g-import-not-at-top  (the worker imports it anyway)
+  jax.monitoring.register_event_duration_secs_listener(_on_event)
+
 
 def _cpu() -> tuple[float, float]:
   own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
@@ -41,11 +78,15 @@ def pytest_runtest_protocol(item, nextitem):
     os.makedirs(DIR, exist_ok=True)
     worker = os.environ.get('PYTEST_XDIST_WORKER', 'main')
     _out = open(os.path.join(DIR, f'{worker}.jsonl'), 'a', encoding='utf-8')
+    _listen()
+  _phases.clear()
   (own0, child0), wall0 = _cpu(), time.perf_counter()
   yield
   (own1, child1), wall1 = _cpu(), time.perf_counter()
   _out.write(json.dumps(dict(id=item.nodeid, wall_s=wall1 - wall0, own_s=own1 - own0,
-                             children_s=child1 - child0)) + '\n')
+                             children_s=child1 - child0, **_phases,
+                             outcome=_outcomes.pop(item.nodeid, 'passed'),
+                             worker_devices=_devices())) + '\n')
   _out.flush()
 
 
@@ -68,6 +109,12 @@ def report(directory: str, files: int, tests: int) -> list[str]:
     by_file[r['id'].split('::')[0]] += cpu(r)
   lines.append('CPU seconds by file:')
   lines += [f'  {s:7.1f}  {f}' for f, s in by_file.most_common(files)]
+  phases = {k: sum(r.get(k, 0) for r in rows) for k in ('trace_s', 'lower_s', 'compile_s',
+                                                         'cache_read_s', 'programs')}
+  lines.append(f'In the workers: {phases["trace_s"] / 60:.1f} CPU-minutes tracing, '
+               f'{phases["lower_s"] / 60:.1f} lowering, {phases["compile_s"] / 60:.1f} '
+               f'compiling {phases["programs"]:.0f} programs (of which reading the '
+               f'persistent cache: {phases["cache_read_s"] / 60:.1f})')
   lines.append('CPU seconds by test (of which in started processes), wall seconds:')
   lines += [f'  {cpu(r):7.1f} ({r["children_s"]:5.1f}) {r["wall_s"]:6.1f}  {r["id"]}'
             for r in sorted(rows, key=cpu, reverse=True)[:tests]]

@@ -352,11 +352,13 @@ def _probe_points(name: str, workdir: str, n: int, per_step: float, preset: Pres
   # The full budget first: its rate, chosen on the validation split, is also the half
   # budget's (one curve at one rate).
   settings = row_probe_settings(name, preset, overrides.get(name))
-  full = probe.run(dict(workdir=workdir, step=n), os.path.join(out, 'probe', name, str(n)),
-                   settings, probe_specs, log)
+  init = dict(workdir=workdir, step=n)
+  encoder = probe.load(init)  # Read once for its fine-tunes and its frozen features.
+  full = probe.run(init, os.path.join(out, 'probe', name, str(n)), settings, probe_specs, log,
+                   pretrained=encoder)
   points = [dict(step=n, flops=n * per_step, **_brief(full),
-                 frozen=_frozen(dict(workdir=workdir, step=n), probe_specs, preset.probe,
-                                log))]
+                 frozen=_frozen(init, probe_specs, preset.probe, log, encoder))]
+  del encoder  # Not held while the half budget's checkpoint is read.
   half = max(1, n // 2)
   if half < n and preset.half_budget_seeds:
     settings = dataclasses.replace(settings, seeds=preset.half_budget_seeds,
@@ -491,10 +493,11 @@ def _scratch_baseline(name: str, config: ml_collections.ConfigDict, networks: li
   networks.append(network)
   log(f'bake-off: fine-tuning the from-scratch baseline of the {name} network')
   init = dict(workdir=os.path.join(out, 'runs', name), from_scratch=True)
+  encoder = probe.load(init)  # Its network and tokenizer, read once for both probes.
   summary = probe.run(init, os.path.join(out, 'probe', 'from_scratch', name), preset.probe,
-                      probe_specs, log)
+                      probe_specs, log, pretrained=encoder)
   results['from_scratch'][name] = dict(_brief(summary), frozen=_frozen(
-      init, probe_specs, preset.probe, log))
+      init, probe_specs, preset.probe, log, encoder))
   bakeoff_report.write(out, results)
 
 
@@ -505,11 +508,13 @@ def reference_row(ref, hf_dir: str, out: str, preset: Preset, probe_specs: dict,
       f'here) at the rates {list(ref.learning_rates)}, chosen on validation')
   init = dict(hf_dir=hf_dir)
   start = time.perf_counter()
+  encoder = probe.load(init)  # Read once for its fine-tunes and its frozen features.
   summary = probe.run(init, os.path.join(out, 'probe', 'reference', ref.name),
-                      ref.settings(preset.probe), probe_specs, log, reference_name=ref.name)
+                      ref.settings(preset.probe), probe_specs, log, reference_name=ref.name,
+                      pretrained=encoder)
   return dict(_brief(summary), about=ref.about, hf_dir=hf_dir,
               probe_wall_s=time.perf_counter() - start,
-              frozen=_frozen(init, probe_specs, preset.probe, log))
+              frozen=_frozen(init, probe_specs, preset.probe, log, encoder))
 
 
 def heldout(workdir: str) -> dict[str, float]:
@@ -528,12 +533,13 @@ def _brief(summary: dict) -> dict:
   return out
 
 
-def _frozen(init: dict, specs: dict, settings: probe.ProbeSettings, log) -> dict | None:
+def _frozen(init: dict, specs: dict, settings: probe.ProbeSettings, log,
+            encoder=None) -> dict | None:
   """The frozen-feature probe's test scores (``probe.frozen``; None without a validation
-  split to choose its C on)."""
+  split to choose its C on); ``encoder``: ``init``'s, already read (``probe.load``)."""
   if not specs.get('validation'):
     return None
-  result = probe.frozen(init, specs, settings, None, log)
+  result = probe.frozen(init, specs, settings, None, log, encoder)
   return {k: result[k] for k in ('accuracy', 'macro_f1', 'C')}
 
 

@@ -106,10 +106,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   prepared = data.load_or_prepare(config)
   check_prepared_tokenizer(workdir, pinned, prepared)
   params, step, mesh = loading.restore_params(config, workdir, step, mesh)
-  objective = objectives.build(config, train.vocab_tables(config, prepared))
+  tables = train.vocab_tables(config, prepared)
+  objective = objectives.build(config, tables)
   phase = _phase(config, step, seq_len)
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
-  eval_step = train.make_eval_step(config, objective, mesh, param_shardings, phase)
+  # The step the run evaluated with, when it ran in this process (or a checkpoint of the
+  # same config was evaluated before): not traced and compiled again.
+  eval_step = train.reused_eval_step(config, tables, objective, mesh, param_shardings, phase)
 
   start = time.perf_counter()
   sequences = 0

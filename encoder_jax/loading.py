@@ -11,6 +11,7 @@ workdir (:func:`tokenizer_for_workdir`). A Hugging Face directory loads through
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -322,9 +323,22 @@ def local_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
                               devices)
 
 
+# The abstract params of the last few (config, mesh) pairs: a workdir loaded again in this
+# process (loaded, then exported or evaluated; one checkpoint after another) does not trace
+# its setup's init again. Shapes, dtypes and shardings only: nothing large is kept.
+_ABSTRACT: collections.OrderedDict = collections.OrderedDict()
+_ABSTRACT_KEPT = 8
+
+
 def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
   """ShapeDtypeStructs (with shardings on ``mesh``) of the params the config describes."""
-  return train_state.abstract_params(config, mesh)
+  key = (config.to_json_best_effort(sort_keys=True), mesh)
+  if key not in _ABSTRACT:
+    _ABSTRACT[key] = train_state.abstract_params(config, mesh)
+    while len(_ABSTRACT) > _ABSTRACT_KEPT:
+      _ABSTRACT.popitem(last=False)
+  _ABSTRACT.move_to_end(key)
+  return _ABSTRACT[key]
 
 
 def _checkpoint_shapes(workdir: str, step: int) -> dict[str, tuple[int, ...]] | None:

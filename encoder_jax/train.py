@@ -99,6 +99,18 @@ def make_eval_step(config, objective, mesh, param_shardings, phase: length_phase
   return jax.jit(step_fn, in_shardings=(param_shardings, sharding.batch_sharding(mesh), None))
 
 
+def reused_eval_step(config, tables: masking.VocabTables, objective, mesh, param_shardings,
+                     phase: length_phases.Phase):
+  """:func:`make_eval_step`'s step, or the one made earlier in this process for the same
+  program (``engine.reused``): the same config and vocabulary tables, mesh, phase and param
+  shardings. A checkpoint evaluated after its run in the same process (or one checkpoint
+  after another) is not traced and compiled again."""
+  key = ('eval', _program_key(config, tables), mesh, phase,
+         jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)))
+  return engine.reused(key, lambda: make_eval_step(config, objective, mesh, param_shardings,
+                                                   phase))
+
+
 def combine_metrics(per_part: dict, metric_weights: dict) -> dict:
   """Metrics of several parts (each a leading-axis array) as one: a count (a value of
   ``metric_weights``) summed, a metric named in it averaged weighted by its count, any
@@ -248,10 +260,8 @@ class _Pretraining:
   def evaluate(self, step: int, state, phase, data_state, out: engine.Out) -> None:
     del step, data_state
     if phase.index not in self.eval_fns:
-      self.eval_fns[phase.index] = engine.reused(
-          ('eval', _program_key(self.config, self.tables), self.mesh, phase),
-          lambda: make_eval_step(self.config, self.objective, self.mesh, out.param_shardings,
-                                 phase))
+      self.eval_fns[phase.index] = reused_eval_step(
+          self.config, self.tables, self.objective, self.mesh, out.param_shardings, phase)
     out.report(evaluate(self.eval_fns[phase.index], state.params, self.eval_set(phase),
                         self.mesh, self.objective, self.config.train.batch_size), 'eval')
 

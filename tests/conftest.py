@@ -1,4 +1,5 @@
-"""Shared test setup: 8 simulated CPU devices, so sharding is exercised without hardware;
+"""Shared test setup: 8 simulated CPU devices, so sharding is exercised without hardware
+(under -n, one in every other worker, for the tests marked ``any_device_count``);
 the tiny config's prepared data (``prepared_dir``), prepared once per test process."""
 
 import dataclasses
@@ -21,10 +22,17 @@ gc.set_threshold(10_000, 10, 10)
 # code generation differs, so two differently compiled programs may round differently in
 # the last bit (bit-exact comparisons in the tests are between runs of one program, as
 # resume is).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+pytest.register_assert_rewrite('device_workers')
+import device_workers  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
                       '--xla_backend_optimization_level=0 '
                       '--xla_llvm_disable_expensive_passes=true '
                       '--xla_cpu_use_fusion_emitters=false')
+# 8 simulated devices; 1 in every other pytest-xdist worker (tests/device_workers.py). A
+# worker inherits the flags the controller's conftest set.
+os.environ['XLA_FLAGS'] = device_workers.with_worker_devices(os.environ['XLA_FLAGS'])
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -43,7 +51,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 
 # The Cloud Storage emulator fixtures (gcs_emulator, bucket, faulty_proxy): one emulator per
 # pytest worker, started by the first test that asks for it, shared by every gs:// test.
-pytest_plugins = ('gcs_emulator',)
+pytest_plugins = ('gcs_emulator', 'device_workers')
 
 
 @pytest.hookimpl(wrapper=True)
@@ -69,6 +77,7 @@ def pytest_collection_modifyitems(config, items):
       continue
     if any(defs[-1].scope == 'module' for defs in info.name2fixturedefs.values() if defs):
       item.add_marker(pytest.mark.xdist_group(item.nodeid.split('::')[0]))
+  device_workers.mark_groups(items)
   result = yield
   for item in items:
     grouped = vars(item).get('_nodeid')

@@ -12,6 +12,9 @@ import os
 import sys
 
 import grimp
+import pytest
+
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = 'encoder_jax'

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 'benchmarks'))
 import bench_time_to_quality as ttq  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.any_device_count]
 
 STEPS, EVAL_EVERY = 6, 3
 

@@ -20,7 +20,8 @@ from encoder_jax import checkpointing
 
 # A failed Orbax restore leaves its other array reads as never-awaited coroutines; Python
 # reports them when they are collected. Harmless, and not ours to fix.
-pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+pytestmark = [pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning'),
+              pytest.mark.any_device_count]  # tests/device_workers.py
 
 
 def _state(scale: float):

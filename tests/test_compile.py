@@ -36,6 +36,7 @@ TINY = os.path.join(REPO, 'tests', 'tiny_config.py')
 SLICE = 'v5e:2x2'  # The smallest v5e slice libtpu lays out here (its host bounds are 2x2).
 
 pytestmark = [
+    pytest.mark.any_device_count,
     pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                        reason="libtpu (pip install 'encoder_jax[tpu]') is not installed"),
     # One worker under -n: the module's fixtures and compiled programs are computed once.

@@ -51,6 +51,7 @@ def _from_defaults(**model):
   return c
 
 
+@pytest.mark.any_device_count  # tests/device_workers.py
 def test_adopt_takes_the_network_and_tokenizer_and_keeps_run_fields():
   source = _fake_source(hidden_size=48)
   c = _from_defaults(hidden_dropout_rate=0.0)
@@ -63,6 +64,7 @@ def test_adopt_takes_the_network_and_tokenizer_and_keeps_run_fields():
   assert train_state.adopt(c, None) is c
 
 
+@pytest.mark.any_device_count  # tests/device_workers.py
 def test_a_conflicting_network_override_is_refused_by_name():
   source = _fake_source(hidden_size=48)
   c = _from_defaults(hidden_size=64, num_layers=2)  # num_layers equals the source's: fine.
@@ -76,6 +78,7 @@ def test_a_conflicting_network_override_is_refused_by_name():
     train_state.adopt(c, source)
 
 
+@pytest.mark.any_device_count  # tests/device_workers.py
 def test_init_names_one_source():
   c = tiny_config.get_config()
   c.init.update(workdir='/a', hf_dir='/b')
@@ -86,6 +89,7 @@ def test_init_names_one_source():
   assert not validation.problems(c)
 
 
+@pytest.mark.any_device_count  # tests/device_workers.py
 def test_start_params_takes_the_trained_parts_and_initialises_the_others():
   """The source (BERT's MLM + NSP tree, its pair head untrained) -> a run of MLM + SBO: the
   trained parts taken as they are, the untrained head and SBO's new one initialised as a
@@ -107,6 +111,7 @@ def test_start_params_takes_the_trained_parts_and_initialises_the_others():
   assert any('freshly initialised: ' in line for line in train_state.parts_lines(report))
 
 
+@pytest.mark.any_device_count  # tests/device_workers.py
 def test_an_hf_start_with_another_network_is_refused_before_any_work(tmp_path):
   c = tiny_config.get_config(f'prepared_dir={tmp_path / "p"}')
   c.model = config_base.base_config().model
@@ -124,6 +129,7 @@ def _lines(workdir, split='train'):
 
 
 @pytest.mark.slow
+@pytest.mark.any_device_count
 def test_a_run_from_a_workdir_starts_from_it_and_resumes_from_its_own_checkpoint(
     prepared_dir, tmp_path, monkeypatch, capsys):
   src = str(tmp_path / 'src')
@@ -159,7 +165,7 @@ def test_a_run_from_a_workdir_starts_from_it_and_resumes_from_its_own_checkpoint
   assert [r['step'] for r in _lines(new)] == [1, 2, 3, 4]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # On 8 devices: its mesh is fsdp=8 (tests/device_workers.py).
 def test_a_run_from_minilm_takes_its_encoder_and_initialises_the_mlm_head(tmp_path,
                                                                           monkeypatch):
   """all-MiniLM-L6-v2 (a BertModel: no MLM head) continued with MLM for two steps: the

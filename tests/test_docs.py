@@ -23,6 +23,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
 TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -n 2 tests"

@@ -19,6 +19,8 @@ import pytest
 
 from encoder_jax import extras
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPTIONAL = sorted({name for _, names in extras.EXTRAS.values() for name in names})
 BLOCK = f'import sys\nfor _name in {OPTIONAL!r}:\n  sys.modules[_name] = None\n'

@@ -14,6 +14,7 @@ rename of checkpoint ``STEP`` (its temporary directory fully written, not yet co
 replaced by a wait, so the run is caught mid-save, alive and holding the workdir's lock.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -148,21 +149,31 @@ def _lines(workdir, name='metrics.jsonl'):
     return [json.loads(line) for line in f]
 
 
+@functools.lru_cache(maxsize=None)
+def _abstract_state(prepared_dir):
+  """The restore target of the tiny config on this process's mesh: traced once."""
+  c = _config(prepared_dir)
+  return train.abstract_state(c, sharding.make_mesh(c.mesh))
+
+
 def _final_state(prepared_dir, workdir):
   """(params, opt_state, data_state, step) of the newest checkpoint, on the host."""
-  c = _config(prepared_dir)
-  ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
+  ckpt = checkpointing.Checkpointer(workdir, _config(prepared_dir).checkpoint)
   try:
-    params, opt_state, data_state, step = ckpt.restore(
-        train.abstract_state(c, sharding.make_mesh(c.mesh)))
+    params, opt_state, data_state, step = ckpt.restore(_abstract_state(prepared_dir))
   finally:
     ckpt.close()
   return jax.device_get(params), jax.device_get(opt_state), data_state, step
 
 
+# The uninterrupted reference never changes after its fixture: the tests that compare
+# against it restore it once.
+_reference_state = functools.lru_cache(maxsize=None)(_final_state)
+
+
 def _assert_same_run(prepared_dir, workdir, reference):
   """``workdir`` ended exactly as the uninterrupted ``reference``: state and metrics."""
-  got, want = _final_state(prepared_dir, workdir), _final_state(prepared_dir, reference)
+  got, want = _final_state(prepared_dir, workdir), _reference_state(prepared_dir, reference)
   assert got[3] == want[3] == NUM_STEPS
   assert got[2] == want[2]  # Data-iterator state.
   for tree_got, tree_want in zip(got[:2], want[:2]):

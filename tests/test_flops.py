@@ -12,6 +12,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 _PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                      'benchmarks', 'bench_train.py')
 

@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import tiny_config  # pylint: disable=wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
 
 def _config(prepared_dir, **train_overrides):

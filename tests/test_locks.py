@@ -14,6 +14,8 @@ import pytest
 
 from encoder_jax import locks
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _lock(tmp_path, **kw):
   kw = dict(heartbeat_s=0, horizon_s=60.0) | kw

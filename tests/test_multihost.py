@@ -267,6 +267,9 @@ def _abstract_params(prepared_dir):
   return config, train.abstract_state(config, sharding.make_mesh(config.mesh)).params
 
 
+# Every workdir compared is finished when first read: the two-process run's (read by two
+# tests, from the bucket) is restored once.
+@functools.lru_cache(maxsize=None)
 def _final_params(workdir, prepared_dir):
   config, abstract = _abstract_params(prepared_dir)
   params, step = checkpointing.restore_params(workdir, abstract)

@@ -15,6 +15,8 @@ import pytest
 
 from encoder_jax.finetune import probe_data
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -7,6 +7,8 @@ import pytest
 from encoder_jax import config_base
 from encoder_jax import optimizer
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def test_warmup_then_linear_decay_to_zero():
   c = config_base.base_config()

@@ -11,6 +11,8 @@ from encoder_jax import plot
 
 import in_process
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _log(workdir, steps, resume_step=None, scale=1.0, eval_every=4):
   writer = metrics_lib.MetricWriter(str(workdir), resume_step=resume_step)

@@ -10,6 +10,8 @@ from encoder_jax import config_base
 from encoder_jax import fields
 from encoder_jax import validation
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

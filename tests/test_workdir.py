@@ -15,6 +15,8 @@ from encoder_jax import config_base
 from encoder_jax import locks
 from encoder_jax import workdir as workdir_lib
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _config():
   c = config_base.base_config()
@@ -270,7 +272,6 @@ def test_heartbeat_refreshes_the_lock(tmp_path):
       time.sleep(0.05)
     assert _lock_info(tmp_path)['heartbeat'] > first
   assert not (tmp_path / workdir_lib.LOCK_FILE).exists()
-
 
 
 # The gs:// store (locks._BucketStore): against the emulator in tests/gcs/test_bucket_lock.py.

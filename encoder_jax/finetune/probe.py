@@ -61,6 +61,7 @@ import ml_collections
 import numpy as np
 
 from encoder_jax import extras
+from encoder_jax import loading
 from encoder_jax import source
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import probe_data
@@ -194,15 +195,24 @@ def _brief(summary: dict) -> dict:
                                   'seeds')}
 
 
+def load(init: dict) -> loading.Loaded:
+  """The encoder ``init`` names (finetune ``config.init`` fields), read once for what
+  probes it: :func:`run` and :func:`frozen` of the same ``init`` take it as ``pretrained``."""
+  c = finetune_config.base_config()
+  c.init.update(init)
+  return finetune_train.load_pretrained(c)
+
+
 def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
         specs: dict[str, str] | None = None, log=print, reference_name: str = '',
-        dataset: str = 'bbc_news') -> dict:
+        dataset: str = 'bbc_news', pretrained: loading.Loaded | None = None) -> dict:
   """Fine-tunes ``init`` (finetune ``config.init`` fields: workdir / hf_dir / step /
   from_scratch) once per seed at the rate chosen on the validation split (or the one
   rate given); writes ``out_dir/probe.json`` and returns the summary (``learning_rate``:
   the rate used; ``selection``: every candidate's validation scores; ``reference``: the
   public checkpoint's name when ``init`` is one of :data:`source.REFERENCES`). The data: ``specs``
-  (split -> finetune data spec), or else ``dataset``'s split (``probe_data.DATASETS``)."""
+  (split -> finetune data spec), or else ``dataset``'s split (``probe_data.DATASETS``).
+  ``pretrained``: the encoder ``init`` names, when already read (:func:`load`)."""
   s = settings or ProbeSettings()
   if not s.seeds:
     raise ValueError('ProbeSettings.seeds is empty (--seeds=0): the probe needs at least one '
@@ -212,7 +222,8 @@ def run(init: dict, out_dir: str, settings: ProbeSettings | None = None,
   _check_grid(specs, s)
   # The encoder is loaded once: every fine-tune of the probe (each rate of the grid, each
   # seed) starts from it (reading the checkpoint again took half a second of CPU a run).
-  pretrained = finetune_train.load_pretrained(probe_config(init, specs, s, s.seeds[0]))
+  pretrained = pretrained or finetune_train.load_pretrained(
+      probe_config(init, specs, s, s.seeds[0]))
   lr, selection, done = select_learning_rate(init, specs, s, log, pretrained)
   runs = []
   for seed in s.seeds:
@@ -241,9 +252,11 @@ FROZEN_C: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
 
 
 def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | None = None,
-           log=print) -> dict:
+           log=print, pretrained: loading.Loaded | None = None) -> dict:
   """The frozen-feature probe (module docstring): {'accuracy', 'macro_f1', 'C', 'selection'
-  (every C's validation accuracy), 'features'}; also ``out_dir/frozen.json``."""
+  (every C's validation accuracy), 'features'}; also ``out_dir/frozen.json``.
+  ``pretrained``: the encoder ``init`` names, when already read (:func:`load`; left as it
+  is with ``from_scratch``)."""
   what = 'The frozen-feature probe fits a scikit-learn logistic regression'
   linear_model = extras.require('sklearn.linear_model', extra='bakeoff', what=what)
   sk_metrics = extras.require('sklearn.metrics', extra='bakeoff', what=what)
@@ -252,14 +265,20 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
     raise ValueError('The frozen-feature probe chooses C on a validation split: pass '
                      '--validation (a finetune data spec) with --train/--test')
   step = int(init.get('step', -1))
-  model = source.load(source.Named(workdir=init.get('workdir', ''),
-                                   hf_dir=init.get('hf_dir', ''),
-                                   step=None if step < 0 else step))
+  model = pretrained or source.load(source.Named(workdir=init.get('workdir', ''),
+                                                 hf_dir=init.get('hf_dir', ''),
+                                                 step=None if step < 0 else step))
   if init.get('from_scratch'):  # The same networks, randomly initialised.
     rng = jax.random.PRNGKey(int(s.seeds[0]) if s.seeds else 0)
     # One compiled program, not the init run op by op (each op dispatched and compiled on
     # its own: a tiny ELECTRA's took 6 s of CPU, jitted 3 s).
-    model.params = nn.unbox(jax.jit(model.setup.init)(rng))
+    params = nn.unbox(jax.jit(model.setup.init)(rng))
+    if all(isinstance(x, jax.Array) for x in jax.tree.leaves(model.params)):
+      # Moved where the checkpoint's params are (its mesh and shardings): the features of
+      # the random network then run the program compiled for the trained one's (the
+      # bake-off scores both), not one traced and compiled again for arrays on one device.
+      params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, model.params))
+    model = dataclasses.replace(model, params=params)  # A given one is left as it is.
   d = finetune_config.base_config().data
   d.update(text_fields=('text',), label_field='label')
   splits, names = {}, None

@@ -129,12 +129,13 @@ class Electra(base.Pretraining):
     ``<where>/generator`` when the import found it there with this config's generator
     shapes, else a fresh one (reported as initialised)."""
     _, k_gen = jax.random.split(rng)
-    fresh = jax.tree.map(np.asarray, nn.unbox(jax.jit(self.generator.init)(k_gen)))
     path = os.path.join(where, GENERATOR_EXPORT_DIR)
     if (exported or {}).get(GENERATOR_EXPORT_DIR) is not None:
       config, imported = exported[GENERATOR_EXPORT_DIR]
       shapes = lambda tree: jax.tree.map(np.shape, tree)
-      if config.kind == self.generator.kind.name and shapes(imported) == shapes(fresh):
+      # The shapes alone: a fresh generator is initialised only when it is used.
+      wanted = nn.unbox(jax.eval_shape(self.generator.init, k_gen))
+      if config.kind == self.generator.kind.name and shapes(imported) == shapes(wanted):
         same = lambda k: all(np.array_equal(a, b) for a, b in zip(
             jax.tree.leaves(imported['embeddings'][k]), jax.tree.leaves(params['embeddings'][k])))
         differ = [k for k in self.shared if k in params['embeddings'] and not same(k)]
@@ -147,6 +148,7 @@ class Electra(base.Pretraining):
                       'not imported: the generator starts fresh. Pass the config it was '
                       'trained with (e.g. --config=configs/electra_base.py).', path,
                       self.generator.config)
+    fresh = jax.tree.map(np.asarray, nn.unbox(jax.jit(self.generator.init)(k_gen)))
     return {'discriminator': params, 'generator': self._own(fresh)}, ['generator']
 
   def downstream(self, params):

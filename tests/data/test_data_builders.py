@@ -12,6 +12,8 @@ from encoder_jax.data import mixing
 from encoder_jax.data import tokenizer_files
 from encoder_jax.objectives import masking
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _one_epoch_stream(prepared, seed=0, process_index=0, process_count=1):
   corpus = prepared.split('train')

@@ -14,6 +14,8 @@ from encoder_jax.data import mixing
 from encoder_jax.data import tokenizer_training
 from encoder_jax.data import sources
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _config(prepared_small, **data):
   c, prepared = prepared_small

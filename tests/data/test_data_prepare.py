@@ -12,6 +12,8 @@ from encoder_jax import data as data_lib
 from encoder_jax import locks
 from encoder_jax.data import preparation
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def test_manifest_and_shards(prepared_small, corpus_docs):
   c, prepared = prepared_small

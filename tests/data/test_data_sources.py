@@ -11,6 +11,8 @@ from encoder_jax import data as data_lib
 from encoder_jax.data import sentences
 from encoder_jax.data import sources
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def test_embedded_corpus_is_real_deterministic_text(corpus_docs):
   assert 1500 < len(corpus_docs) < 4000

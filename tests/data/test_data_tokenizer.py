@@ -14,6 +14,8 @@ from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_kinds
 from encoder_jax.data import tokenizer_training
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def test_trained_sentencepiece_has_fixed_special_ids(prepared_small):
   c, prepared = prepared_small

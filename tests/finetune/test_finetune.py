@@ -23,6 +23,8 @@ from encoder_jax.finetune.tasks import token_classification
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 TASK_FILES = {'sequence_classification': sequence_classification,
               'token_classification': token_classification}
 GOOD = ['the film was good.', 'a great movie!', 'good film and a great city.',

@@ -33,6 +33,8 @@ import held_run  # pylint: disable=g-import-not-at-top,wrong-import-position
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 import test_faults  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 STEP = 3  # Mid-epoch 2 (steps 3 and 4).
 CONFIG = '''
 from encoder_jax.finetune import config as finetune_config

@@ -16,6 +16,8 @@ from encoder_jax.finetune import scores as metrics
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def test_matthews_correlation_by_its_definition():
   gold = np.array([1, 1, 1, 0, 0, 0, 1, 0])

@@ -18,6 +18,8 @@ from encoder_jax.interop import hf_import
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_tokenizer_dirs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 CONTEXT = (
     'Zürich is the largest city in Switzerland and the capital of the canton of Zürich. It '
     'is located in north-central Switzerland, at the northwestern tip of Lake Zürich. The '

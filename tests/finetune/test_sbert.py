@@ -21,6 +21,8 @@ from encoder_jax.finetune.tasks import sentence_embedding
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_tokenizer_dirs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 NLI = [  # (premise, hypothesis, label)
     ('A man is playing a guitar on stage.', 'A man is performing music.', 'entailment'),
     ('A man is playing a guitar on stage.', 'The man is famous.', 'neutral'),

@@ -27,6 +27,8 @@ from encoder_jax.finetune import train
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
 import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 GOOD = ['the film was good.', 'a great movie!', 'it was great.', 'good, good, good.']
 BAD = ['the film was bad.', 'a terrible movie!', 'it was terrible.', 'bad, bad, bad.']
 CONTEXT = 'john lives in paris and works at google in london since the war.'

@@ -18,6 +18,8 @@ from encoder_jax import storage
 from encoder_jax import workdir as workdir_lib
 from encoder_jax.data import prepare_once
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _lock(url: str, heartbeat_s: float = 0.0) -> locks.Lock:
   return locks.Lock(url, heartbeat_s=heartbeat_s, horizon_s=60.0)

@@ -7,6 +7,8 @@ from etils import epath
 
 from encoder_jax import checkpointing
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def test_a_step_without_its_commit_marker_is_never_a_step(bucket):
   run = f'{bucket}/marker-run'

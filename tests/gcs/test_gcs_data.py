@@ -19,6 +19,8 @@ from encoder_jax.data import embedded
 from encoder_jax.data import prepare_once
 from encoder_jax.data import sources
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _config(prepared_dir: str, sources: str):
   c = config_base.base_config()

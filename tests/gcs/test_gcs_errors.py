@@ -16,6 +16,8 @@ from encoder_jax import storage
 from encoder_jax import storage_client
 from encoder_jax import workdir as workdir_lib
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -11,6 +11,8 @@ from encoder_jax import storage
 from encoder_jax import storage_appends
 from encoder_jax import storage_client
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DERIVED = ('TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING',
             'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'GOOGLE_CLOUD_PROJECT')

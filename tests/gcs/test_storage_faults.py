@@ -13,6 +13,8 @@ from encoder_jax import storage
 from encoder_jax import storage_appends
 from encoder_jax import storage_client
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def _through(proxy, monkeypatch) -> None:
   """Every client made from now on in this process goes through ``proxy``."""

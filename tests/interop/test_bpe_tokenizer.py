@@ -18,6 +18,8 @@ from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_training
 from encoder_jax.interop import tokenizer as tokenizer_io
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 VOCAB = 600
 TEXTS = [
     'The quick brown fox jumps over the lazy dog.',

@@ -21,6 +21,8 @@ from encoder_jax.interop import hf_import
 import hf_fixtures
 import in_process
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 SHAPE = dict(hidden_size=30, num_layers=2, num_heads=5, intermediate_size=37, max_positions=40)
 
 

@@ -25,6 +25,8 @@ from encoder_jax.interop import registry
 
 import hf_fixtures
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ATOL = 1e-5
 # ModernBERT: GeGLU, rotary and pre-LN on random weights of std 0.2 give larger activations
 # (logits ~30): agreement within 1e-4 (measured ~1e-5).

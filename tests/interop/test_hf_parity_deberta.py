@@ -27,6 +27,8 @@ from encoder_jax.interop import registry
 
 import hf_fixtures
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ATOL = 1e-5
 HF_CLASSES = {'deberta': (transformers.DebertaForMaskedLM, transformers.DebertaModel,
                           transformers.DebertaConfig),

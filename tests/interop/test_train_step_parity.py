@@ -63,6 +63,8 @@ from encoder_jax.objectives import masking
 
 import hf_fixtures
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 VOCAB, BATCH, LENGTH, MAX_PREDICTIONS = 101, 4, 16, 5
 ROW_LENGTHS = (16, 13, 10, 7)  # Real tokens per row; the rest is padding.
 LR, CLIP, WEIGHT_DECAY, EPS = 1e-2, 0.5, 0.1, 1e-3

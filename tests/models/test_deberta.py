@@ -23,6 +23,8 @@ from encoder_jax.models import trunk
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import family  # pylint: disable=wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 def tiny(kind='deberta', **kw):
   fields = dict(kind=kind, attention_kind='disentangled', vocab_size=53, hidden_size=24,

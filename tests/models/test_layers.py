@@ -7,6 +7,8 @@ import pytest
 
 from encoder_jax.models import layers
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 
 # (x shape, kernel shape, n_in, in_first): one input axis into (heads, kv) as Q/K/V do,
 # (heads, kv) into one as an output projection with an [*in, *out] or an [*out, *in]

@@ -15,6 +15,8 @@ from encoder_jax import sharding
 from encoder_jax.models import registry
 from encoder_jax.models import trunk
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 # ------------------------------------------------------------ full-size parameter counts
 
 # Our config of each kind's base model, and the HF config of the published checkpoint it

@@ -22,6 +22,8 @@ from encoder_jax.models import registry as models
 from encoder_jax.objectives import electra
 from encoder_jax.objectives import masking
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 V = 60
 

@@ -29,6 +29,8 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import family  # pylint: disable=wrong-import-position
 import tiny_config  # pylint: disable=wrong-import-position
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 V, CLS, SEP, PAD = 50, 3, 4, 0
 SPECIAL_IDS = (0, 1, 2, 3, 4)
 

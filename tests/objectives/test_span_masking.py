@@ -24,6 +24,8 @@ from encoder_jax.objectives import masking
 from encoder_jax.objectives import sbo
 from encoder_jax.objectives import span_masking
 
+pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 V = 500
 SPECIAL = np.arange(5)  # [PAD] [UNK] [CLS] [SEP] [MASK]
