@@ -53,10 +53,9 @@ On a GPU the training processes also get ``--xla_gpu_deterministic_ops=true`` (d
 a note, if that XLA refuses the flag), so that two runs can agree bit for bit.
 
 ``--dry_run`` runs every part on the CPU backend at tiny shapes (the 'tiny' preset, bf16,
-torch on the CPU, one timed step of it; the BERT parts one program, set up once, and the
-two peers one model; the training run 12 steps of a 2 x 32 model on 100 documents, killed
-after step 7 with checkpoint 6; fewer garbage collections, ``DRY_GC_THRESHOLD``):
-``tests/test_device_check.py`` runs it. The report
+torch on the CPU, one timed step of it; the BERT parts one program, set up once; the
+training run 12 steps of a 2 x 32 model on 100 documents, killed after step 7 with
+checkpoint 6): ``tests/test_device_check.py`` runs it. The report
 gives the training command (``python -m encoder_jax.main --config=configs/bert_small.py``
 and its overrides) to rerun a training run by hand. How to run the check on an accelerator
 machine (the install, the wheels for one without network, the call): docs/benchmarks.md.
@@ -149,15 +148,6 @@ COMPARED_KEYS = ('loss', 'mlm_loss', 'mlm_accuracy', 'pair_loss', 'pair_accuracy
 # GPU flags of the training processes: XLA's scatter-adds (the embedding gradient) without
 # atomics, so two runs can be compared bit for bit. Dropped if this XLA does not know it.
 DETERMINISTIC_XLA_FLAG = '--xla_gpu_deterministic_ops=true'
-# --dry_run's garbage collector, here and in the training processes (a GPU run keeps
-# Python's: there a collection is what frees the device memory a part left in cycles). The
-# dry run's heap is mostly what lives to its end (jax, flax, torch, transformers, JAX's
-# caches of traced programs: over half a million objects), and every full collection walked
-# it all again, about 0.4 s each: after every timed part, and every few hundred thousand
-# allocations while tracing. Collecting the youngest generation less often (as
-# tests/conftest.py does) makes every generation's passes rarer; in this process, what each
-# part starts with is frozen (``gc.freeze``: never walked again; the parts' garbage still is).
-DRY_GC_THRESHOLD = (10_000, 10, 10)
 
 # Python run first in a process: tensorflow and tensorflow_datasets become unimportable, as
 # on a machine without them (``import`` raises ModuleNotFoundError; ``find_spec``, which
@@ -194,9 +184,7 @@ for _name in [m for m in sys.modules if m.split('.')[0] in _Refusing.REFUSED]:
 # SIGKILLs itself right after it logged training step KILL_STEP: a crash after the
 # checkpoint, with later steps already logged that the resumed run must supersede.
 LAUNCHER = REFUSE_TENSORFLOW + r'''
-import gc, os, runpy, signal
-if os.environ.get('DEVICE_CHECK_GC_THRESHOLD'):  # --dry_run: DRY_GC_THRESHOLD.
-  gc.set_threshold(*map(int, os.environ['DEVICE_CHECK_GC_THRESHOLD'].split(',')))
+import os, runpy, signal
 save_step, kill_step = int(sys.argv.pop(1)), int(sys.argv.pop(1))
 if save_step:
   from encoder_jax import checkpointing
@@ -333,17 +321,11 @@ def _shape_text(a) -> str:
 _DRY_KEPT: list = []
 
 
-def _args_key(a) -> str:
-  """What a step set up from bench_train's arguments ``a`` depends on (not how long it is
-  timed)."""
-  return repr(sorted((k, v) for k, v in vars(a).items() if k not in ('steps', 'warmup')))
-
-
 def ours(a, keep: bool = False) -> dict:
   """Our full train step at one shape (``bench_train.ours_runner``), timed and measured.
   ``keep`` (the dry run): the step is kept, and one set up at the same arguments is reused."""
   t = time.perf_counter()
-  key = _args_key(a)
+  key = repr(sorted((k, v) for k, v in vars(a).items() if k not in ('steps', 'warmup')))
   reused = bool(keep and _DRY_KEPT and _DRY_KEPT[0][0] == key)
   if reused:
     run, info = _DRY_KEPT[0][1:]
@@ -463,47 +445,6 @@ def part_bert_512(check: Check) -> dict:
   return f
 
 
-# --dry_run: the Hugging Face peer set up last (its key, the runner, its info, its model
-# FLOPs). The dry run's two peers are one shape (DRY_SHAPES): hf_bert_512 times the model
-# hf_bert_128 built and takes its FLOPs, instead of building the model and the FLOPs' setup
-# (bench_train.build: the setup's init traced twice) again. A GPU run keeps no peer, as no step.
-_DRY_HF: list = []
-
-
-def _hf_key(a, device: str, autocast) -> tuple:
-  return _args_key(a), device, str(autocast)
-
-
-def _bench_hf(a, device: str, autocast, keep: bool) -> tuple[dict, bool]:
-  """(``bench_train.bench_hf``'s figures, whether the peer was reused): ``keep`` (the dry
-  run) keeps the peer, and one set up at the same arguments is timed again."""
-  key = _hf_key(a, device, autocast)
-  reused = bool(keep and _DRY_HF and _DRY_HF[0][0] == key)
-  if reused:
-    run, info = _DRY_HF[0][1:3]
-  else:
-    _DRY_HF.clear()
-    run, info = bt.hf_runner(a, device, autocast)
-    if keep:
-      _DRY_HF.append([key, run, info, None])
-  dt = bt._time_steps(run, a.steps, a.warmup)  # pylint: disable=protected-access
-  return dict(info, step_s=dt, tokens_per_s=a.batch_size * a.seq_len / dt), reused
-
-
-def _hf_flops(a, key) -> float:
-  """The peer's model FLOPs per step: ours with the vocabulary head at every position, as HF
-  computes it; ``key``: the kept peer's (the dry run), whose FLOPs are counted once."""
-  kept = _DRY_HF[0] if key is not None and _DRY_HF and _DRY_HF[0][0] == key else None
-  if kept is not None and kept[3] is not None:
-    return kept[3]
-  full = bt.build(bt.shape_args(a, max_predictions=a.seq_len))
-  flops = full.objective.flops_per_sequence(full.phase) * a.batch_size
-  del full
-  if kept is not None:
-    kept[3] = flops
-  return flops
-
-
 def _hf(check: Check, shape: str, ours_part: str) -> dict:
   from encoder_jax import extras
   torch = extras.require('torch', extra='peers', what="the Hugging Face side of the check")
@@ -525,14 +466,13 @@ def _hf(check: Check, shape: str, ours_part: str) -> dict:
   if device == 'cuda':
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-  keep = check.dry
   try:
-    r, reused = _bench_hf(a, device, autocast, keep)
+    r = bt.bench_hf(a, device, autocast)
   except RuntimeError as e:
     if device != 'cpu':
       raise
     autocast, note = None, f'bf16 autocast failed on the CPU ({e}); float32'
-    r, reused = _bench_hf(a, device, autocast, keep)
+    r = bt.bench_hf(a, device, autocast)
   f = dict(shape=f'{a.preset}, vocab {a.vocab_size}, {a.batch_size} x {a.seq_len}, attention '
                  f'sdpa (dropout {a.attention_dropout})',
            peer=r['peer'], torch=r['torch'], transformers=r['transformers'],
@@ -543,9 +483,10 @@ def _hf(check: Check, shape: str, ours_part: str) -> dict:
   if device == 'cuda':
     f['peak_memory_gib'] = torch.cuda.max_memory_allocated() / GIB
     torch.cuda.empty_cache()
-  if reused:
-    f['setup'] = 'the peer an earlier part set up at the same shape (dry run)'
-  flops = _hf_flops(a, _hf_key(a, device, autocast) if keep else None)
+  # Its model FLOPs: ours with the vocabulary head at every position, as HF computes it.
+  full = bt.build(bt.shape_args(a, max_predictions=a.seq_len))
+  flops = full.objective.flops_per_sequence(full.phase) * a.batch_size
+  del full
   from encoder_jax import metrics_log as metrics
   f['model_tflop_per_step'] = flops / 1e12
   f['tflops'] = flops / r['step_s'] / 1e12
@@ -649,8 +590,6 @@ def _child_env(check: Check, deterministic: bool) -> dict:
   env['PYTHONUNBUFFERED'] = '1'
   if deterministic:
     env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') + ' ' + DETERMINISTIC_XLA_FLAG).strip()
-  if check.dry:
-    env['DEVICE_CHECK_GC_THRESHOLD'] = ','.join(map(str, DRY_GC_THRESHOLD))
   return env
 
 
@@ -823,8 +762,6 @@ def _run_part(check: Check, part: Part) -> dict:
   estimate = part.dry_estimate_s if check.dry else part.estimate_s
   print(f'== {part.name}: {part.title} (estimate {estimate:.0f} s, {check.left_s():.0f} s '
         'left)', flush=True)
-  if check.dry:
-    gc.freeze()  # DRY_GC_THRESHOLD.
   t = time.perf_counter()
   entry = dict(title=part.title, estimate_s=estimate)
   if check.left_s() < 0.5 * estimate:
@@ -951,7 +888,6 @@ def main(argv=None) -> int:
     ap.error(f'unknown part(s) {unknown}; parts: {names}')
   if args.dry_run:
     os.environ['JAX_PLATFORMS'] = 'cpu'
-    gc.set_threshold(*DRY_GC_THRESHOLD)
   else:  # JAX takes what it needs, not 75% up front: PyTorch runs beside it.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   # A persistent compilation cache (this process and the training part's): a program

@@ -27,14 +27,9 @@ def _device_check():
 
 
 def _env() -> dict:
-  # One CPU device (conftest simulates 8 for the sharding tests), XLA's fast compile flags;
-  # and each program's code generated as one LLVM module, not split into parts for threads
-  # to compile: the parts' shared work is not done again (the dry run's compiles, about half
-  # its CPU: ~15% less). The same HLO; the three training runs compile alike.
+  # One CPU device (conftest simulates 8 for the sharding tests), XLA's fast compile flags.
   flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
-           if not f.startswith(('--xla_force_host_platform_device_count',
-                                '--xla_cpu_parallel_codegen_split_count'))]
-  flags.append('--xla_cpu_parallel_codegen_split_count=1')
+           if not f.startswith('--xla_force_host_platform_device_count')]
   return dict(os.environ, XLA_FLAGS=' '.join(flags), JAX_PLATFORMS='cpu',
               TF_CPP_MIN_LOG_LEVEL='3', PYTHONUNBUFFERED='1')
 
