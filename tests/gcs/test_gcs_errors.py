@@ -67,11 +67,11 @@ def test_an_outage_past_the_retry_window_ends_a_run_with_one_line(bucket, faulty
                                                                  prepared_dir):
   """``main`` on a bucket through the fault proxy, whose outage starts at the run's first
   gcsfs request (the resume check's read of config.json, after the lock is taken) and lasts
-  5 s, longer than the 1 s gcsfs window set here (tensorstore's window, minutes, cannot be
+  3 s, longer than the 1 s gcsfs window set here (tensorstore's window, minutes, cannot be
   shortened, so the outage comes before any array is written). The run ends at once with one
   ``error:`` line naming the object and what a rerun does, no traceback, and its lock
-  released once the bucket answers again (google-cloud-storage rides out the 5 s)."""
-  outage_s, started = 5.0, []
+  released once the bucket answers again (google-cloud-storage rides out the 3 s)."""
+  outage_s, started = 3.0, []
   proxy = None
 
   def first_gcsfs_request_starts_the_outage(library, method, path):
