@@ -26,9 +26,10 @@ MARK = 'any_device_count'
 _GROUP = 'anydevices-'
 
 
-# Off by default: the one measured whole suite with it on (2026-12-01) was slower, not
-# faster (a one-device worker's programs are not the 8-device worker's, so the persistent
-# compilation cache serves fewer of them); on for measuring it again.
+# Off by default: the whole suite with it on was slower on a busy machine (2026-12-01) and
+# no faster on a quiet one (2026-12-07: 8m40s, against 8m33s-8m57s without; a one-device
+# worker's programs are not the 8-device worker's, so the persistent compilation cache serves
+# fewer of them); on for measuring it again.
 ENABLED = os.environ.get('ENCODER_JAX_TEST_ONE_DEVICE_WORKERS', '') == '1'
 
 
