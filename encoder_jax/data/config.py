@@ -13,6 +13,7 @@ import ml_collections
 from encoder_jax import fields as fields_lib
 from encoder_jax.data import builders
 from encoder_jax.data import tokenizer as tokenizer_lib
+from encoder_jax.data import words
 
 F = fields_lib.Field
 
@@ -32,6 +33,13 @@ DATA: dict[str, fields_lib.Field] = fields_lib.section(
       "Bytes; longer raw lines are truncated ('text') or skipped ('jsonl')."),
     F('max_sentence_chars', 5000, fields_lib.integer(1),
       'Characters; longer split sentences are cut at whitespace into pieces.'),
+    F('word_segmenter', 'auto', words.CHECK,
+      "Where words start in scripts written without spaces (encoder_jax/data/words.py), "
+      "stored per token for whole-word, n-gram and span masking: 'auto' (Chinese rjieba or "
+      "jieba, Japanese sudachipy or fugashi, Thai pythainlp; spaced text as the vocabulary "
+      "marks it), 'none' (the vocabulary's word starts only), or overrides such as "
+      "'chinese=chars' (every Han character a word, google-research/bert) or "
+      "'japanese=fugashi'."),
     F('held_out_fraction', 0.05, fields_lib.number(0, 1, hi_open=True),
       'Share of documents reserved for evaluation (by hash).'),
     F('held_out_max_documents', 2000, fields_lib.integer(0),

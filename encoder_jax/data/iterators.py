@@ -71,9 +71,15 @@ class DocumentStream:
     return self._cache[epoch]
 
 
-def render(instances, seq_len: int, template, pad_id: int, per_document: bool = False):
-  """Instances -> (input_ids, segment_ids int32 [N, L], lengths [N], labels int32 [N]), and
-  with ``per_document`` document_ids int32 [N, L].
+def render(instances, seq_len: int, template, pad_id: int, per_document: bool = False,
+           word_start_V=None) -> dict:
+  """Instances -> rows: ``input_ids``, ``segment_ids`` int32 [N, L], ``lengths`` [N],
+  ``pair_labels`` int32 [N], ``word_starts`` int32 [N, L] (1 = starts a word), and with ``per_document``
+  ``document_ids`` int32 [N, L].
+
+  ``word_starts``: whether each token starts a word, as preparation stored it beside the
+  shard's tokens (``shards.Tokens``); for data prepared without them, the vocabulary's
+  ``word_start_V`` [vocab] (False everywhere without it). Specials never start a word.
 
   The one way special tokens frame a row: ``template`` (the builder's, a
   ``tokenizer_files.Template``) gives the specials before the first piece, those closing
@@ -96,6 +102,7 @@ def render(instances, seq_len: int, template, pad_id: int, per_document: bool = 
   lengths = np.zeros(n, np.int64)
   labels = np.zeros(n, np.int32)
   documents = np.zeros((n, seq_len), np.int32)
+  starts = np.zeros((n, seq_len), np.int32)
   for r, (pieces, label) in enumerate(instances):
     row_ids, row_seg, pos, last = ids[r], seg[r], 0, len(pieces) - 1
     for d, (tokens, start, stop, segment) in enumerate(pieces):
@@ -109,6 +116,11 @@ def render(instances, seq_len: int, template, pad_id: int, per_document: bool = 
       if end + nc + nt > seq_len:  # The row ends at or after that.
         raise AssertionError(f'A built example has more than {seq_len} tokens (bug).')
       row_ids[pos:end] = tokens[start:stop]
+      stored = getattr(tokens, 'word_starts', None)
+      if stored is not None:
+        starts[r, pos:end] = stored[start:stop]
+      elif word_start_V is not None:
+        starts[r, pos:end] = word_start_V[row_ids[pos:end]]
       row_ids[end:end + nc] = closing
       if segment:
         row_seg[pos:end + nc] = segment
@@ -122,17 +134,28 @@ def render(instances, seq_len: int, template, pad_id: int, per_document: bool = 
         documents[r, first:pos] = d + 1
     lengths[r] = pos
     labels[r] = label
-  return (ids, seg, lengths, labels) + ((documents,) if per_document else ())
+  rows = dict(input_ids=ids, segment_ids=seg, lengths=lengths, pair_labels=labels,
+              word_starts=starts)
+  if per_document:
+    rows['document_ids'] = documents
+  return rows
 
 
-def _batch(ids, seg, lengths, labels, *documents, seq_len: int) -> dict:
-  """Rendered rows (already ``seq_len`` wide) and their lengths -> the batch dict; a
-  packing builder's ``document_ids`` (its fifth array) ride along."""
-  mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
-  batch = {'input_ids': ids, 'segment_ids': seg, 'input_mask': mask, 'pair_labels': labels}
-  if documents:
-    batch['document_ids'] = documents[0]
+def _batch(rows: dict, seq_len: int) -> dict:
+  """Rendered rows (already ``seq_len`` wide) -> the batch dict: ``input_mask`` from their
+  lengths, the rest as rendered."""
+  batch = {k: v for k, v in rows.items() if k != 'lengths'}
+  batch['input_mask'] = (np.arange(seq_len)[None, :] < rows['lengths'][:, None]).astype(
+      np.int32)
   return batch
+
+
+def word_start_table(prepared):
+  """The vocabulary's word starts, for data prepared without per-token ones
+  (``config.data.word_segmenter='none'``); None when the shards hold their own."""
+  if prepared.manifest.get('words') is not None:
+    return None
+  return np.asarray(prepared.tokenizer.is_word_start, bool)
 
 
 def _make_builder(config, seed: int):
@@ -251,12 +274,12 @@ class _Stream:
     if not instances:
       raise StopIteration
     arrays = render(instances, seq_len, it.template, it._pad,
-                    it.builder.packs_documents)
+                    it.builder.packs_documents, it.word_start_V)
     rng = np.random.Generator(np.random.PCG64(seeding.mix(
         it.seed, seeding.POOL_SHUFFLE, self.index, number)))
     self.pool = dict(cursor=[int(c) for c in cursor], seq_len=seq_len, number=number,
                      taken=taken, end=end, arrays=arrays, perm=rng.permutation(len(instances)))
-    it.check_labels(arrays[3], seq_len)
+    it.check_labels(arrays['pair_labels'], seq_len)
 
   def next_pool(self, seq_len: int):
     if self.pool is None:
@@ -268,8 +291,7 @@ class _Stream:
     self.build_pool((epoch, k, sub), seq_len, self.pool['number'] + 1)
 
   def take(self, need: int, seq_len: int) -> list:
-    """The stream's next ``need`` rows as [(ids, seg, lengths, labels[, documents])] at
-    ``seq_len``."""
+    """The stream's next ``need`` rows as [rendered rows (``render``)] at ``seq_len``."""
     parts = []
     while need:
       pool = self.pool
@@ -280,13 +302,13 @@ class _Stream:
       rows = pool['perm'][pool['taken']:pool['taken'] + take]
       pool['taken'] += take
       need -= take
-      ids, seg, lengths, labels, *documents = (a[rows] for a in pool['arrays'])
-      if ids.shape[1] < seq_len:
-        pad = ((0, 0), (0, seq_len - ids.shape[1]))
-        ids = np.pad(ids, pad, constant_values=self.it._pad)
-        seg = np.pad(seg, pad)
-        documents = [np.pad(d, pad) for d in documents]  # Padding is document 0.
-      parts.append((ids, seg, lengths, labels, *documents))
+      part = {k: a[rows] for k, a in pool['arrays'].items()}
+      width = part['input_ids'].shape[1]
+      if width < seq_len:  # Padding: the pad id, segment 0, document 0, no word start.
+        pad = ((0, 0), (0, seq_len - width))
+        part = {k: np.pad(a, pad, constant_values=self.it._pad if k == 'input_ids' else 0)
+                if a.ndim == 2 else a for k, a in part.items()}
+      parts.append(part)
     return parts
 
   def get_state(self):
@@ -347,6 +369,7 @@ class TrainIterator:
     self._offset = lo - own[0] * self.rows_per_stream  # First own row in the streams' rows.
     self.builder = _make_builder(config, self.seed)
     self.template = self.builder.template(tok.cls_id, tok.sep_id)  # How rows are framed.
+    self.word_start_V = word_start_table(prepared)
     # What the corpus means for the pair objective: stops here if nothing can be built.
     self.corpus_warnings = check_corpus(config, prepared, 'train')
     self._config = config
@@ -382,11 +405,12 @@ class TrainIterator:
     for s in self._streams:
       parts.extend(s.take(self.rows_per_stream, seq_len))
     self.step += 1
-    arrays = [np.concatenate(a) if len(parts) > 1 else a[0] for a in zip(*parts)]
+    rows = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k]
+            for k in parts[0]}
     lo = self._offset
-    if lo or len(arrays[0]) != self.batch_size:
-      arrays = [a[lo:lo + self.batch_size] for a in arrays]
-    return _batch(*arrays, seq_len=seq_len)
+    if lo or len(rows['input_ids']) != self.batch_size:
+      rows = {k: a[lo:lo + self.batch_size] for k, a in rows.items()}
+    return _batch(rows, seq_len)
 
   # ---- checkpointing ----
 
@@ -506,9 +530,10 @@ def make_eval_iterator(config, prepared, seq_len: int, process_index: int = 0,
         f'is smaller than one batch of config.train.batch_size = {batch_size}; raise '
         'config.data.held_out_fraction / held_out_max_documents.')
   arrays = render(instances[:num_batches * batch_size], int(seq_len),
-                  builder.template(tok.cls_id, tok.sep_id), tok.pad_id, builder.packs_documents)
+                  builder.template(tok.cls_id, tok.sep_id), tok.pad_id, builder.packs_documents,
+                  word_start_table(prepared))
   batches = []
   for b in range(num_batches):
     own = slice(b * batch_size + lo, b * batch_size + hi)
-    batches.append(_batch(*(a[own] for a in arrays), seq_len=int(seq_len)))
+    batches.append(_batch({k: a[own] for k, a in arrays.items()}, int(seq_len)))
   return EvalIterator(batches)

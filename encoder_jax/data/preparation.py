@@ -21,6 +21,7 @@ with score < ``held_out_fraction`` are held out, at most ``held_out_max_document
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -45,8 +46,9 @@ from encoder_jax.data import shards as shards_lib
 from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_kinds
+from encoder_jax.data import words as words_lib
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-token word starts (words.py).
 MANIFEST = 'manifest.json'
 # Config fields that determine the prepared content; anything else (workers, shard size,
 # pair_kind, ...) can change without re-preparing.
@@ -55,7 +57,7 @@ CONTENT_KEYS = (
     'data.sources', 'data.mixing_alpha', 'data.tfds_data_dir', 'data.max_line_bytes',
     'data.max_sentence_chars', 'data.held_out_fraction', 'data.held_out_max_documents',
     'tokenizer.kind', 'tokenizer.path', 'tokenizer.model_type', 'tokenizer.lowercase',
-    'tokenizer.train_sentences', 'tokenizer.character_coverage',
+    'tokenizer.train_sentences', 'tokenizer.character_coverage', 'data.word_segmenter',
 )
 _CHUNK_CHARS = 1 << 19  # Raw text per tokenization task.
 _DEFAULT_ROOT = os.path.join('data', 'prepared')
@@ -77,7 +79,7 @@ class PreparedData:
     if name not in self._splits:
       self._splits[name] = shards_lib.CorpusSplit(
           self.directory, self.manifest['splits'][name]['shards'],
-          len(self.manifest['sources']))
+          len(self.manifest['sources']), word_starts=self.manifest.get('words') is not None)
     return self._splits[name]
 
 
@@ -99,6 +101,7 @@ def content_fields(config) -> dict:
   fields['embedded_corpus'] = next((s.fingerprint() for s in srcs if s.fingerprint()), '')
   path = str(config.tokenizer.path)
   fields['tokenizer_file_sha256'] = tokenizer_lib.file_sha256(path) if path else ''
+  fields['word_segmenters'] = words_lib.resolve(config.data.word_segmenter)
   fields['format_version'] = FORMAT_VERSION
   return fields
 
@@ -117,16 +120,20 @@ def prepared_directory(config, fields: dict | None = None) -> str:
 # ---------------------------------------------------------------------------- workers
 
 _WORKER_TOKENIZER = None
+_WORKER_WORDS = None
 
 
-def _init_worker(kind: str, path: str, lowercase: bool):
-  global _WORKER_TOKENIZER
+def _init_worker(kind: str, path: str, lowercase: bool, segmenter: str, resolved):
+  global _WORKER_TOKENIZER, _WORKER_WORDS
   os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
   _WORKER_TOKENIZER = tokenizer_lib.Tokenizer.from_file(kind, path, lowercase)
+  _WORKER_WORDS = None if resolved is None else words_lib.Words(
+      segmenter, resolved, _WORKER_TOKENIZER.is_word_start)
 
 
 def _tokenize_chunk(task):
-  """Worker: raw documents -> (tokens, sentence lengths, sentences per doc, report, bytes)."""
+  """Worker: raw documents -> (tokens, word starts or None, sentence lengths, sentences
+  per doc, kept docs, report, bytes, word counts by script)."""
   docs, lines_are_sentences, max_chars, dtype = task
   tok = _WORKER_TOKENIZER
   report = sources_lib.Report()
@@ -140,7 +147,12 @@ def _tokenize_chunk(task):
       report.add('sentences_cut_at_max_sentence_chars', where, cuts)
     texts.extend(sents)
     per_doc.append(len(sents))
-  ids = tok.encode_batch(texts) if texts else []
+  starts, by_script = None, {}
+  if _WORKER_WORDS is not None and texts:
+    ids, starts, by_script = _WORKER_WORDS.encode(texts, tok,
+                                                  lambda reason, n: report.add(reason, '', n))
+  else:
+    ids = tok.encode_batch(texts) if texts else []
   lens = np.fromiter(map(len, ids), np.int64, count=len(ids))
   flat = np.fromiter((i for seq in ids for i in seq), dtype, count=int(lens.sum()))
   doc_of_sentence = np.repeat(np.arange(len(per_doc)), per_doc)
@@ -153,19 +165,40 @@ def _tokenize_chunk(task):
   empty_docs = np.flatnonzero(doc_sentences == 0)
   for d in empty_docs:
     report.add('documents_empty_skipped', docs[d][1])
-  return (flat, lens[keep], doc_sentences[doc_sentences > 0], doc_sentences > 0, report,
-          raw_bytes)
+  return (flat, starts, lens[keep], doc_sentences[doc_sentences > 0], doc_sentences > 0,
+          report, raw_bytes, by_script)
 
 
 def _start_method() -> str:
   """'fork' (fast, works from unguarded scripts) unless JAX or TensorFlow threads exist.
 
-  Forking a process that runs JAX/TF threads can deadlock, so then workers are spawned,
-  which re-imports the ``__main__`` module: scripts must use ``if __name__ == '__main__'``
-  (absl ``app.run`` mains and pytest do).
+  Forking a process that runs JAX/TF threads can deadlock, so then workers are spawned
+  (without re-importing the ``__main__`` module: ``_main_not_reimported``).
   """
   threaded = any(m in sys.modules for m in ('jax', 'tensorflow'))
   return 'spawn' if threaded or sys.platform != 'linux' else 'fork'
+
+
+@contextlib.contextmanager
+def _main_not_reimported():
+  """While workers start: a spawned worker does not import the ``__main__`` module.
+
+  A spawned process re-imports ``__main__`` (by module name or file) before it runs
+  anything; a script that prepares data at its top level, without an ``if __name__ ==
+  '__main__'`` guard, would prepare again in every worker and wait for ever on the
+  preparation lock its parent holds. The workers need only this module, so the main
+  module's name and file are hidden from multiprocessing while the pool starts.
+  """
+  main = sys.modules.get('__main__')
+  saved = {k: main.__dict__[k] for k in ('__spec__', '__file__') if main and k in main.__dict__}
+  try:
+    if main is not None:
+      main.__spec__ = None
+      main.__dict__.pop('__file__', None)
+    yield
+  finally:
+    if main is not None:
+      main.__dict__.update(saved)
 
 
 class _Pool:
@@ -187,8 +220,9 @@ class _Pool:
       return
     if self.pool is None:
       ctx = multiprocessing.get_context(_start_method())
-      self.pool = ctx.Pool(self.num_workers, initializer=_init_worker,
-                           initargs=self.init_args)
+      with _main_not_reimported():
+        self.pool = ctx.Pool(self.num_workers, initializer=_init_worker,
+                             initargs=self.init_args)
     self.pending.append(('async', self.pool.apply_async(_tokenize_chunk, (task,))))
     while len(self.pending) > 2 * self.num_workers:
       yield self._pop()
@@ -220,12 +254,12 @@ class _HeldOut:
       raise ValueError('config.data.held_out_max_documents must be >= 0; got '
                        f'{max_documents}')
     self.fraction, self.max_documents = fraction, max_documents
-    self.heap = []  # (-score, source, ordinal, tokens, sentence_lens)
+    self.heap = []  # (-score, source, ordinal, tokens, sentence_lens, word starts or None)
 
-  def offer(self, source: int, ordinal: int, tokens, sentence_lens):
+  def offer(self, source: int, ordinal: int, tokens, sentence_lens, starts):
     """Returns None if held out, else the (possibly other) document that goes to train."""
     score = seeding.unit_interval(seeding.HELD_OUT, source, ordinal)
-    item = (-score, source, ordinal, tokens, sentence_lens)
+    item = (-score, source, ordinal, tokens, sentence_lens, starts)
     if score >= self.fraction or self.max_documents == 0:
       return item
     if len(self.heap) < self.max_documents:
@@ -243,6 +277,13 @@ def _summary(manifest: dict) -> str:
     s = manifest['splits'][split]
     lines.append(f"  {split}: {s['documents']} documents, {s['sentences']} sentences, "
                  f"{s['tokens']} tokens in {len(s['shards'])} shards")
+  words = manifest.get('words')
+  if words:
+    for script, c in words['by_script'].items():
+      by = (words['segmenters'].get(script) or 'the vocabulary ').split(' ')[0]
+      by = by if script in words['segmenters'] else 'the vocabulary'
+      lines.append(f"  words, {script}: {c['words']} in {c['sentences']} sentences of "
+                   f"{c['tokens']} tokens (word starts from {by})")
   t = manifest['throughput']
   lines.append(f"  {t['raw_megabytes']:.2f} MB raw text in {t['seconds']:.1f} s "
                f"({t['raw_megabytes_per_second']:.2f} MB/s, {t['tokens_per_second']:.0f} "
@@ -335,7 +376,9 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
   tok.check_vocab_size(vocab_size)
   num_workers = int(config.data.num_workers) or os.cpu_count() or 1
   out = _Output(config, partial, len(srcs), shards_lib.token_dtype(vocab_size))
-  pool = _Pool(num_workers, (kind, os.path.join(partial, tok_file), lowercase))
+  resolved = fields['word_segmenters']
+  pool = _Pool(num_workers, (kind, os.path.join(partial, tok_file), lowercase,
+                             str(config.data.word_segmenter), resolved))
   try:
     source_entries = [_read_source(si, source, pool, out, int(config.data.max_sentence_chars))
                       for si, source in enumerate(srcs)]
@@ -367,6 +410,10 @@ def _prepare_into(config, fields, srcs, directory, partial, start_time) -> dict:
       sources=source_entries,
       splits=splits,
       skipped=report_all.to_json(),
+      words=None if resolved is None else dict(
+          segmenter=str(config.data.word_segmenter), segmenters=resolved,
+          by_script={k: dict(zip(('sentences', 'tokens', 'words'), v))
+                     for k, v in sorted(out.by_script.items())}),
       unigram_counts=sum(w.unigram_counts for w in out.train).tolist(),
       throughput=_throughput(seconds, tok_seconds, raw_bytes, splits, num_workers),
       created=time.strftime('%Y-%m-%dT%H:%M:%S'),
@@ -387,6 +434,7 @@ class _Output:
     self.train = [self._writer('train', si) for si in range(num_sources)]
     self.held: list[shards_lib.ShardWriter] = []  # Written by finish().
     self.reports = [sources_lib.Report() for _ in range(num_sources)]
+    self.by_script: dict[str, list[int]] = {}  # Sentences, tokens, words per script.
 
   def _writer(self, split: str, si: int) -> shards_lib.ShardWriter:
     return shards_lib.ShardWriter(self.partial, split, si, self.max_tokens, self.dtype,
@@ -395,8 +443,12 @@ class _Output:
   def consume(self, si: int, stats: collections.Counter, result) -> None:
     """One tokenized chunk of source ``si`` (``_tokenize_chunk``): its documents go to the
     held-out set (by hash score) or to train; ``stats`` counts them."""
-    flat, lens, doc_sents, kept, rep, nbytes = result
+    flat, starts, lens, doc_sents, kept, rep, nbytes, by_script = result
     self.reports[si].merge(rep)
+    for script, counts in by_script.items():
+      total = self.by_script.setdefault(script, [0, 0, 0])
+      total[:] = [a + b for a, b in zip(total, counts)]
+    cut = (lambda a, lo, hi: None) if starts is None else (lambda a, lo, hi: a[lo:hi])
     stats['raw_bytes'] += nbytes
     stats['documents_read'] += len(kept)
     ordinal0 = stats['ordinal']
@@ -409,22 +461,25 @@ class _Output:
     for d, ordinal in enumerate(ordinals.tolist()):
       if seeding.unit_interval(seeding.HELD_OUT, si, ordinal) < held_out.fraction:
         s0, s1 = sent_off[d], sent_off[d + 1]
-        out = held_out.offer(si, ordinal, flat[tok_off[s0]:tok_off[s1]], lens[s0:s1])
+        t0, t1 = tok_off[s0], tok_off[s1]
+        out = held_out.offer(si, ordinal, flat[t0:t1], lens[s0:s1], cut(starts, t0, t1))
         train_mask[d] = False
         if out is not None:  # Pushed out of (or never in) the held-out set.
-          self.train[out[1]].add(out[3], out[4], np.array([len(out[4])]))
+          self.train[out[1]].add(out[3], out[4], np.array([len(out[4])]), out[5])
     writer = self.train[si]
     if train_mask.all():
-      writer.add(flat, lens, doc_sents)
+      writer.add(flat, lens, doc_sents, starts)
     elif train_mask.any():
       sent_keep = np.repeat(train_mask, doc_sents)
-      writer.add(flat[np.repeat(sent_keep, lens)], lens[sent_keep], doc_sents[train_mask])
+      tok_keep = np.repeat(sent_keep, lens)
+      writer.add(flat[tok_keep], lens[sent_keep], doc_sents[train_mask],
+                 None if starts is None else starts[tok_keep])
 
   def finish(self) -> None:
     """Writes the held-out documents and flushes every writer."""
     self.held = [self._writer('held_out', si) for si in range(self.num_sources)]
-    for _, si, _, tokens, lens in self.held_out.documents():
-      self.held[si].add(tokens, lens, np.array([len(lens)]))
+    for _, si, _, tokens, lens, starts in self.held_out.documents():
+      self.held[si].add(tokens, lens, np.array([len(lens)]), starts)
     for w in self.train + self.held:
       w.flush()
 

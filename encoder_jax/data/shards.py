@@ -5,6 +5,9 @@ A shard ``{split}-s{source:02d}-{index:05d}`` is three ``.npy`` files:
   ``.sentences.npy``  int64 [num_sentences + 1]: token offset where each sentence starts, then
                       the total (sentence ``j`` = tokens[s[j]:s[j+1]])
   ``.documents.npy``  int64 [num_documents + 1]: sentence offset where each document starts
+  ``.word_starts.npy`` bool, beside the tokens: whether each token starts a word
+                      (``words.py``); absent when the data was prepared without them
+                      (``config.data.word_segmenter='none'``)
 Documents never span shards and every shard holds one source, so a document is always a
 contiguous token range and so is any run of its sentences. Reading uses ``np.load(...,
 mmap_mode='r')``: nothing is read until used, so corpora larger than RAM work.
@@ -18,6 +21,14 @@ import os
 import numpy as np
 
 SUFFIXES = ('tokens', 'sentences', 'documents')
+WORD_STARTS = 'word_starts'
+
+
+class Tokens(np.ndarray):
+  """A shard's token ids, with its per-token word starts beside them (``word_starts``:
+  bool, the same length; None when the data has none). Builders pass it through in their
+  pieces; ``iterators.render`` reads both."""
+  word_starts: np.ndarray | None = None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -42,13 +53,18 @@ class ShardWriter:
 
   def _reset(self):
     self._tokens, self._sentence_lens, self._doc_sentences = [], [], []
+    self._starts = []
     self._num_tokens = 0
 
-  def add(self, tokens: np.ndarray, sentence_lens: np.ndarray, doc_sentences: np.ndarray):
-    """Appends whole documents: flat tokens, tokens per sentence, sentences per document."""
+  def add(self, tokens: np.ndarray, sentence_lens: np.ndarray, doc_sentences: np.ndarray,
+          word_starts: np.ndarray | None = None):
+    """Appends whole documents: flat tokens, tokens per sentence, sentences per document
+    (and each token's word start: given for every document of a writer, or for none)."""
     if len(doc_sentences) == 0:
       return
     self._tokens.append(tokens)
+    if word_starts is not None:
+      self._starts.append(np.asarray(word_starts, np.bool_))
     self._sentence_lens.append(sentence_lens)
     self._doc_sentences.append(doc_sentences)
     self._num_tokens += len(tokens)
@@ -66,6 +82,11 @@ class ShardWriter:
     name = shard_name(self.split, self.source, len(self.shards))
     for suffix, array in zip(SUFFIXES, (tokens, sentences, documents)):
       np.save(os.path.join(self.directory, f'{name}.{suffix}.npy'), array)
+    if self._starts:
+      starts = np.concatenate(self._starts)
+      if len(starts) != len(tokens):
+        raise AssertionError('word starts given for some documents only (bug)')
+      np.save(os.path.join(self.directory, f'{name}.{WORD_STARTS}.npy'), starts)
     if self.count_unigrams:
       self.unigram_counts += np.bincount(tokens, minlength=self.vocab_size)[:self.vocab_size]
     self.shards.append(dict(name=name, source=self.source, documents=len(documents) - 1,
@@ -79,7 +100,8 @@ class CorpusSplit:
   Global document ids run over the sources in config order, then shards, then documents.
   """
 
-  def __init__(self, directory: str, shards: list[dict], num_sources: int):
+  def __init__(self, directory: str, shards: list[dict], num_sources: int,
+               word_starts: bool = False):
     self.directory = directory
     self._tokens, self._sentences, self._documents = [], [], []
     self._first_doc = [0]  # Global id of each shard's first document (+ total).
@@ -95,7 +117,18 @@ class CorpusSplit:
       if len(arrays[2]) - 1 != entry['documents'] or len(arrays[0]) != entry['tokens']:
         raise ValueError(f"Prepared shard {entry['name']!r} in {directory!r} does not match "
                          'its manifest entry (truncated copy?); re-prepare it.')
-      self._tokens.append(arrays[0])
+      tokens = arrays[0].view(Tokens)
+      if word_starts:
+        path = os.path.join(directory, f"{entry['name']}.{WORD_STARTS}.npy")
+        if not os.path.exists(path):
+          raise FileNotFoundError(f'Prepared shard file {path!r} (word starts, listed by the '
+                                  'manifest) is missing; delete the prepared directory to '
+                                  're-prepare.')
+        tokens.word_starts = np.load(path, mmap_mode='r').view(np.ndarray)
+        if tokens.word_starts.shape != tokens.shape:
+          raise ValueError(f'Prepared shard file {path!r} has {len(tokens.word_starts)} word '
+                           f"starts for {len(tokens)} tokens (truncated copy?); re-prepare it.")
+      self._tokens.append(tokens)
       self._sentences.append(arrays[1])
       self._documents.append(arrays[2])
       self._first_doc.append(self._first_doc[-1] + entry['documents'])

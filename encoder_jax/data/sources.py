@@ -5,6 +5,7 @@ Spec grammar (several specs are separated by commas)::
     KIND[:ARGUMENT][;OPTION=VALUE]...[@WEIGHT]
 
   embedded                            stdlib docstrings (``embedded.py``), already in sentences
+  packaged:NAME                       a corpus an installed package ships (``packaged.py``)
   text:GLOB                           google-research/bert layout: one sentence (or line) per
                                       line, a blank line between documents; each file is also
                                       a document boundary. ``gs://`` globs go through gcsfs.
@@ -37,11 +38,9 @@ Nothing is dropped silently: every skipped or altered line/document is counted i
 
 from __future__ import annotations
 
-import bz2
 import collections
 import dataclasses
 import glob as glob_lib
-import gzip
 import hashlib
 import json
 import logging
@@ -55,10 +54,13 @@ from typing import Iterator
 from encoder_jax import extras
 from encoder_jax import storage
 from encoder_jax.data import embedded
+from encoder_jax.data import packaged
 from encoder_jax.data import prepare_once
+from encoder_jax.data import text_files
 
-_KINDS = ('embedded', 'text', 'jsonl', 'tfds')
+_KINDS = ('embedded', 'text', 'jsonl', 'tfds', 'packaged')
 _OPTIONS = {'embedded': {'max_documents'}, 'text': {'max_documents'},
+            'packaged': {'max_documents'},
             'jsonl': {'max_documents', 'field'},
             'tfds': {'max_documents', 'field', 'data_dir', 'prepare'}}
 _MAX_EXAMPLES = 5
@@ -111,7 +113,10 @@ class Source:
     return self.kind in ('embedded', 'text')
 
   def fingerprint(self) -> str:
-    """Extra identity for the config hash (the embedded corpus depends on Python)."""
+    """Extra identity for the config hash (the embedded corpus depends on Python, a
+    packaged one on its package's version)."""
+    if self.kind == 'packaged':
+      return packaged.fingerprint(self.argument)
     return embedded.fingerprint() if self.kind == 'embedded' else ''
 
   def check_exists(self) -> None:
@@ -120,11 +125,13 @@ class Source:
       self.paths()
     elif self.kind == 'tfds':
       self._tfds_builder()
+    elif self.kind == 'packaged':
+      packaged.path(self.argument, f'config.data.sources: {self.spec!r}')
 
   def documents(self, report: Report) -> Iterator[RawDocument]:
     limit = int(self.options.get('max_documents', 0)) or None
     stream = {'embedded': self._embedded, 'text': self._text, 'jsonl': self._jsonl,
-              'tfds': self._tfds_documents}[self.kind](report)
+              'tfds': self._tfds_documents, 'packaged': self._packaged}[self.kind](report)
     for i, doc in enumerate(stream):
       if limit is not None and i >= limit:
         break
@@ -134,8 +141,8 @@ class Source:
     """Approximate raw size, used for alpha-sampling the tokenizer's training sentences."""
     if self.kind == 'embedded':
       return sum(len(s.encode()) + 1 for d in embedded.embedded_corpus() for s in d)
-    if self.kind in ('text', 'jsonl'):
-      return sum(_file_size(p) for p in self.paths())
+    if self.kind in ('text', 'jsonl', 'packaged'):
+      return sum(text_files.file_size(p) for p in self.paths())
     builder = self._tfds_builder()
     try:
       info = builder.info.splits[self._tfds_split()]
@@ -147,6 +154,8 @@ class Source:
 
   def paths(self) -> list[str]:
     pattern = self.argument
+    if self.kind == 'packaged':
+      return [packaged.path(pattern, f'config.data.sources: {self.spec!r}')]
     if not pattern:
       raise ValueError(f'config.data.sources: {self.spec!r} needs a file glob after '
                        f"'{self.kind}:'")
@@ -168,7 +177,7 @@ class Source:
   def _lines(self, path: str, report: Report) -> Iterator[tuple[int, str | None]]:
     """(line number, decoded line without newline) with bounded memory; None = skipped."""
     cap = self.max_line_bytes
-    with _open(path, f'config.data.sources: {self.spec!r}') as f:
+    with text_files.open_binary(path, f'config.data.sources: {self.spec!r}') as f:
       empty = True
       number = 0
       while True:
@@ -194,7 +203,7 @@ class Source:
             continue
           report.add('lines_truncated', f'{path}:{number}')
           raw = raw[:cap]
-          raw = raw[:_utf8_safe_end(raw)]
+          raw = raw[:text_files.utf8_safe_end(raw)]
         try:
           yield number, raw.decode('utf-8').rstrip('\r\n')
         except UnicodeDecodeError as e:
@@ -281,43 +290,15 @@ class Source:
         text = _wiki40b_text(text)
       yield RawDocument((text,), where)
 
+  def _packaged(self, report: Report) -> Iterator[RawDocument]:
+    del report  # Read whole, line by line, by its own reader.
+    for text, where in packaged.documents(self.argument, f'config.data.sources: {self.spec!r}'):
+      yield RawDocument((text,), where)
+
   def _embedded(self, report: Report) -> Iterator[RawDocument]:
     del report  # The embedded corpus is clean by construction.
     for i, doc in enumerate(embedded.embedded_corpus()):
       yield RawDocument(tuple(doc), f'embedded:{i}')
-
-
-# Compressed formats by their first bytes: read transparently, or named in the error.
-_DECOMPRESSORS = (
-    (lambda h: h[:2] == b'\x1f\x8b', lambda f: gzip.GzipFile(fileobj=f, mode='rb')),
-    # bzip2: the magic, then the first block's header.
-    (lambda h: h[:3] == b'BZh' and h[4:10] == b'1AY&SY', lambda f: bz2.BZ2File(f, 'rb')),
-    (lambda h: h[:6] == b'\xfd7zXZ\x00', lambda f: lzma.LZMAFile(f, 'rb')),
-)
-_UNSUPPORTED = {b'\x28\xb5\x2f\xfd': 'zstd', b'PK\x03\x04': 'zip', b'7z\xbc\xaf\x27\x1c': '7z',
-                b'\x04\x22\x4d\x18': 'lz4'}
-# Text in another Unicode encoding, by its byte-order mark (UTF-32 before UTF-16: a prefix).
-_OTHER_ENCODINGS = ((b'\xff\xfe\x00\x00', 'UTF-32LE'), (b'\x00\x00\xfe\xff', 'UTF-32BE'),
-                    (b'\xff\xfe', 'UTF-16LE'), (b'\xfe\xff', 'UTF-16BE'))
-
-
-class _Decompressed:
-  """A decompressing reader that also closes the file under it (GzipFile(fileobj) does not)."""
-
-  def __init__(self, reader, raw):
-    self._reader, self._raw = reader, raw
-
-  def readline(self, size: int = -1) -> bytes:
-    return self._reader.readline(size)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    try:
-      self._reader.close()
-    finally:
-      self._raw.close()
 
 
 def _import_optional(module: str, spec: str, package: str):
@@ -328,39 +309,6 @@ def _import_optional(module: str, spec: str, package: str):
                           f'source, which needs {package}')
   return extras.require(module, extra='gcs', what=f'config.data.sources: {spec!r} is a gs:// '
                         f'path, read through {package}')
-
-
-def _open_raw(path: str):
-  if path.startswith('gs://'):
-    return storage.open_read(path)
-  return open(path, 'rb')
-
-
-def _open(path: str, what: str = ''):
-  """A binary reader of ``path``'s text, decompressed if it is gzip, bzip2 or xz; errors
-  start with ``what`` (the setting that named the file)."""
-  raw = _open_raw(path)
-  try:
-    head = raw.read(10)
-    raw.seek(0)
-  except Exception:
-    raw.close()
-    raise
-  for matches, opener in _DECOMPRESSORS:
-    if matches(head):
-      return _Decompressed(opener(raw), raw)
-  for magic, name in _UNSUPPORTED.items():
-    if head.startswith(magic):
-      raw.close()
-      raise ValueError(f'{what}: {path} is a {name} file; expected text '
-                       'or JSONL, plain or gzip/bzip2/xz-compressed. Decompress it first.')
-  for bom, name in _OTHER_ENCODINGS:
-    if head.startswith(bom):  # Would read as UTF-8 with a NUL in every other byte.
-      raw.close()
-      raise ValueError(f'{what}: {path} is {name} text (it starts with '
-                       f'its byte-order mark); expected UTF-8. Convert it first, e.g. iconv -f '
-                       f'{name} -t UTF-8.')
-  return raw
 
 
 def text_lines(path: str, what: str) -> Iterator[str]:
@@ -375,7 +323,7 @@ def text_lines(path: str, what: str) -> Iterator[str]:
     found = os.path.isfile(path)
   if not found:
     raise FileNotFoundError(f'{what}: {path} does not exist')
-  with _open(path, what) as f:
+  with text_files.open_binary(path, what) as f:
     number = 0
     while True:
       raw = f.readline()
@@ -389,33 +337,6 @@ def text_lines(path: str, what: str) -> Iterator[str]:
       except UnicodeDecodeError as e:
         raise ValueError(f'{what}: {path}:{number} is not UTF-8 ({e.reason} at byte '
                          f'{e.start})') from None
-
-
-def _file_size(path: str) -> int:
-  """Bytes of text: a local gzip file's is in its last 4 bytes (mod 4 GiB); else the size."""
-  if path.startswith('gs://'):
-    return storage.size(path)
-  size = os.path.getsize(path)
-  if size >= 18:
-    with open(path, 'rb') as f:
-      if f.read(2) == b'\x1f\x8b':
-        f.seek(-4, os.SEEK_END)
-        text = int.from_bytes(f.read(4), 'little')
-        return text if text >= size else size * 4  # Wrapped past 4 GiB: a rough guess.
-  return size
-
-
-def _utf8_safe_end(raw: bytes) -> int:
-  """Length of ``raw`` without a trailing, cut-off multi-byte UTF-8 character."""
-  end = len(raw)
-  i = end - 1
-  while i >= 0 and end - i <= 4 and (raw[i] & 0xC0) == 0x80:
-    i -= 1
-  if i >= 0 and raw[i] >= 0xC0:
-    need = 2 if raw[i] < 0xE0 else 3 if raw[i] < 0xF0 else 4
-    if end - i < need:
-      return i
-  return end
 
 
 def _wiki40b_text(text: str) -> str:
@@ -635,6 +556,8 @@ def parse_sources(data_config) -> list[Source]:
       _true(options['prepare'], f'config.data.sources: {spec!r}: prepare')
     if kind == 'embedded' and argument:
       raise ValueError(f"config.data.sources: {spec!r}: 'embedded' takes no argument")
+    if kind == 'packaged':
+      packaged.get(argument.strip(), f'config.data.sources: {spec!r}')
     out.append(Source(spec=spec, kind=kind, argument=argument.strip(), options=options,
                       weight=weight, tfds_data_dir=str(data_config.tfds_data_dir),
                       max_line_bytes=int(data_config.max_line_bytes)))

@@ -158,6 +158,16 @@ class Tokenizer:
     SentencePiece '▁', gets an empty span at its place)."""
     return self._backend.encode_with_offsets(text)
 
+  def encode_batch_with_offsets(self, texts: list[str]
+                                ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """:meth:`encode_with_offsets` of each text."""
+    return self._backend.encode_batch_with_offsets(texts)
+
+  def encode_batch_spans(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
+    """Ids of each text and the character spans of all their pieces, int64 [pieces, 2],
+    each relative to its own text (preparation's word starts read them)."""
+    return self._backend.encode_batch_spans(texts)
+
   def encode_with_masks(self, text: str, mask_literal: str) -> list[int]:
     """Ids of ``text`` (no specials added) with ``mask_id`` where ``mask_literal`` stands.
 

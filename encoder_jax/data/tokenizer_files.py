@@ -262,20 +262,37 @@ class SentencePieceBackend:
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Ids and each piece's character span (SentencePiece gives byte offsets)."""
+    return self.encode_batch_with_offsets([text])[0]
+
+  def encode_batch_with_offsets(self, texts: list[str]
+                                ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    ids, spans = self.encode_batch_spans(texts)
+    out, pos = [], 0
+    for tok_ids in ids:
+      out.append((tok_ids, [tuple(map(int, sp)) for sp in spans[pos:pos + len(tok_ids)]]))
+      pos += len(tok_ids)
+    return out
+
+  def encode_batch_spans(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
+    """Ids of each text and the character spans of all their pieces, int64 [pieces, 2]
+    (each relative to its own text), in one pass over the batch."""
+    texts = list(texts)
+    ids = self.encode_batch(texts)
     try:  # Byte offsets per piece (sentencepiece >= 0.2.1; earlier: immutable_proto).
-      proto = self.processor.encode(text, return_type='proto')
+      protos = self.processor.encode(texts, return_type='proto')
     except TypeError:
-      proto = self.processor.encode(text, out_type='immutable_proto')
-    raw = text.encode('utf-8')
-    char_at = np.zeros(len(raw) + 1, np.int64)  # Byte offset -> character offset.
-    pos = 0
-    for i, ch in enumerate(text):
-      n = len(ch.encode('utf-8'))
-      char_at[pos:pos + n] = i
-      pos += n
-    char_at[len(raw)] = len(text)
-    return ([p.id for p in proto.pieces],
-            [(int(char_at[p.begin]), int(char_at[p.end])) for p in proto.pieces])
+      protos = self.processor.encode(texts, out_type='immutable_proto')
+    pairs = np.array([(p.begin, p.end) for q in protos for p in q.pieces], np.int64
+                     ).reshape(-1, 2)
+    raw = np.frombuffer('\n'.join(texts).encode('utf-8'), np.uint8)
+    # Byte offset -> character offset: a character starts at every non-continuation byte.
+    char_at = np.append(np.cumsum((raw & 0xC0) != 0x80) - 1, sum(map(len, texts)) + max(
+        len(texts) - 1, 0)).astype(np.int64)
+    which = np.repeat(np.arange(len(texts)), [len(i) for i in ids])
+    byte_base = np.concatenate([[0], np.cumsum([len(t.encode('utf-8')) + 1 for t in texts])])
+    char_base = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])
+    spans = char_at[pairs + byte_base[which][:, None]] - char_base[which][:, None]
+    return ids, spans
 
   def decode(self, ids: list[int]) -> str:
     return self.processor.Decode(ids)
@@ -291,8 +308,17 @@ class TokenizersBackend:
     return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    e = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
-    return list(e.ids), [tuple(o) for o in e.offsets]
+    return self.encode_batch_with_offsets([text])[0]
+
+  def encode_batch_with_offsets(self, texts: list[str]
+                                ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    return [(list(e.ids), [tuple(o) for o in e.offsets])
+            for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+  def encode_batch_spans(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
+    encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    spans = np.array([o for e in encodings for o in e.offsets], np.int64).reshape(-1, 2)
+    return [e.ids for e in encodings], spans
 
   def encode_matching_specials(self, text: str) -> list[int]:
     """Ids of ``text`` with its special-token strings matched as Hugging Face does (the

@@ -23,8 +23,10 @@ from encoder_jax.data import mixing
 from encoder_jax.data import sentences as sentences_lib
 from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer_files
+from encoder_jax.data import words as words_lib
 
 _SEED = 12345  # SentencePiece's sampling seed: fixed, so the model depends only on config.
+PRETOKENIZATION_DELIMITER = '\u2063'  # INVISIBLE SEPARATOR: not in running text.
 
 
 def training_sentences(config, sources: list[sources_lib.Source]) -> list[str]:
@@ -84,6 +86,18 @@ def train_sentencepiece(config, sources: list[sources_lib.Source], model_path: s
   sentences = training_sentences(config, sources)
   logging.info('Training a SentencePiece %s model, vocab_size=%d, on %d sentences',
                model_type, vocab_size, len(sentences))
+  # Trained on words where a segmenter finds them (words.py), its pieces seldom cross a
+  # word: whole-word masking then masks what the segmenter calls words. Spaced text has no
+  # delimiter put in, and without one the option is left out: the model is unchanged.
+  pretokenized = {}
+  resolved = words_lib.resolve(config.data.word_segmenter)
+  if resolved:
+    sentences, changed = words_lib.Words(str(config.data.word_segmenter), resolved).pretokenize(
+        sentences, PRETOKENIZATION_DELIMITER)
+    if changed:
+      pretokenized = dict(pretokenization_delimiter=PRETOKENIZATION_DELIMITER)
+      logging.info('Tokenizer training: %d of %d sentences split into words', changed,
+                   len(sentences))
   spm.set_random_generator_seed(_SEED)
   prefix = model_path[:-len('.model')] if model_path.endswith('.model') else model_path
   try:
@@ -100,7 +114,7 @@ def train_sentencepiece(config, sources: list[sources_lib.Source], model_path: s
         input_sentence_size=0, shuffle_input_sentence=False,
         max_sentence_length=1 << 16,
         num_threads=os.cpu_count() or 1,
-        minloglevel=2)
+        minloglevel=2, **pretokenized)
   except RuntimeError as e:
     raise ValueError(
         f'SentencePiece training failed for config.model.vocab_size={vocab_size} on '

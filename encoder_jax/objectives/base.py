@@ -104,6 +104,12 @@ class Pretraining(trainable.Trainable):
               train: bool) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
 
+  def corruption(self, batch: Batch, rng: jax.Array, phase: length_phases.Phase) -> Batch:
+    """The batch as ``loss_fn`` corrupts it with ``rng`` before the forward pass: with token
+    masking, ``masked_positions`` / ``masked_weights`` [B, P] say which were selected
+    (``python -m encoder_jax.show_masks`` reads it)."""
+    raise ValueError(f'{type(self).__name__} selects no tokens to mask')
+
   def flops_per_sequence(self, phase: length_phases.Phase) -> float:
     """Training FLOPs (forward + backward) of one sequence at this phase, every network."""
     raise NotImplementedError
@@ -236,10 +242,15 @@ class Composite(Pretraining):
       return params
     return {k: v for k, v in params.items() if k not in self.head_keys}
 
-  def loss_fn(self, params, batch, rng, phase, train):
+  def corruption(self, batch, rng, phase):
     rngs = jax.random.split(rng, len(self.objectives) + 1)
     for objective, key in zip(self.objectives, rngs[1:]):
       batch = objective.corrupt(batch, key, phase)
+    return batch
+
+  def loss_fn(self, params, batch, rng, phase, train):
+    batch = self.corruption(batch, rng, phase)
+    rngs = jax.random.split(rng, len(self.objectives) + 1)
     positions = batch.get('masked_positions')
     if positions is None:  # No token-level objective: run the MLM head on one position only.
       positions = jnp.zeros((batch['input_ids'].shape[0], 1), jnp.int32)

@@ -162,15 +162,21 @@ class Electra(base.Pretraining):
 
   # --------------------------------------------------------------------------- loss
 
-  def loss_fn(self, params, batch, rng, phase, train):
+  def corruption(self, batch, rng, phase):
+    """The generator's input: the batch masked with the first of ``loss_fn``'s keys."""
     if self.tables is None:
       raise ValueError('The ELECTRA setup was built without vocabulary tables (no tokenizer); '
                        'it cannot mask a batch')
-    k_mask, k_sample, k_gen, k_disc = jax.random.split(rng, 4)
+    ids_BxL, mask_BxL = jnp.asarray(batch['input_ids']), jnp.asarray(batch['input_mask'])
+    return {**batch, **masking.mask_tokens(
+        jax.random.split(rng, 4)[0], ids_BxL, mask_BxL, max_predictions=phase.max_predictions,
+        recipe=self.recipe, tables=self.tables, word_starts_BxL=batch.get('word_starts'))}
+
+  def loss_fn(self, params, batch, rng, phase, train):
+    masked = self.corruption(batch, rng, phase)
+    _, k_sample, k_gen, k_disc = jax.random.split(rng, 4)
     ids_BxL, segments_BxL, mask_BxL = (jnp.asarray(batch[k]) for k in
                                        ('input_ids', 'segment_ids', 'input_mask'))
-    masked = masking.mask_tokens(k_mask, ids_BxL, mask_BxL, max_predictions=phase.max_predictions,
-                                 recipe=self.recipe, tables=self.tables)
     positions_BxP, weights_BxP = masked['masked_positions'], masked['masked_weights']
     dropout = lambda key: {'dropout': self.dropout_key(key)} if train else None
 

@@ -173,16 +173,22 @@ def selection_budget(input_ids_BxL, input_mask_BxL, tables: VocabTables, mask_ra
   return maskable_BxL, jnp.minimum(n_B, n_maskable_B)
 
 
-def unit_starts(input_ids_BxL, tables: VocabTables, whole_word: bool):
-  """bool [B, L]: where a selection unit starts (word starts, or every piece)."""
-  if whole_word:
-    return jnp.asarray(tables.is_word_start_V)[input_ids_BxL]
-  return jnp.ones(input_ids_BxL.shape, bool)
+def unit_starts(input_ids_BxL, tables: VocabTables, whole_word: bool, word_starts_BxL=None):
+  """bool [B, L]: where a selection unit starts: every piece, or with ``whole_word`` the
+  batch's word starts (``word_starts``, stored per position by preparation); only a batch
+  without them (built by hand) takes them from the vocabulary table."""
+  if not whole_word:
+    return jnp.ones(input_ids_BxL.shape, bool)
+  if word_starts_BxL is not None:
+    return jnp.asarray(word_starts_BxL).astype(bool)
+  return jnp.asarray(tables.is_word_start_V)[input_ids_BxL]
 
 
 def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Array, *,
-                max_predictions: int, recipe: MaskingRecipe, tables: VocabTables) -> dict:
-  """Selects and corrupts MLM positions.
+                max_predictions: int, recipe: MaskingRecipe, tables: VocabTables,
+                word_starts_BxL=None) -> dict:
+  """Selects and corrupts MLM positions; words (whole-word and n-gram units) start where
+  ``word_starts_BxL`` says (``unit_starts``).
 
   Returns ``masked_input_ids`` [B, L], ``masked_positions``/``masked_labels`` int32 [B, P]
   and ``masked_weights`` float32 [B, P] (1 for a real prediction).
@@ -194,7 +200,8 @@ def mask_tokens(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Ar
   maskable_BxL, n_B = selection_budget(input_ids_BxL, input_mask_BxL, tables, recipe.mask_rate, p)
 
   if recipe.max_ngram > 1 or recipe.whole_word_masking:
-    word_start_BxL = unit_starts(input_ids_BxL, tables, recipe.whole_word_masking)
+    word_start_BxL = unit_starts(input_ids_BxL, tables, recipe.whole_word_masking,
+                                 word_starts_BxL)
     if recipe.max_ngram > 1:
       selected_BxL, _ = _ngram_selection(k_select, maskable_BxL, n_B, word_start_BxL,
                                          recipe.max_ngram)

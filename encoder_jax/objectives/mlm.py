@@ -37,7 +37,7 @@ class MaskedLM(base.Objective):
     mask = span_masking.mask_spans if self.recipe.span_p > 0 else masking.mask_tokens
     return {**batch, **mask(
         rng, batch['input_ids'], batch['input_mask'], max_predictions=phase.max_predictions,
-        recipe=self.recipe, tables=self.tables)}
+        recipe=self.recipe, tables=self.tables, word_starts_BxL=batch.get('word_starts'))}
 
   def loss(self, outputs, batch):
     loss, accuracy = base.cross_entropy(outputs['mlm_logits'], batch['masked_labels'],

@@ -201,7 +201,10 @@ def permute_batch(rng: jax.Array, batch, *, max_predictions: int, recipe: PlmRec
   k_spans, k_perm = jax.random.split(rng)
   length_B = (mask_BxL > 0).sum(1).astype(jnp.int32)
   special_V, start_V = jnp.asarray(tables.is_special_V), jnp.asarray(tables.is_word_start_V)
-  is_start_BxL = start_V[ids_BxL] | special_V[ids_BxL]  # XLNet: '▁' or '<...>' pieces.
+  # XLNet: word starts ('▁' pieces, or as stored per position) and '<...>' pieces.
+  starts_BxL = batch.get('word_starts')
+  starts_BxL = start_V[ids_BxL] if starts_BxL is None else jnp.asarray(starts_BxL, bool)
+  is_start_BxL = starts_BxL | special_V[ids_BxL]
   goal_B = prediction_budget(length_B, recipe.partial_prediction_k, max_predictions)
   selected_BxL = sample_spans(k_spans, is_start_BxL, length_B, goal_B,
                               k=recipe.partial_prediction_k, max_span=recipe.max_span,

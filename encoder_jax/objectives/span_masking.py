@@ -42,8 +42,9 @@ def span_length_probabilities(p: float, max_span_length: int) -> np.ndarray:
 
 def mask_spans(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Array, *,
                max_predictions: int, recipe: masking.MaskingRecipe,
-               tables: masking.VocabTables) -> dict:
-  """Selects whole-word spans and corrupts them; the outputs of ``masking.mask_tokens``.
+               tables: masking.VocabTables, word_starts_BxL=None) -> dict:
+  """Selects whole-word spans and corrupts them; the outputs of ``masking.mask_tokens``
+  (words start where ``word_starts_BxL`` says: ``masking.unit_starts``).
 
   Returns ``masked_input_ids`` [B, L], ``masked_positions``/``masked_labels`` int32 [B, P]
   (selected pieces in sequence order) and ``masked_weights`` float32 [B, P].
@@ -54,7 +55,8 @@ def mask_spans(rng: jax.Array, input_ids_BxL: jax.Array, input_mask_BxL: jax.Arr
   k_select, k_kind, k_random = jax.random.split(rng, 3)
   maskable_BxL, n_B = masking.selection_budget(input_ids_BxL, input_mask_BxL, tables,
                                                recipe.mask_rate, p)
-  word_start_BxL = masking.unit_starts(input_ids_BxL, tables, recipe.whole_word_masking)
+  word_start_BxL = masking.unit_starts(input_ids_BxL, tables, recipe.whole_word_masking,
+                                       word_starts_BxL)
   selected_BxL, _, _ = span_selection(k_select, maskable_BxL, n_B, word_start_BxL,
                                       recipe.span_p, recipe.max_span_length)
 

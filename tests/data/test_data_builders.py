@@ -152,9 +152,11 @@ def test_packed_documents_use_every_token_once_in_full_rows(prepared_small):
     assert (coverage[id(tokens)][bounds[0]:bounds[-1]] == 1).all()
   tok = prepared.tokenizer
   builder = builders.make('packed_documents', seed=0, short_seq_prob=0.1)
-  ids, seg, lengths, labels, documents = iterators.render(
+  rows = iterators.render(
       instances, seq_len, builder.template(tok.cls_id, tok.sep_id), tok.pad_id,
       per_document=builder.packs_documents)
+  ids, seg, lengths, labels, documents = (rows[k] for k in (
+      'input_ids', 'segment_ids', 'lengths', 'pair_labels', 'document_ids'))
   assert (seq_len - lengths[:-1] < 3).all() and (seg == 0).all() and (labels == 0).all()
   assert ((documents > 0) == (np.arange(seq_len) < lengths[:, None])).all()
   assert (ids[documents == 0] == tok.pad_id).all()
@@ -195,8 +197,9 @@ def test_xlnet_layout_puts_cls_last_in_its_own_segment():
   instances = [([(tokens, 0, 3, 0), (tokens, 10, 12, 1)], 1), ([(tokens, 5, 6, 0),
                                                              (tokens, 7, 8, 1)], 0)]
   builder = builders.REGISTRY['xlnet']
-  ids, seg, lengths, labels = iterators.render(instances, 9, builder.template(2, 3), 0,
-                                               builder.packs_documents)
+  rows = iterators.render(instances, 9, builder.template(2, 3), 0, builder.packs_documents)
+  ids, seg, lengths, labels = (rows[k] for k in (
+      'input_ids', 'segment_ids', 'lengths', 'pair_labels'))
   np.testing.assert_array_equal(ids[0], [100, 101, 102, 3, 110, 111, 3, 2, 0])
   np.testing.assert_array_equal(seg[0], [0, 0, 0, 0, 1, 1, 1, 2, 0])
   np.testing.assert_array_equal(ids[1], [105, 3, 107, 3, 2, 0, 0, 0, 0])
@@ -217,14 +220,14 @@ def test_one_render_frames_every_builder_by_its_template():
       'bert': (((2, 0),), (3,), ()), 'xlnet': ((), (3,), ((2, 2),))}
   rows = {(k, per): iterators.render([(pieces, 1)], 10, t, 0, per)
           for k, t in templates.items() for per in (False, True)}
-  np.testing.assert_array_equal(rows['bert', False][0][0], [2, 100, 101, 3, 104, 3, 0, 0, 0, 0])
-  np.testing.assert_array_equal(rows['bert', False][1][0], [0, 0, 0, 0, 1, 1, 0, 0, 0, 0])
-  np.testing.assert_array_equal(rows['bert', True][0][0], [2, 100, 101, 3, 2, 104, 3, 0, 0, 0])
-  np.testing.assert_array_equal(rows['bert', True][4][0], [1, 1, 1, 1, 2, 2, 2, 0, 0, 0])
-  np.testing.assert_array_equal(rows['xlnet', True][0][0], [100, 101, 3, 2, 104, 3, 2, 0, 0, 0])
-  np.testing.assert_array_equal(rows['xlnet', True][1][0], [0, 0, 0, 2, 1, 1, 2, 0, 0, 0])
-  assert [len(a) for a in (rows['bert', False], rows['bert', True])] == [4, 5]
-  np.testing.assert_array_equal(rows['xlnet', False][2], [6])
+  np.testing.assert_array_equal(rows['bert', False]['input_ids'][0], [2, 100, 101, 3, 104, 3, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows['bert', False]['segment_ids'][0], [0, 0, 0, 0, 1, 1, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows['bert', True]['input_ids'][0], [2, 100, 101, 3, 2, 104, 3, 0, 0, 0])
+  np.testing.assert_array_equal(rows['bert', True]['document_ids'][0], [1, 1, 1, 1, 2, 2, 2, 0, 0, 0])
+  np.testing.assert_array_equal(rows['xlnet', True]['input_ids'][0], [100, 101, 3, 2, 104, 3, 2, 0, 0, 0])
+  np.testing.assert_array_equal(rows['xlnet', True]['segment_ids'][0], [0, 0, 0, 2, 1, 1, 2, 0, 0, 0])
+  assert ['document_ids' in rows['bert', per] for per in (False, True)] == [False, True]
+  np.testing.assert_array_equal(rows['xlnet', False]['lengths'], [6])
   for seq_len, per in ((6, True), (5, False)):  # Rows of 7 and 6 tokens.
     with pytest.raises(AssertionError, match=f'more than {seq_len} tokens'):
       iterators.render([(pieces, 0)], seq_len, templates['bert'], 0, per)

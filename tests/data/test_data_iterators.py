@@ -61,7 +61,8 @@ def test_streams_read_disjoint_slices_whose_union_is_everything(prepared_small):
         if e == 0 else None, process_index, process_count)
     builder = builders.make('nsp', seed=0, short_seq_prob=0.1)
     instances = [inst for inst, _ in builder.generate(stream, (0, 0, 0), 64)]
-    ids, _, lengths, labels = iterators.render(instances, 64, builder.template(2, 3), 0)
+    rows = iterators.render(instances, 64, builder.template(2, 3), 0)
+    ids, lengths, labels = rows['input_ids'], rows['lengths'], rows['pair_labels']
     return collections.Counter((tuple(r[:n]), l) for r, n, l in zip(ids, lengths, labels))
 
   single = epoch_rows(0, 1)

@@ -10,6 +10,7 @@ import pytest
 from encoder_jax import data as data_lib
 from encoder_jax.data import sentences
 from encoder_jax.data import sources
+from encoder_jax.data import text_files
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -176,8 +177,8 @@ def test_huge_line_memory_is_bounded(tmp_path):
   (doc,) = list(src.documents(report))
   assert doc.lines[0] == 'Short line.' and doc.lines[2] == 'Tail line with \u00e9.'
   assert len(doc.lines[1]) <= 1001 and report.counts['lines_truncated'] == 1
-  assert sources._utf8_safe_end('é'.encode()[:1]) == 0
-  assert np.all([sources._utf8_safe_end(b'abc') == 3])
+  assert text_files.utf8_safe_end('é'.encode()[:1]) == 0
+  assert np.all([text_files.utf8_safe_end(b'abc') == 3])
 
 
 def test_compressed_text_and_jsonl_read_like_plain_files(tmp_path, corpus_docs, write_docs,
@@ -209,7 +210,7 @@ def test_compressed_text_and_jsonl_read_like_plain_files(tmp_path, corpus_docs, 
   assert [d.lines for d in src.documents(report)] == [(' '.join(d),) for d in docs]
   assert not report.counts
   # The gzip trailer gives the text size for tokenizer-sample weighting.
-  assert sources._file_size(str(tmp_path / 'a.txt.gz')) == len(data)
+  assert text_files.file_size(str(tmp_path / 'a.txt.gz')) == len(data)
 
   # Cut short (a copy interrupted): the lines before the cut are kept, and it is counted.
   (tmp_path / 'cut.txt.gz').write_bytes(gzip.compress(data)[:len(gzip.compress(data)) // 2])

