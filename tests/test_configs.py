@@ -145,6 +145,8 @@ CONFIG_COMMANDS = [
     ('encoder_jax.finetune.main', 'finetune_sst2.py', 'optim.learning_rat',
      'config.optim.learning_rate'),
     ('encoder_jax.compile', 'bert_base.py', 'model.remmat', 'config.model.remat'),
+    ('encoder_jax.show_masks', 'chinese_bert_small.py', 'data.word_segmentr',
+     'config.data.word_segmenter'),
 ]
 
 

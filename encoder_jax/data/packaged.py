@@ -38,6 +38,7 @@ CORPORA = {c.name: c for c in (
            'chinese'),
 )}
 _TAG = re.compile(r'/[A-Za-z]+$')
+_TAGS = re.compile(r'/[A-Za-z]+(?:\s+|$)')  # A word's tag and the spaces after it.
 
 
 def get(name: str, what: str) -> Corpus:
@@ -83,7 +84,9 @@ def gold_words(name: str, what: str = 'config.data.sources') -> Iterator[list[st
 
 
 def documents(name: str, what: str) -> Iterator[tuple[str, str]]:
-  """(running text of a line, where) for every non-empty line of the corpus."""
-  where = f'packaged:{name}'
-  for number, words in enumerate(gold_words(name, what), 1):
-    yield ''.join(words), f'{where}:{number}'
+  """(running text of a line, where: its line number) for every non-empty line."""
+  with open(path(name, what), encoding='utf-8') as f:
+    for number, line in enumerate(f, 1):
+      text = _TAGS.sub('', line.strip())
+      if text:
+        yield text, f'packaged:{name}:{number}'

@@ -277,11 +277,11 @@ class SentencePieceBackend:
     """Ids of each text and the character spans of all their pieces, int64 [pieces, 2]
     (each relative to its own text), in one pass over the batch."""
     texts = list(texts)
-    ids = self.encode_batch(texts)
     try:  # Byte offsets per piece (sentencepiece >= 0.2.1; earlier: immutable_proto).
       protos = self.processor.encode(texts, return_type='proto')
     except TypeError:
       protos = self.processor.encode(texts, out_type='immutable_proto')
+    ids = [[p.id for p in q.pieces] for q in protos]
     pairs = np.array([(p.begin, p.end) for q in protos for p in q.pieces], np.int64
                      ).reshape(-1, 2)
     raw = np.frombuffer('\n'.join(texts).encode('utf-8'), np.uint8)
