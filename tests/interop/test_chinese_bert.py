@@ -173,3 +173,46 @@ def test_filled_text_and_a_full_width_mask(built):
     inference.filled_text(tok, '苹果[MASK]', [[('汁', 0.5)], [('梨', 0.4)]])
   with pytest.raises(ValueError, match='full-width ［MASK］ is text: write the mask with ASCII'):
     inference.tokenize_with_masks(tok, '巴黎是法国的［ＭＡＳＫ］都。')
+
+
+# (tokenizer.json lowercases, tokenizer_config.json as saved with these keys changed (None:
+# removed), the kind that reads it). AutoTokenizer sets a BERT tokenizer class's normalizer
+# from tokenizer_config.json, BertTokenizer's defaults where it says nothing, whatever
+# tokenizer.json says.
+SETTINGS = [
+    (False, {'do_lower_case': None}, 'wordpiece'),  # The default: lowercase.
+    (False, {'do_lower_case': None, 'tokenizer_class': None, 'strip_accents': None,
+             'tokenize_chinese_chars': None, 'init_inputs': []}, 'wordpiece'),  # hfl's file.
+    (True, {'do_lower_case': False}, 'wordpiece'),
+    (False, {'do_lower_case': True}, 'wordpiece'),
+    (True, {'strip_accents': False}, 'hf'),  # Lowercase, keep accents.
+    (False, {'tokenize_chinese_chars': False}, 'hf'),  # Chinese text as words.
+    (False, {'do_lower_case': None, 'tokenizer_class': 'PreTrainedTokenizerFast'},
+     'wordpiece'),  # Not a BERT class: tokenizer.json's own normalizer.
+]
+
+
+SETTING_IDS = ['no_do_lower_case', 'hfl_config', 'cased_config', 'uncased_config', 'keep_accents',
+               'no_cjk_split', 'not_a_bert_class']
+
+
+@pytest.mark.parametrize('saved_lowercase, changes, kind', SETTINGS, ids=SETTING_IDS)
+def test_tokenizer_settings_are_read_as_autotokenizer_applies_them(
+    saved_lowercase, changes, kind, tmp_path):
+  path = str(tmp_path)
+  dirs.write_vocab(os.path.join(path, 'vocab.txt'))
+  transformers.BertTokenizerFast.from_pretrained(
+      path, do_lower_case=saved_lowercase).save_pretrained(path)
+  config_path = os.path.join(path, 'tokenizer_config.json')
+  with open(config_path, encoding='utf-8') as f:
+    config = json.load(f)
+  for key, value in changes.items():
+    config.pop(key, None) if value is None else config.update({key: value})
+  with open(config_path, 'w', encoding='utf-8') as f:
+    json.dump(config, f)
+  with open(os.path.join(path, 'config.json'), 'w', encoding='utf-8') as f:
+    json.dump({'model_type': 'bert'}, f)
+  auto = transformers.AutoTokenizer.from_pretrained(path)
+  tok = tokenizer_io.load_hf_tokenizer(path)
+  assert tok.kind == kind
+  _assert_ids_equal(tok, auto, sentences())
