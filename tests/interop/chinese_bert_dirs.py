@@ -17,7 +17,7 @@ Each layout (``LAYOUTS``) is saved as its public checkpoint ships:
 |---|---|---|
 | bert-base-chinese | BertForMaskedLM, model.safetensors | vocab.txt, tokenizer.json, tokenizer_config.json (do_lower_case false) |
 | chinese-roberta-wwm-ext | BertForMaskedLM (model_type bert despite the name), pytorch_model.bin | vocab.txt, tokenizer_config.json ({"init_inputs": []}: BertTokenizer's defaults, lowercasing), special_tokens_map.json, added_tokens.json ({}) |
-| chinese-bert-wwm-ext | BertForPreTraining, model.safetensors | vocab.txt, tokenizer.json (lowercasing), tokenizer_config.json, special_tokens_map.json |
+| chinese-bert-wwm-ext | BertForPreTraining, model.safetensors | the same and a tokenizer.json (lowercasing) |
 
 The models are tiny (2 layers, hidden 32) with every parameter random at a fixed seed.
 """
@@ -119,18 +119,18 @@ def make_dir(layout: str, path: str, seed: int = 0):
   write_vocab(vocab)
   lowercase = LOWERCASE[layout]
   assert layout in LAYOUTS, layout
-  if layout == 'chinese-roberta-wwm-ext':
-    # The hfl checkpoint's own tokenizer files: no tokenizer.json, BertTokenizer's defaults.
-    _write_json(path, 'tokenizer_config.json', {'init_inputs': []})
-    _write_json(path, 'added_tokens.json', {})
-  else:
+  if layout != 'chinese-roberta-wwm-ext':  # It ships no tokenizer.json.
     # From the directory (its vocab.txt), as the keyword for a vocabulary file differs
     # between transformers releases.
     transformers.BertTokenizerFast.from_pretrained(
         path, do_lower_case=lowercase, tokenize_chinese_chars=True,
         model_max_length=512).save_pretrained(path)
   if layout != 'bert-base-chinese':
+    # hfl's own tokenizer files: a tokenizer_config.json that names no setting (so
+    # BertTokenizer's defaults apply), a special_tokens_map.json, an empty added_tokens.json.
+    _write_json(path, 'tokenizer_config.json', {'init_inputs': []})
     _write_json(path, 'special_tokens_map.json', HFL_SPECIAL_TOKENS_MAP)
+    _write_json(path, 'added_tokens.json', {})
   architecture = ('BertForPreTraining' if layout == 'chinese-bert-wwm-ext'
                   else 'BertForMaskedLM')
   torch.manual_seed(seed)
