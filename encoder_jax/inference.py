@@ -233,9 +233,8 @@ def filled_text(tokenizer, text: str, predictions: list[list[tuple[str, float]]]
   if len(found) != len(predictions):
     raise ValueError(f'{len(predictions)} rows of predictions for the {len(found)} masks '
                      f'of {text!r}')
-  def best(row):
-    piece = row[0][0]
+  def text_of(piece):  # A piece past the vocabulary (<unused:N>) stays as it is named.
     i = tokenizer.piece_to_id(piece)
     return piece_text(tokenizer, i) if tokenizer.id_to_piece(i) == piece else piece
-  best = iter([best(row) for row in predictions])
+  best = iter([text_of(row[0][0]) for row in predictions])
   return re.sub('|'.join(map(re.escape, literals)), lambda _: next(best), text)
