@@ -11,7 +11,9 @@ tokenizer (the ``hf`` kind) reads the text with its mask token in place, as
 ``AutoTokenizer`` does (``encoder_jax.inference`` computes it). A model whose MLM head is the
 random one an import initialised (an HF base model such as ``BertModel``, or a workdir imported from
 one and not pretrained since: its ``import_report.json``) is used, with a warning on stderr
-that the predictions are random.
+that the predictions are random. After each text's predictions, ``filled:`` shows the text
+with the best piece in each mask (``inference.filled_text``: the text as written, so
+Chinese keeps its characters together).
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import sys
 from encoder_jax import cli
 
 
-def format_predictions(text: str, predictions: list[list[tuple[str, float]]]) -> str:
+def format_predictions(text: str, predictions: list[list[tuple[str, float]]],
+                       filled: str | None = None) -> str:
+  """The text, each mask's predictions, and (``filled``) the text with the best ones."""
   lines = [text]
   for n, row in enumerate(predictions, 1):
     lines.append(f'  [MASK] #{n}: ' + '  '.join(f'{piece} {p:.3f}' for piece, p in row))
+  if filled is not None:
+    lines.append(f'  filled: {filled}')
   return '\n'.join(lines)
 
 
@@ -38,8 +44,11 @@ def main(argv):
   loaded = cli.load_from_flags(f)
   if 'mlm_head' in loaded.untrained_heads:  # HF directory, or a workdir's import report.
     print(f'Warning: {loaded.untrained_mlm_warning()}', file=sys.stderr)
+  from encoder_jax import inference  # pylint: disable=g-import-not-at-top
   for text in f.text:
-    print(format_predictions(text, loaded.fill_mask(text, f.top_k, warn=False)))
+    predictions = loaded.fill_mask(text, f.top_k, warn=False)
+    print(format_predictions(text, predictions,
+                             inference.filled_text(loaded.tokenizer, text, predictions)))
 
 
 if __name__ == '__main__':

@@ -13,13 +13,18 @@ multiple of 16 tokens; padding never changes an embedding.
 
 Fill-mask: ``[MASK]`` marks a mask for every kind, as does the model's own mask token
 (``<mask>``...); the tokenizer reads the masks its own way (``Tokenizer.encode_with_masks``:
-an imported Hugging Face tokenizer as ``AutoTokenizer`` does).
+an imported Hugging Face tokenizer as ``AutoTokenizer`` does). ``filled_text`` puts each
+mask's best piece into the text as written, so the text keeps its own spacing: Chinese
+reads without a space between characters (Hugging Face's fill-mask pipeline decodes the
+whole row instead, one space between every two WordPiece pieces).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+import unicodedata
 from typing import Sequence
 
 import jax
@@ -174,7 +179,11 @@ def tokenize_with_masks(tokenizer, text: str) -> tuple[list[int], list[int], lis
     text = text.replace(literal, MASK)
   body = tokenizer.encode_with_masks(text, MASK)
   if tokenizer.mask_id not in body:
-    raise ValueError(f'The text has no {" or ".join(literals)}: {text!r}')
+    # A Chinese or Japanese input method types full-width brackets (［MASK］): text, not
+    # a mask, here as in Hugging Face.
+    hint = ('; its full-width ［MASK］ is text: write the mask with ASCII brackets'
+            if MASK in unicodedata.normalize('NFKC', text) else '')
+    raise ValueError(f'The text has no {" or ".join(literals)}: {text!r}{hint}')
   ids, segments = tokenizer.frame(body)
   positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
   return ids, segments, positions
@@ -205,3 +214,27 @@ def fill_mask(params, config: model_config_lib.EncoderConfig, tokenizer, text: s
                                              top_k=top_k))
   return [[(tokenizer.id_to_piece(int(i)), float(p)) for i, p in zip(row_ids, row_probs)]
           for row_ids, row_probs in zip(ids_PxK, probs_PxK)]
+
+
+def piece_text(tokenizer, i: int) -> str:
+  """The text piece ``i`` stands for in a word: decoded alone, without the surrounding
+  space a decoder may give it and without WordPiece's ``##`` continuation mark."""
+  text = tokenizer.decode([int(i)]).strip()
+  if text.startswith('##') and len(text) > 2 and not tokenizer.is_word_start[int(i)]:
+    text = text[2:]
+  return text
+
+
+def filled_text(tokenizer, text: str, predictions: list[list[tuple[str, float]]]) -> str:
+  """``text`` with each mask (``mask_literals``), in order, replaced by the text of its best
+  piece in ``predictions`` (``fill_mask``'s). The rest of the text stays as written."""
+  literals = mask_literals(tokenizer)
+  found = re.findall('|'.join(map(re.escape, literals)), text)
+  if len(found) != len(predictions):
+    raise ValueError(f'{len(predictions)} rows of predictions for the {len(found)} masks '
+                     f'of {text!r}')
+  def text_of(piece):  # A piece past the vocabulary (<unused:N>) stays as it is named.
+    i = tokenizer.piece_to_id(piece)
+    return piece_text(tokenizer, i) if tokenizer.id_to_piece(i) == piece else piece
+  best = iter([text_of(row[0][0]) for row in predictions])
+  return re.sub('|'.join(map(re.escape, literals)), lambda _: next(best), text)

@@ -63,6 +63,16 @@ SENTENCEPIECE_NAMES = ('spiece.model', 'spm.model', 'sentencepiece.bpe.model',
 # Tokenizer classes that pad on the left when their tokenizer_config.json says nothing
 # (a class attribute in transformers, not saved by save_pretrained).
 _LEFT_PADDING_CLASSES = frozenset({'XLNetTokenizer', 'XLNetTokenizerFast'})
+# Tokenizer classes that set BERT's normalizer from their own settings (tokenizer_config.json's
+# do_lower_case, strip_accents, tokenize_chinese_chars, else BertTokenizer's defaults)
+# whatever tokenizer.json's normalizer says, and the model types AutoTokenizer gives one of
+# them when no class is named.
+_BERT_CLASSES = frozenset(f'{name}Tokenizer{fast}' for name in ('Bert', 'Electra', 'DistilBert')
+                          for fast in ('', 'Fast'))
+_BERT_MODEL_TYPES = frozenset({'bert', 'electra', 'distilbert'})
+# (tokenizer_config.json key, BertNormalizer field, BertTokenizer's default).
+_BERT_SETTINGS = (('do_lower_case', 'lowercase', True), ('strip_accents', 'strip_accents', None),
+                  ('tokenize_chinese_chars', 'handle_chinese_chars', True))
 # Where each role's token is named, first found wins (tokenizer_config.json, then
 # special_tokens_map.json, for each key in order).
 _ROLE_KEYS = (('pad', ('pad_token',)), ('unk', ('unk_token',)),
@@ -99,8 +109,44 @@ kind_of_file = tokenizer_kinds.kind_of_file
 # --------------------------------------------------------------------------- HF import
 
 
+def bert_settings(hf_dir: str) -> dict | None:
+  """The BertNormalizer fields ``AutoTokenizer`` sets for the directory's tokenizer class:
+  ``{'lowercase', 'strip_accents', 'handle_chinese_chars'}`` from tokenizer_config.json
+  with BertTokenizer's defaults (lowercasing, accents stripped when lowercasing, CJK
+  characters split); None when its class is not a BERT WordPiece one (then tokenizer.json's
+  normalizer stands). A Chinese checkpoint whose tokenizer_config.json names no
+  do_lower_case (hfl's say only ``{"init_inputs": []}``) lowercases, whatever its
+  tokenizer.json says."""
+  config = _read_json(os.path.join(hf_dir, TOKENIZER_CONFIG))
+  model_config = _read_json(os.path.join(hf_dir, 'config.json'))
+  name = config.get('tokenizer_class') or model_config.get('tokenizer_class')
+  if not (str(name) in _BERT_CLASSES if name
+          else model_config.get('model_type') in _BERT_MODEL_TYPES):
+    return None
+  out = {}
+  for key, field, default in _BERT_SETTINGS:
+    value = config.get(key, default)
+    out[field] = value if field == 'strip_accents' else bool(default if value is None else value)
+  return out
+
+
+def _effective_spec(spec: dict, hf_dir: str) -> dict:
+  """``spec`` (a tokenizer.json dict) with the BertNormalizer fields ``AutoTokenizer`` sets
+  for the directory's class (``bert_settings``), as it runs it."""
+  settings = bert_settings(hf_dir)
+  norm = spec.get('normalizer') or {}
+  if settings is None or norm.get('type') != 'BertNormalizer':
+    return spec
+  return dict(spec, normalizer=dict(norm, **settings))
+
+
 def hf_lowercase(hf_dir: str) -> bool:
-  """Whether the HF tokenizer lowercases (tokenizer_config.json, else tokenizer.json)."""
+  """Whether the HF tokenizer lowercases, as ``AutoTokenizer`` runs it: a BERT tokenizer
+  class by its settings (``bert_settings``), else tokenizer_config.json, else
+  tokenizer.json."""
+  settings = bert_settings(hf_dir)
+  if settings is not None:
+    return settings['lowercase']
   cfg = _read_json(os.path.join(hf_dir, TOKENIZER_CONFIG))
   if 'do_lower_case' in cfg:
     return bool(cfg['do_lower_case'])
@@ -259,7 +305,7 @@ def _plain_bert_wordpiece(hf_dir: str) -> bool:
   spec_path = os.path.join(hf_dir, TOKENIZER_JSON)
   if not os.path.exists(spec_path):
     return True
-  spec = _read_json(spec_path)
+  spec = _effective_spec(_read_json(spec_path), hf_dir)
   norm, pre = spec.get('normalizer') or {}, spec.get('pre_tokenizer') or {}
   model = spec.get('model') or {}
   return (norm.get('type') == 'BertNormalizer' and norm.get('clean_text', True)
@@ -437,6 +483,7 @@ def hf_bundle(hf_dir: str) -> dict:
   they are (export writes them back). Raises, naming the file, when a role has no token."""
   import tokenizers  # pylint: disable=g-import-not-at-top
   spec, source = _hf_tokenizer_spec(hf_dir)
+  spec = _effective_spec(spec, hf_dir)
   try:
     backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
   except Exception as e:  # The Rust loader raises its own exception type.
