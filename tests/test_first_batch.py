@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax import show_masks
+from encoder_jax import first_batch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import family  # pylint: disable=wrong-import-position
@@ -50,7 +50,7 @@ def test_rows_are_the_first_batch_with_its_masks(prepared_root, name):
   c = family.family_config(name, prepared_root)
   for section, fields in ROWS[name].items():
     c[section].update(fields)
-  rows = show_masks.first_batch_masks(c, rows=3)
+  rows = first_batch.first_batch_masks(c, rows=3)
   assert len(rows) == 3
   for row in rows:
     assert set(row) == {'pieces', 'word_start', 'masked'}
@@ -64,15 +64,15 @@ def test_rows_are_the_first_batch_with_its_masks(prepared_root, name):
       assert sum(row['word_start']) < len(row['pieces']) - 2  # Some words of several pieces.
     else:
       assert all(row['word_start'][1:-1])
-  assert rows == show_masks.first_batch_masks(c, rows=3)  # The same key, the same masks.
-  text = show_masks.row_text(rows[0], {'[CLS]', '[SEP]'})
+  assert rows == first_batch.first_batch_masks(c, rows=3)  # The same key, the same masks.
+  text = first_batch.row_text(rows[0], {'[CLS]', '[SEP]'})
   assert text.startswith('[CLS] ') and text.count('[') > 2
 
 
 def test_an_objective_without_token_masking_is_refused(prepared_root):
   c = family.family_config('xlnet_plm_memory', prepared_root)
   with pytest.raises(ValueError, match='selects no tokens to mask'):
-    show_masks.first_batch_masks(c, rows=1)
+    first_batch.first_batch_masks(c, rows=1)
 
 
 @pytest.mark.slow
