@@ -94,9 +94,8 @@ def compile_variant(name, c, args, layer=None):
   mask = jax.ShapeDtypeStruct((b, 1, 1, l), jnp.bool_)
   context = {}
   if c.attention_kind == 'disentangled':
-    index, lo, hi = da.relative_layout(c, l)
-    context = dict(rel_embeddings=jax.ShapeDtypeStruct((hi - lo, e), c.jnp_dtype),
-                   rel_index=jnp.asarray(index)[None])
+    _, lo, hi = da.relative_layout(c, l)
+    context = dict(rel_embeddings=jax.ShapeDtypeStruct((hi - lo, e), c.jnp_dtype))
   module = attention_kinds.get(c.attention_kind)(c, deterministic=True)
   params = jax.eval_shape(lambda: nn.unbox(module.init(
       jax.random.key(0), jnp.zeros(x.shape, x.dtype), jnp.ones(mask.shape, bool),

@@ -7,8 +7,8 @@ BERT's post-LN Transformer (``trunk.Layer``, unchanged) with two changes:
    separately, relative distances clipped at k, no absolute positions in the input
    (``position_biased_input=False``). The encoder builds the per-pass ``context`` once: the
    relative-position table ``encoder/rel_embeddings`` [2k, E] (its reachable rows; v2:
-   LayerNorm-ed by ``encoder/rel_layer_norm`` when ``norm_rel_ebd``) and the static
-   [L, L] index of the row each query/key pair uses.
+   LayerNorm-ed by ``encoder/rel_layer_norm`` when ``norm_rel_ebd``); each attention maps
+   distances to its rows statically.
 2. **Enhanced mask decoder (EMD)**, pretraining only: the absolute positions enter just
    before MLM decoding. With H the output of layer N-1 and P the absolute position
    embeddings, the query I = H + P goes through ``emd_layers`` (n = 2) applications of the
@@ -102,20 +102,18 @@ class Encoder(nn.Module):
     span = da.relative_span(c)
     table_RxE = layers.param(self, 'rel_embeddings', layers.truncated_normal(c.initializer_range),
                              (2 * span, c.hidden_size), (None, 'embed'))
-    index_LxL, lo, hi = da.relative_layout(c, x_BxLxE.shape[1])
+    _, lo, hi = da.relative_layout(c, x_BxLxE.shape[1])
     rel_RxE = table_RxE[lo:hi]  # Only the rows reachable at this length.
     if c.norm_rel_ebd:
       rel_RxE = layers.LayerNorm(c.layer_norm_eps, c.jnp_dtype, name='rel_layer_norm')(rel_RxE)
-    context = {'rel_embeddings': rel_RxE.astype(c.jnp_dtype),
-               'rel_index': jnp.asarray(index_LxL)[None]}
+    context = {'rel_embeddings': rel_RxE.astype(c.jnp_dtype)}
     stack = trunk.Encoder(c)
     nn.share_scope(self, stack)  # Its 'layers' sit here, as in BERT: encoder/layers/...
-    # With rows (``trunk.Encoder``): the last layer's queries at the rows, their index rows.
-    rows_context = (None if rows_BxQ is None
-                    else {'rel_index': jnp.take(jnp.asarray(index_LxL), rows_BxQ, axis=0)})
+    # With rows (``trunk.Encoder``), the last layer's queries are at the rows, which it
+    # passes as context['query_positions'].
     x_BxLxE, all_NxBxLxE = stack(x_BxLxE, input_mask_BxL, deterministic, collect_hidden, context,
-                                 rows_BxQ=rows_BxQ, rows_context=rows_context)
-    return x_BxLxE, all_NxBxLxE, dict(context, index_LxL=index_LxL)
+                                 rows_BxQ=rows_BxQ)
+    return x_BxLxE, all_NxBxLxE, context
 
 
 def _trunk(c: config_lib.EncoderConfig, input_ids_BxL, segment_ids_BxL, input_mask_BxL, *,
@@ -242,8 +240,7 @@ class PreTraining(nn.Module):
     last_layer = jax.tree.map(lambda p: p[-1], stacked)
     q_BxPxE = (jnp.take_along_axis(hidden_BxLxE, positions_BxP[..., None], axis=1)
                + jnp.take(position_PxE, positions_BxP, axis=0))
-    emd_context = {'rel_embeddings': context['rel_embeddings'],
-                   'rel_index': jnp.take(jnp.asarray(context['index_LxL']), positions_BxP, axis=0),
+    emd_context = {'rel_embeddings': context['rel_embeddings'], 'query_positions': positions_BxP,
                    'kv_states': hidden_BxLxE}
     mask_Bx1x1xL = input_mask_BxL.astype(bool)[:, None, None, :]
     layer = trunk.Layer(c, deterministic, parent=None)
@@ -259,8 +256,9 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
   multiply-add: 2 per MAC, 3 passes).
 
   Per layer and token, each position term multiplies the token's query (c2p) or key (p2c)
-  with the R table rows reachable at this length: R * d MACs. (Projecting the R rows costs
-  R * d^2 per layer per *batch*, negligible per token at training batch sizes: left out.)
+  with the projected table at the 2L - 1 distances (``disentangled_attention``'s
+  shifts): (2L - 1) * d MACs. (Projecting the table's R reachable rows costs R * d^2 per
+  layer per *batch*, negligible per token at training batch sizes: left out.)
   Each EMD layer projects keys and values of every token (2 d^2) and runs a layer's query
   side (q and output projections, attention over the L keys, feed-forward, position terms)
   at the predicted positions, counted as ``EMD_FLOPS_FRACTION`` (the masking rate) of the
@@ -270,8 +268,7 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
   d = c.hidden_size
   flops = config_lib.encoder_flops_per_token(c, seq_len)
   terms = len(da.position_terms(c))
-  _, lo, hi = da.relative_layout(c, seq_len)
-  rows = hi - lo
+  rows = 2 * seq_len - 1
   flops += 6 * c.num_layers * terms * rows * d
   if c.emd_layers:
     query_side = 2 * d * d + 2 * seq_len * d + config_lib.ffn_macs(c) + terms * rows * d
@@ -288,9 +285,8 @@ def last_layer_rows(c: config_lib.EncoderConfig, predictions: int, gathered: int
 def row_flops(c: config_lib.EncoderConfig, seq_len: int) -> float:
   """One row's query-side FLOPs in a layer: BERT's plus its content-to-position scores
   (c2p; the position-to-content scores are a product over every key, all still run)."""
-  _, lo, hi = da.relative_layout(c, seq_len)
   c2p = 'c2p' in da.position_terms(c)
-  return config_lib.encoder_row_flops(c, seq_len) + 6 * c2p * (hi - lo) * c.hidden_size
+  return config_lib.encoder_row_flops(c, seq_len) + 6 * c2p * (2 * seq_len - 1) * c.hidden_size
 
 
 F = fields_lib.Field

@@ -14,12 +14,24 @@ scaled by 1/sqrt(d * (1 + number of position terms)) (1/sqrt(3d) with both), whe
 2b rows), ``share_att_key`` projects the relative embeddings with the content query/key
 projections, ``norm_rel_ebd`` LayerNorms the table (done once per pass by the encoder).
 
-Memory: the relative terms are never an [L, L, d] tensor. ``Q^c (K^r)^T`` is
-[B, heads, L, R] (R <= 2k rows of the table actually reachable at length L) and the
-score each (i, j) needs is gathered from it (``take_along_axis`` with the static
-[L, L] index); p2c likewise from ``K^c (Q^r)^T``. ``tests/models/test_deberta.py``
-checks the gathers against the direct O(L^2 d) sum; ``benchmarks/bench_attention.py``
-prints the compiled memory at length 512.
+Memory and layout: the relative terms are never an [L, L, d] tensor, and no gather with an
+index per element reads the scores. The row of (i, j) depends only on i - j, so ``Q^c``
+is multiplied with the projected table at the 2S distances ``S, ..., -(S - 1)`` (S keys;
+their rows taken from the projected table by a static distance -> row map: a gather over
+[R, heads, d] parameters, not over scores), giving [B, heads, L, 2S], and row i moves
+left by S - i (``layers.rel_shift``, Transformer-XL's shift: reshapes and slices); p2c
+likewise from ``K^c (Q^r)^T`` [B, heads, S, 2S] (distances -S .. S - 1), key j's row
+moved by S - j, transposed. Both products come out in the activation dtype (bfloat16
+in pretraining, as the c2c logits' inputs are; float32 in float32), so the shifts copy
+half the bytes. The element-wise gather this replaced (``take_along_axis`` over
+[B, heads, L, S] with an index per (i, j)) is what the TPU compiler cannot stream
+(``docs/results/relative_attention_tpu.md``). When the queries are some rows of the
+keys (the enhanced mask decoder, the last layer at the rows a loss reads:
+``context['query_positions']`` [B, Q]), c2p moves each row by its position's amount
+(``layers.shift_rows``) and p2c takes those rows of the full [S, S] result.
+``tests/models/test_deberta.py`` checks both against the direct O(L^2 d) sum and against
+the element-wise gathers (values and gradients); ``benchmarks/bench_attention.py`` prints
+the compiled memory at length 512.
 
 Parameter layouts follow the two Hugging Face models so their tables are one-to-one:
 kind ``deberta`` (v1, ``DebertaForMaskedLM``): a fused ``in_proj`` [embed, heads, 3, d]
@@ -31,10 +43,10 @@ disentangled_attention.py`` and Hugging Face ``modeling_deberta.py`` /
 ``modeling_deberta_v2.py`` (whose numbers ``tests/interop/test_hf_parity_deberta.py`` matches).
 
 ``context`` (built once per pass by ``models.deberta.Encoder``): ``rel_embeddings`` [R, E]
-(the reachable rows, normalised if ``norm_rel_ebd``), ``rel_index`` [1 or B, L, S] int32
-(row of ``rel_embeddings`` for each query/key pair) and, for the enhanced mask decoder and
-the last layer at the rows a loss reads (``trunk.Encoder``), ``kv_states`` [B, S, E] (keys
-and values come from there, queries from the input).
+(the reachable rows, normalised if ``norm_rel_ebd``); for the enhanced mask decoder and the
+last layer at the rows a loss reads (``trunk.Encoder``), ``kv_states`` [B, S, E] (keys and
+values come from there, queries from the input) and ``query_positions`` [B, Q] (the
+queries' positions among the keys).
 """
 
 from __future__ import annotations
@@ -89,6 +101,14 @@ def relative_positions(c, q_len: int, k_len: int) -> np.ndarray:
   return rel.astype(np.int64)
 
 
+def table_rows(c, rel: np.ndarray) -> np.ndarray:
+  """Row of the 2 * span table of each relative position (``i - j``, int array)."""
+  if c.position_buckets > 0:
+    rel = log_bucket_position(rel, c.position_buckets, max_relative_distance(c))
+  span = relative_span(c)
+  return np.clip(np.asarray(rel, np.int64) + span, 0, 2 * span - 1)
+
+
 def relative_layout(c, length: int) -> tuple[np.ndarray, int, int]:
   """(index [L, L] int32 into rows [lo, hi) of the table, lo, hi) at sequence length L.
 
@@ -96,21 +116,41 @@ def relative_layout(c, length: int) -> tuple[np.ndarray, int, int]:
   ``lo..hi-1`` are reachable at this length (e.g. 2L - 1 of v1's 2k when L <= k), so
   only those are projected. Static: computed with numpy when the model is traced.
   """
-  span = relative_span(c)
-  rows = np.clip(relative_positions(c, length, length) + span, 0, 2 * span - 1)
+  rows = table_rows(c, np.arange(length)[:, None] - np.arange(length)[None, :])
   lo, hi = int(rows.min()), int(rows.max()) + 1
   return (rows - lo).astype(np.int32), lo, hi
 
 
-def gather_c2p(scores_BxHxLxR, index_XxLxS):
-  """out[b, h, i, j] = scores[b, h, i, index[i, j]] (content-to-position)."""
-  return jnp.take_along_axis(scores_BxHxLxR, index_XxLxS[:, None], axis=-1)
+def distance_rows(c, keys: int) -> tuple[np.ndarray, np.ndarray]:
+  """int32 [2S] each: the reachable table's row (``relative_layout``'s) of the distances
+  ``S - u`` (c2p's columns u) and ``u - S`` (p2c's), for S keys; u = 0 is never read
+  (the windows read columns 1 .. 2S - 1)."""
+  _, lo, hi = relative_layout(c, keys)
+  u = np.arange(2 * keys)
+  rows = lambda rel: np.clip(table_rows(c, rel) - lo, 0, hi - lo - 1).astype(np.int32)
+  return rows(keys - u), rows(u - keys)
 
 
-def gather_p2c(scores_BxHxSxR, index_XxLxS):
-  """out[b, h, i, j] = scores[b, h, j, index[i, j]] (position-to-content)."""
-  index_XxSxL = jnp.swapaxes(index_XxLxS, -1, -2)
-  return jnp.swapaxes(jnp.take_along_axis(scores_BxHxSxR, index_XxSxL[:, None], axis=-1), -1, -2)
+def c2p_scores(c2p_BxHxQxU, positions_BxQ=None):
+  """[B, H, Q, 2S] content-to-position scores over the distances S .. -(S - 1) ->
+  [B, H, Q, S]: entry (i, j) reads column S - i + j (distance i - j), i the query's
+  position (``positions_BxQ``; by default 0 .. S - 1 with Q = S)."""
+  keys = c2p_BxHxQxU.shape[-1] // 2
+  if positions_BxQ is None:
+    return layers.rel_shift(c2p_BxHxQxU, keys)
+  shift_Bx1xQ = (keys - positions_BxQ.astype(jnp.int32))[:, None, :]
+  return layers.shift_rows(c2p_BxHxQxU, shift_Bx1xQ, keys, keys)
+
+
+def p2c_scores(p2c_BxHxSxU, positions_BxQ=None):
+  """[B, H, S, 2S] position-to-content scores (key j against the distances -S .. S - 1) ->
+  [B, H, Q, S]: entry (i, j) reads key j's column S + i - j (distance i - j): the shift of
+  each key's row, transposed; queries at ``positions_BxQ`` take those rows of it."""
+  keys = p2c_BxHxSxU.shape[-2]
+  p2c_BxHxSxS = jnp.swapaxes(layers.rel_shift(p2c_BxHxSxU, keys), -1, -2)
+  if positions_BxQ is None:
+    return p2c_BxHxSxS
+  return jnp.take_along_axis(p2c_BxHxSxS, positions_BxQ[:, None, :, None], axis=2)
 
 
 class FusedQKV(nn.Module):
@@ -163,19 +203,24 @@ class DisentangledAttention(nn.Module):
     if terms:
       rel_RxE = layers.Dropout(c.hidden_dropout_rate, name='rel_dropout')(
           context['rel_embeddings'], deterministic=self.deterministic)
-      index_XxLxS = context['rel_index']
+      s_len = k_BxSxHxD.shape[1]
+      positions_BxQ = context.get('query_positions')
+      if positions_BxQ is None and q_BxLxHxD.shape[1] != s_len:
+        raise ValueError(f'DeBERTa attention: {q_BxLxHxD.shape[1]} queries over {s_len} keys '
+                         "need context['query_positions'] (the queries' key positions)")
+      c2p_rows_U, p2c_rows_U = distance_rows(c, s_len)
       if 'c2p' in terms:
         pos_key = key if c.share_att_key else dense('pos_key', bias=not v1)
-        kr_RxHxD = pos_key(rel_RxE)
-        c2p_BxHxLxR = jnp.einsum('blhd,rhd->bhlr', q_BxLxHxD, kr_RxHxD,
-                                 preferred_element_type=jnp.float32)
-        logits_BxHxLxS += gather_c2p(c2p_BxHxLxR, index_XxLxS) / scale
+        kr_UxHxD = jnp.take(pos_key(rel_RxE), c2p_rows_U, axis=0)
+        c2p_BxHxLxU = jnp.einsum('blhd,uhd->bhlu', q_BxLxHxD, kr_UxHxD,
+                                 preferred_element_type=dt)
+        logits_BxHxLxS += c2p_scores(c2p_BxHxLxU, positions_BxQ) / scale
       if 'p2c' in terms:
         pos_query = query if c.share_att_key else dense('pos_query')
-        qr_RxHxD = pos_query(rel_RxE)
-        p2c_BxHxSxR = jnp.einsum('bshd,rhd->bhsr', k_BxSxHxD, qr_RxHxD,
-                                 preferred_element_type=jnp.float32)
-        logits_BxHxLxS += gather_p2c(p2c_BxHxSxR, index_XxLxS) / scale
+        qr_UxHxD = jnp.take(pos_query(rel_RxE), p2c_rows_U, axis=0)
+        p2c_BxHxSxU = jnp.einsum('bshd,uhd->bhsu', k_BxSxHxD, qr_UxHxD,
+                                 preferred_element_type=dt)
+        logits_BxHxLxS += p2c_scores(p2c_BxHxSxU, positions_BxQ) / scale
     logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
     probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)
     probs_BxHxLxS = layers.Dropout(c.attention_dropout_rate, name='probs_dropout')(

@@ -228,6 +228,42 @@ tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 _DROP_RESOLUTION = 1 << 16
 
 
+def rel_shift(bd_AxLxR: jax.Array, klen: int) -> jax.Array:
+  """[..., L, klen + L] scores against distances -> [..., L, klen] scores against keys
+  (A: any leading axes).
+
+  Transformer-XL's shift (Hugging Face ``rel_shift_bnij``): row ``i`` moves left by
+  ``L - i``, so entry ``[i, j]`` is ``bd[i, L - i + j]``; two reshapes and a slice, no
+  gather (a gather over the scores with an index per element is the TPU compiler's
+  slowest pattern).
+  """
+  *lead, l, r = bd_AxLxR.shape
+  x_AxRxL = bd_AxLxR.reshape(*lead, r, l)[..., 1:, :]
+  return x_AxRxL.reshape(*lead, l, r - 1)[..., :klen]
+
+
+def shift_rows(x_AxQxU: jax.Array, shift_AxQ: jax.Array, width: int,
+               max_shift: int) -> jax.Array:
+  """``out[..., q, m] = x[..., q, shift[..., q] + m]`` for m < ``width``: each row's window
+  from a traced start in ``[0, max_shift]`` (``shift_AxQ`` broadcasts against x's leading
+  axes and rows).
+
+  One select per bit of the shift between two static slices (a barrel shifter):
+  elementwise passes over [..., Q, U], for rows picked at run time (the rows a loss
+  reads), where a gather with an index per element is slow on a TPU and one with a window
+  per row is compiled as a loop over the rows.
+  """
+  bits = int(max_shift).bit_length()
+  need = width + (1 << bits) - 1
+  if x_AxQxU.shape[-1] < need:
+    x_AxQxU = jnp.pad(x_AxQxU, [(0, 0)] * (x_AxQxU.ndim - 1) + [(0, need - x_AxQxU.shape[-1])])
+  shift_AxQx1 = shift_AxQ[..., None]
+  for k in reversed(range(bits)):
+    size = x_AxQxU.shape[-1] - (1 << k)
+    x_AxQxU = jnp.where((shift_AxQx1 >> k) & 1 == 1, x_AxQxU[..., 1 << k:], x_AxQxU[..., :size])
+  return x_AxQxU[..., :width]
+
+
 def layer_scan(body, init, xs, length: int, unroll: int):
   """``jax.lax.scan`` over a stack of layers' sliced parameters (the layer loops that run
   outside ``nn.scan``: the last layer at some rows, XLNet's skipped content stream). One

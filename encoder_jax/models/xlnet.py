@@ -96,16 +96,8 @@ def sinusoid(pos_R: jax.Array, d_model: int) -> jax.Array:
   return jnp.concatenate([jnp.sin(x), jnp.cos(x)], axis=-1)
 
 
-def rel_shift(bd_AxLxR: jax.Array, klen: int) -> jax.Array:
-  """[..., L, klen + L] scores against ``pos_seq`` -> [..., L, klen] scores against keys
-  (A: any leading axes).
-
-  Transformer-XL's shift (Hugging Face ``rel_shift_bnij``): row ``i`` moves left by
-  ``L - i``, so entry ``[i, j]`` is ``bd[i, L - i + j]``; two reshapes and a slice, no gather.
-  """
-  *lead, l, r = bd_AxLxR.shape
-  x_AxRxL = bd_AxLxR.reshape(*lead, r, l)[..., 1:, :]
-  return x_AxRxL.reshape(*lead, l, r - 1)[..., :klen]
+# Transformer-XL's shift (shared with DeBERTa's attention).
+rel_shift = layers.rel_shift
 
 
 def _unshift(d_AxLxK: jax.Array, r: int) -> jax.Array:
@@ -118,7 +110,7 @@ def _unshift(d_AxLxK: jax.Array, r: int) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def position_scores(q_NxXxBxLxD: jax.Array, kr_XxRxNxD: jax.Array, klen: int) -> jax.Array:
-  """float32 [N, X, B, L, klen]: ``rel_shift(q . kr)``, each query against its distances.
+  """[N, X, B, L, klen] in q's dtype: ``rel_shift(q . kr)``, each query against its distances.
 
   ``q`` head-major, its rows grouped by direction (X = 1, or 2 with ``bi_data``: the
   batch's halves); ``kr`` the projected encodings of each direction. One product per head
@@ -130,7 +122,7 @@ def position_scores(q_NxXxBxLxD: jax.Array, kr_XxRxNxD: jax.Array, klen: int) ->
   float32).
   """
   return rel_shift(jnp.einsum('nxbld,xrnd->nxblr', q_NxXxBxLxD, kr_XxRxNxD,
-                              preferred_element_type=jnp.float32), klen)
+                              preferred_element_type=q_NxXxBxLxD.dtype), klen)
 
 
 def _position_scores_fwd(q_NxXxBxLxD, kr_XxRxNxD, klen):
@@ -196,10 +188,9 @@ def _relative_attention(c, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
     bd = position_scores(q_r_NxXxBxLxD, kr_XxRxNxD, klen).reshape(n, b, l, klen)
   else:  # Query at position i reads distances from entry (qlen - i) on (as rel_shift).
     bd = jnp.einsum('nxbld,xrnd->nxblr', q_r_NxXxBxLxD, kr_XxRxNxD,
-                    preferred_element_type=f32).reshape(n, b, l, -1)
+                    preferred_element_type=dt).reshape(n, b, l, -1)
     qlen = bd.shape[-1] - klen
-    index_BxPxK = (qlen - rows_BxL)[:, :, None] + jnp.arange(klen)
-    bd = jnp.take_along_axis(bd, index_BxPxK[None], axis=-1)
+    bd = layers.shift_rows(bd, (qlen - rows_BxL)[None], klen, qlen)
   ef_NxBxLx2 = jnp.einsum('nbld,snd->nbls', q_NxBxLxD + bias('r_s_bias'),
                           p['seg_embed'].astype(dt), preferred_element_type=f32)
   ef = jnp.where(segment_differs_BxLxK[None], ef_NxBxLx2[..., 1:2], ef_NxBxLx2[..., 0:1])

@@ -1,10 +1,11 @@
-"""DeBERTa: the disentangled attention's gathers against a direct O(L^2 d) reference, the log
-buckets against Hugging Face's, the enhanced mask decoder on its own (shapes, absolute
+"""DeBERTa: the disentangled attention's shifts against a direct O(L^2 d) reference and
+against the gathers they replaced (values and gradients), the log buckets against Hugging Face's, the enhanced mask decoder on its own (shapes, absolute
 positions, weights shared with the last layer, exact at the predicted positions only), the
 kind checks and the parameter count of deberta-base (tiny shapes elsewhere)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -104,7 +105,7 @@ def random_params(init_fn, *args, seed=0):
 
 @pytest.mark.parametrize('name', sorted(ATTENTION_CASES))
 @pytest.mark.parametrize('emd_queries', [False, True], ids=['self', 'emd'])
-def test_relative_gathers_match_the_direct_reference(name, emd_queries):
+def test_relative_shifts_match_the_direct_reference(name, emd_queries):
   c = ATTENTION_CASES[name]
   rng = np.random.default_rng(0)
   b, s, e = 2, 9, c.hidden_size
@@ -112,15 +113,15 @@ def test_relative_gathers_match_the_direct_reference(name, emd_queries):
   mask = np.ones((b, s), np.int32)
   mask[1, 6:] = 0
   table = rng.standard_normal((2 * da.relative_span(c), e)).astype(np.float32)
-  index_SxS, lo, hi = da.relative_layout(c, s)
+  _, lo, hi = da.relative_layout(c, s)
   if emd_queries:  # EMD: 4 queries at given positions, keys/values from kv.
     q_pos = np.array([[0, 3, 8, 5], [7, 1, 2, 2]])
     x = rng.standard_normal((b, 4, e)).astype(np.float32)
-    context = dict(rel_index=jnp.asarray(index_SxS)[q_pos], kv_states=jnp.asarray(kv))
+    context = dict(query_positions=jnp.asarray(q_pos), kv_states=jnp.asarray(kv))
   else:
     q_pos = np.broadcast_to(np.arange(s), (b, s))
     x = kv
-    context = dict(rel_index=jnp.asarray(index_SxS)[None])
+    context = {}
   rel = table[lo:hi]
   norm = None
   if c.norm_rel_ebd:  # As the encoder does: LayerNorm the reachable rows.
@@ -136,6 +137,82 @@ def test_relative_gathers_match_the_direct_reference(name, emd_queries):
   ref_params = dict(params, _rel_norm=norm) if norm else params
   ref = reference_attention(c, ref_params, x, kv, mask, table, q_pos)
   np.testing.assert_allclose(np.asarray(ours), ref, atol=2e-5, rtol=1e-5)
+
+
+def gathered_scores(c, q_BxQxHxD, k_BxSxHxD, kr_RxHxD, qr_RxHxD, positions_BxQ):
+  """c2p + p2c as this attention computed them before its shifts: scores against the R
+  reachable rows, each (i, j) gathered by ``take_along_axis`` with the [Q, S] index."""
+  index_SxS, _, _ = da.relative_layout(c, k_BxSxHxD.shape[1])
+  index_BxQxS = jnp.asarray(index_SxS)[positions_BxQ]
+  c2p_BxHxQxR = jnp.einsum('bqhd,rhd->bhqr', q_BxQxHxD, kr_RxHxD)
+  c2p = jnp.take_along_axis(c2p_BxHxQxR, index_BxQxS[:, None], axis=-1)
+  p2c_BxHxSxR = jnp.einsum('bshd,rhd->bhsr', k_BxSxHxD, qr_RxHxD)
+  p2c = jnp.take_along_axis(p2c_BxHxSxR, jnp.swapaxes(index_BxQxS, -1, -2)[:, None], axis=-1)
+  return c2p + jnp.swapaxes(p2c, -1, -2)
+
+
+def shifted_scores(c, q_BxQxHxD, k_BxSxHxD, kr_RxHxD, qr_RxHxD, positions_BxQ):
+  """c2p + p2c as ``DisentangledAttention`` computes them (its distance rows and shifts)."""
+  c2p_rows, p2c_rows = da.distance_rows(c, k_BxSxHxD.shape[1])
+  c2p = da.c2p_scores(jnp.einsum('bqhd,uhd->bhqu', q_BxQxHxD, kr_RxHxD[c2p_rows]),
+                      positions_BxQ)
+  p2c = da.p2c_scores(jnp.einsum('bshd,uhd->bhsu', k_BxSxHxD, qr_RxHxD[p2c_rows]),
+                      positions_BxQ)
+  return c2p + p2c
+
+
+# name -> (config, keys S, query positions (None: every key) or rows, mask kind). Odd
+# lengths; k < L and k > L; log buckets; padding; a packed row of 3 documents (a
+# block-diagonal mask); queries at some rows (the EMD, repeated; [CLS] alone).
+SHIFT_CASES = {
+    'v1_k3_L13_padded': (tiny(max_relative_positions=3), 13, None, 'padded'),
+    'v1_k40_L11_packed': (tiny(max_relative_positions=40, max_position_embeddings=64), 11, None,
+                          'packed'),
+    'v1_k5_L16_rows': (tiny(max_relative_positions=5), 16, [[0, 15, 7, 7], [3, 1, 12, 0]],
+                       'padded'),
+    'v2_b6_L19_rows': (tiny('deberta_v2', position_buckets=6, max_relative_positions=12), 19,
+                       [[0, 18, 5, 5, 9], [3, 1, 17, 2, 0]], 'padded'),
+    'v2_b8_k20_L9_packed': (tiny('deberta_v2', position_buckets=8, max_relative_positions=20),
+                            9, None, 'packed'),
+    'v2_b8_L9_cls': (tiny('deberta_v2', position_buckets=8, max_relative_positions=20), 9,
+                     [[0], [0]], 'padded'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(SHIFT_CASES))
+def test_shifts_equal_the_gathers_in_value_and_gradient(name):
+  c, s, rows, mask_kind = SHIFT_CASES[name]
+  rng = np.random.default_rng(3)
+  b, h, d = 2, c.num_heads, c.head_dim
+  positions = None if rows is None else jnp.asarray(rows, jnp.int32)
+  q_len = s if rows is None else positions.shape[1]
+  _, lo, hi = da.relative_layout(c, s)
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  args = (draw(b, q_len, h, d), draw(b, s, h, d), draw(hi - lo, h, d), draw(hi - lo, h, d))
+  key_mask_BxS = np.ones((b, s), bool)
+  key_mask_BxS[1, s - 4:] = False
+  doc_S = np.digitize(np.arange(s), [s // 3, 2 * s // 3])  # 3 documents.
+  q_at = np.broadcast_to(np.arange(s), (b, s)) if rows is None else np.asarray(rows)
+  mask_BxQxS = (doc_S[q_at][..., None] == doc_S[None, None] if mask_kind == 'packed'
+                else np.broadcast_to(key_mask_BxS[:, None], (b, q_len, s)))
+  weights = draw(b, h, q_len, s)
+  gather_positions = jnp.broadcast_to(jnp.arange(s), (b, s)) if rows is None else positions
+
+  def loss(scores_fn, *a):
+    logits = scores_fn(c, *a, gather_positions if scores_fn is gathered_scores else positions)
+    logits = jnp.where(mask_BxQxS[:, None], logits, jnp.finfo(jnp.float32).min)
+    return (jax.nn.softmax(logits, axis=-1) * weights).sum(), logits
+
+  grad = lambda fn: jax.jit(jax.value_and_grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3),
+                                               has_aux=True))(*args)
+  (old_loss, old_logits), old_grads = grad(gathered_scores)
+  (new_loss, new_logits), new_grads = grad(shifted_scores)
+  assert new_logits.shape == (b, h, q_len, s)
+  np.testing.assert_allclose(new_logits, old_logits, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(new_loss, old_loss, atol=1e-5, rtol=1e-5)
+  for new, old in zip(new_grads, old_grads):
+    assert np.abs(np.asarray(old)).max() > 0
+    np.testing.assert_allclose(new, old, atol=1e-5, rtol=1e-5)
 
 
 def test_relative_layout_projects_only_reachable_rows():
@@ -240,10 +317,10 @@ def test_emd_layers_are_the_last_layer_applied_twice():
   table = params['embeddings']['position_embeddings']['embedding']
   q = np.take_along_axis(h, np.asarray(POSITIONS)[..., None], 1) + table[np.asarray(POSITIONS)]
   rel = params['encoder']['rel_embeddings']
-  index, lo, hi = da.relative_layout(c, ids.shape[1])
+  _, lo, hi = da.relative_layout(c, ids.shape[1])
   rel = trunk.layers.LayerNorm(c.layer_norm_eps).apply(
       {'params': params['encoder']['rel_layer_norm']}, jnp.asarray(rel[lo:hi]))
-  context = dict(rel_embeddings=rel, rel_index=jnp.asarray(index)[np.asarray(POSITIONS)],
+  context = dict(rel_embeddings=rel, query_positions=jnp.asarray(POSITIONS),
                  kv_states=jnp.asarray(h))
   layer_apply = jax.jit(trunk.Layer(c, True).apply)
   for _ in range(2):

@@ -102,7 +102,8 @@ def test_relative_shift_reads_each_pairs_distance(qlen, mlen, clamp_len, bidirec
 @pytest.mark.parametrize('x,mlen', [(1, 0), (2, 3)])
 def test_position_scores_gradients_equal_autodiff(x, mlen):
   """The written-out gradient of ``position_scores`` equals autodiff's of the plain
-  product and shift, under an arbitrary cotangent; bfloat16 inputs get bfloat16 gradients."""
+  product and shift, under an arbitrary cotangent; bfloat16 inputs get bfloat16 scores
+  and gradients."""
   rng = np.random.RandomState(x + mlen)
   n, b, l, d = 3, 2, 5, 4
   klen = l + mlen
@@ -110,14 +111,21 @@ def test_position_scores_gradients_equal_autodiff(x, mlen):
   kr = jnp.asarray(rng.randn(x, klen + l, n, d), jnp.float32)
   g = jnp.asarray(rng.randn(n, x, b, l, klen), jnp.float32)
   plain = lambda q, kr: xlnet.rel_shift(
-      jnp.einsum('nxbld,xrnd->nxblr', q, kr, preferred_element_type=jnp.float32), klen)
+      jnp.einsum('nxbld,xrnd->nxblr', q, kr, preferred_element_type=q.dtype), klen)
   ours = lambda q, kr: xlnet.position_scores(q, kr, klen)
-  grads = lambda f, *a: jax.jit(lambda *a: jax.vjp(f, *a)[1](g))(*a)
+
+  def grads(f, *a):
+    def pullback(*a):
+      out, vjp = jax.vjp(f, *a)
+      return vjp(g.astype(out.dtype))
+    return jax.jit(pullback)(*a)
+
   np.testing.assert_allclose(ours(q, kr), plain(q, kr), atol=1e-5)
   for got, want in zip(grads(ours, q, kr), grads(plain, q, kr)):
     assert np.abs(np.asarray(want)).max() > 0.1
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
   bf = [a.astype(jnp.bfloat16) for a in (q, kr)]
+  assert ours(*bf).dtype == jnp.bfloat16
   for got, want in zip(grads(ours, *bf), grads(plain, *bf)):
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.float32(got), np.float32(want), atol=0.1, rtol=0.05)
