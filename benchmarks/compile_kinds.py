@@ -87,7 +87,7 @@ def table(results: dict[str, dict]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _write(out: str, results: dict[str, dict]) -> None:
+def _write(out: str, results: dict[str, dict]) -> str:
   text = table(results)
   with open(os.path.join(out, 'compile_kinds.md'), 'w', encoding='utf-8') as f:
     f.write(text)

@@ -113,6 +113,14 @@ class Segmenter:
   load: Callable[[], Callable[[str], list[tuple[int, int]]]]
 
 
+def _scripts(text: str) -> list[str]:
+  """The segmented scripts of ``text``'s letters (Han in a sentence with kana is Japanese)."""
+  present = [s.name for s in SCRIPTS if _HAS[s.name].search(text)]
+  if 'japanese' in present and 'chinese' in present:
+    present.remove('chinese')
+  return present
+
+
 def _spans(words) -> list[tuple[int, int]]:
   """Spans of consecutive words that spell the text (jieba, pythainlp keep every char)."""
   out, pos = [], 0
@@ -134,7 +142,7 @@ def _load_jieba():
 
 
 def _load_chars():
-  han = re.compile(f'[{_HAN}{_CJK_PUNCTUATION}]')
+  han = _DECIDES['chinese']
   return lambda text: [(i, i + 1) for i, ch in enumerate(text) if han.match(ch)]
 
 
@@ -283,8 +291,7 @@ class Words:
     for text in texts:
       cuts = set()
       if _ANY.search(text):
-        present = [s.name for s in SCRIPTS if _HAS[s.name].search(text)]
-        for script in present:
+        for script in _scripts(text):
           segment = self._segment(script)
           if segment is not None:
             cuts.update(start for start, _ in segment(text) if start)
@@ -316,10 +323,7 @@ class Words:
       for i, tok_ids in zip(todo, sub_ids):
         ids[i] = list(tok_ids)
       for i in todo:
-        present = [s.name for s in SCRIPTS if _HAS[s.name].search(texts[i])]
-        if 'japanese' in present and 'chinese' in present:
-          present.remove('chinese')  # Han in a sentence with kana is Japanese.
-        scripts[i] = present
+        scripts[i] = _scripts(texts[i])
     plain = [i for i in range(len(texts)) if ids[i] is None]
     for i, tok_ids in zip(plain, tokenizer.encode_batch([texts[i] for i in plain])
                           if plain else []):
