@@ -56,7 +56,7 @@ def _config(name: str):
 
 
 def variant_config(name: str, steps: int, prepared_dir: str):
-  from encoder_jax import config_base  # pylint: disable=g-import-not-at-top
+  from encoder_jax.config import schema as config_base  # pylint: disable=g-import-not-at-top
   _, overrides = VARIANTS[name]
   if overrides is None:
     c = _config('bert_small.py')
@@ -72,7 +72,7 @@ def variant_config(name: str, steps: int, prepared_dir: str):
 def run(name: str, out: str, steps: int, eval_batches: int) -> dict:
   from encoder_jax import bakeoff  # pylint: disable=g-import-not-at-top
   from encoder_jax import evaluate  # pylint: disable=g-import-not-at-top
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
   c = variant_config(name, steps, os.path.join(out, 'prepared'))
   workdir = os.path.join(out, name)
   start = time.perf_counter()

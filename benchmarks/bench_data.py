@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from encoder_jax import config_base  # pylint: disable=g-import-not-at-top,wrong-import-position
+from encoder_jax.config import schema as config_base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from encoder_jax import data as data_lib  # pylint: disable=wrong-import-position
 from encoder_jax.data import tokenizer_training  # pylint: disable=wrong-import-position
 from encoder_jax.data import sources  # pylint: disable=wrong-import-position
@@ -146,7 +146,7 @@ def _timed_read(c, what: str):
 
 def bench_bucket(workdir: str, url: str, seconds: float):
   """The prepared JSONL data through a gs:// prepared_dir (the module docstring)."""
-  from encoder_jax import storage  # pylint: disable=g-import-not-at-top
+  from encoder_jax.storage import paths as storage  # pylint: disable=g-import-not-at-top
   from encoder_jax.data import prepare_once  # pylint: disable=g-import-not-at-top
   cache = os.path.join(workdir, 'cache')
   os.environ[prepare_once.CACHE_ENV] = cache

@@ -149,7 +149,7 @@ def attention_products(args) -> None:
   import jax.numpy as jnp
   import numpy as np
 
-  from encoder_jax import extras
+  from encoder_jax.core import extras
   torch = extras.require('torch', extra='peers', what='the PyTorch side of the op benchmark')
   torch.set_num_threads(os.cpu_count() or 1)
   b, n, l, d = args.attention_batch, args.heads, args.seq_len, args.head_dim

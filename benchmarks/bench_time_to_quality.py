@@ -90,7 +90,7 @@ TINY = dict(model=dict(vocab_size=1000, hidden_size=32, num_layers=2, num_heads=
 
 def _network_config(args):
   """The quickstart's network and data (``shrink_for_local_run``) at one length."""
-  from encoder_jax import config_base
+  from encoder_jax.config import schema as config_base
   c = config_base.base_config()
   config_base.shrink_for_local_run(c)
   seq_len, max_predictions = 128, 20
@@ -121,7 +121,7 @@ def bert_config(args):
 
 def recipe_config(args):
   """``config_base.SMALL_BUDGET_RECIPE`` (as it is now) over the same network."""
-  from encoder_jax import config_base
+  from encoder_jax.config import schema as config_base
   c = _network_config(args)
   config_base.apply_recipe(c, config_base.SMALL_BUDGET_RECIPE)
   rate, (seq_len,) = float(c.objective.mask_rate), tuple(c.train.seq_lens)
@@ -171,7 +171,7 @@ def train_corruption(config, objective, phase):
   ``corrupt``)."""
   import jax
   import numpy as np
-  from encoder_jax import train_state
+  from encoder_jax.run import train_state
   if int(config.train.grad_accum_steps) != 1:
     raise ValueError('train.grad_accum_steps must be 1 (micro-batches fold in their index)')
   subs = _composite(objective).objectives
@@ -244,10 +244,10 @@ class JaxRun:
     from encoder_jax import bakeoff
     from encoder_jax import data as data_lib
     from encoder_jax import objectives
-    from encoder_jax import optimizer
-    from encoder_jax import sharding
-    from encoder_jax import train
-    from encoder_jax import validation
+    from encoder_jax.core import optimizer
+    from encoder_jax.core import sharding
+    from encoder_jax.run import pretraining as train
+    from encoder_jax.config import validation
     validation.validate(config)
     self.name, self.config = name, config
     self.mesh = sharding.make_mesh(config.mesh, [device])
@@ -278,7 +278,7 @@ class JaxRun:
     return network.config, self._jax.tree.map(np.asarray, self._jax.device_get(params))
 
   def _global(self, batch):
-    from encoder_jax import feeding
+    from encoder_jax.run import feeding
     return feeding.to_global(batch, self.batch_sharding, self.batch_size)
 
   def _compile(self, batch) -> None:
@@ -319,7 +319,7 @@ class JaxRun:
     """The train step's own objective (its masks drawn from the step's key, no dropout)
     beside the same params scoring ``corrupted`` as given: equal iff the host drew the
     step's masks."""
-    from encoder_jax import train_state
+    from encoder_jax.run import train_state
     jax = self._jax
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed),
                                                 train_state.TRAIN), step)
@@ -337,7 +337,7 @@ class HfRun:
   def __init__(self, bert: JaxRun, prepared, threads: int):
     import numpy as np
     from encoder_jax import data as data_lib
-    from encoder_jax import extras
+    from encoder_jax.core import extras
     from encoder_jax.interop import hf
     from encoder_jax.interop import registry
     what = 'the hf_bert run trains Hugging Face BertForMaskedLM'
@@ -489,7 +489,7 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: str) -> None:
-  from encoder_jax import extras  # pylint: disable=g-import-not-at-top
+  from encoder_jax.core import extras  # pylint: disable=g-import-not-at-top
   Figure = extras.require(  # pylint: disable=invalid-name
       'matplotlib.figure', extra='plot', what='time_to_quality.png is drawn with matplotlib'
   ).Figure
@@ -652,7 +652,7 @@ def results_of(args, runs: dict, first, prepared, held_out: list, evals: dict, p
           evals=evals[n]) for n, r in runs.items()},
   )
   if 'recipe' in runs:
-    from encoder_jax import config_base
+    from encoder_jax.config import schema as config_base
     results['settings']['small_budget_recipe'] = {
         s: {k: list(v) if isinstance(v, tuple) else v for k, v in f.items()}
         for s, f in config_base.SMALL_BUDGET_RECIPE.items()}

@@ -156,7 +156,12 @@ def build(args, devices=None):
   """Config, mesh, pretraining setup, phase and jitted train step of one shape."""
   import numpy as np
 
-  from encoder_jax import config_base, length_phases, objectives, optimizer, sharding, train
+  from encoder_jax import objectives
+  from encoder_jax.config import schema as config_base
+  from encoder_jax.core import length_phases
+  from encoder_jax.core import optimizer
+  from encoder_jax.core import sharding
+  from encoder_jax.run import pretraining as train
   from encoder_jax.objectives import masking
 
   c = config_base.base_config()
@@ -205,7 +210,8 @@ def lower_step(args, devices=None):
   """(built, lowered step): traced from shapes only, nothing allocated or run."""
   import jax
 
-  from encoder_jax import sharding, train_state
+  from encoder_jax.core import sharding
+  from encoder_jax.run import train_state
 
   built = build(args, devices)
   state = train_state.abstract_state(built.config, built.mesh, built.objective)
@@ -311,7 +317,7 @@ def saved_for_backward(args) -> dict:
   import jax
   import numpy as np
 
-  from encoder_jax import train_state
+  from encoder_jax.run import train_state
   try:
     from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -353,7 +359,9 @@ def ours_runner(args):
   """(run one train step, info): our full step on a fixed random batch."""
   import jax
 
-  from encoder_jax import feeding, sharding, train
+  from encoder_jax.run import feeding
+  from encoder_jax.core import sharding
+  from encoder_jax.run import pretraining as train
 
   built = build(args)
   state = train.create_train_state(built.config, built.mesh)
@@ -374,7 +382,7 @@ def ours_runner(args):
 def _ours_result(args, dt: float, info: dict) -> dict:
   import jax
 
-  from encoder_jax import metrics_log as metrics
+  from encoder_jax.run import metrics_log as metrics
   b, l = args.batch_size, args.seq_len
   out = dict(step_s=dt, tokens_per_s=b * l / dt)
   out['tflops_per_device'] = info['flops'] / dt / 1e12 / jax.device_count()
@@ -525,7 +533,7 @@ def hf_runner(args, device: str | None = None, autocast_dtype=None):
   step ends with a synchronize so that it is timed whole); ``autocast_dtype``: the forward
   and loss under ``torch.autocast`` in that dtype (e.g. ``torch.bfloat16``; parameters and
   AdamW stay float32, as our bf16 step's), default none (float32)."""
-  from encoder_jax import extras
+  from encoder_jax.core import extras
   what = f'the Hugging Face peer of --kind={args.kind} ({HF_PEERS.get(args.kind)})'
   torch = extras.require('torch', extra='peers', what=what)
   tr = extras.require('transformers', extra='peers', what=what)

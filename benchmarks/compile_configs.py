@@ -27,7 +27,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from encoder_jax import chips  # pylint: disable=wrong-import-position
+from encoder_jax.core import chips  # pylint: disable=wrong-import-position
 
 # name -> (topology, slices, overrides). Slices: the smallest of a generation where the
 # config's own micro-batch fits (v5e: 16 GB a chip; v5p: 95 GB).

@@ -187,8 +187,8 @@ LAUNCHER = REFUSE_TENSORFLOW + r'''
 import os, runpy, signal
 save_step, kill_step = int(sys.argv.pop(1)), int(sys.argv.pop(1))
 if save_step:
-  from encoder_jax import checkpointing
-  from encoder_jax import metrics_log as metrics
+  from encoder_jax.run import checkpointing
+  from encoder_jax.run import metrics_log as metrics
   _save, _write = checkpointing.Checkpointer.save, metrics.MetricWriter.write
 
   def save(self, step, state, data_state):
@@ -383,7 +383,7 @@ def part_environment(check: Check) -> dict:
              xla_flags=os.environ.get('XLA_FLAGS', ''),
              xla_python_client_preallocate=os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'),
              scratch=check.scratch)
-  from encoder_jax import metrics_log as metrics
+  from encoder_jax.run import metrics_log as metrics
   env['peak_bf16_tflops_per_device'] = metrics.peak_tflops_per_device(check.args.peak_tflops)
   stats = jax.devices()[0].memory_stats()
   if stats and stats.get('bytes_limit'):
@@ -446,7 +446,7 @@ def part_bert_512(check: Check) -> dict:
 
 
 def _hf(check: Check, shape: str, ours_part: str) -> dict:
-  from encoder_jax import extras
+  from encoder_jax.core import extras
   torch = extras.require('torch', extra='peers', what="the Hugging Face side of the check")
   a = check.bench_args(shape)
   if check.dry:
@@ -487,7 +487,7 @@ def _hf(check: Check, shape: str, ours_part: str) -> dict:
   full = bt.build(bt.shape_args(a, max_predictions=a.seq_len))
   flops = full.objective.flops_per_sequence(full.phase) * a.batch_size
   del full
-  from encoder_jax import metrics_log as metrics
+  from encoder_jax.run import metrics_log as metrics
   f['model_tflop_per_step'] = flops / 1e12
   f['tflops'] = flops / r['step_s'] / 1e12
   peak = metrics.peak_tflops_per_device(check.args.peak_tflops)

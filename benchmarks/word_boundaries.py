@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from encoder_jax import config_base  # pylint: disable=wrong-import-position
+from encoder_jax.config import schema as config_base  # pylint: disable=wrong-import-position
 from encoder_jax.data import packaged  # pylint: disable=wrong-import-position
 from encoder_jax.data import preparation  # pylint: disable=wrong-import-position
 from encoder_jax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position

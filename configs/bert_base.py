@@ -8,7 +8,7 @@ Data: English Wikipedia from tensorflow-datasets (BookCorpus is no longer distri
   python -m encoder_jax.main --config=configs/bert_base.py:runlocal=True --workdir=/tmp/b
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

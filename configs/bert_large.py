@@ -3,7 +3,7 @@ r"""BERT-large pretraining, the original recipe: 24 layers, hidden 1024, 16 head
   python -m encoder_jax.main --config=configs/bert_large.py --workdir=$WORKDIR
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

@@ -5,7 +5,7 @@ Same recipe as bert_base (MLM + NSP, two length phases, AdamW with warmup), scal
   python -m encoder_jax.main --config=configs/bert_small.py --workdir=/tmp/bert_small
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

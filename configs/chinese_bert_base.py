@@ -18,7 +18,7 @@ SentencePiece vocabulary of 21,128 pieces trained on the corpus's words. Data:
 ``tfds:wikipedia/20230601.zh`` (the ``tfds`` extra; ``--config.data.sources`` overrides it).
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

@@ -16,7 +16,7 @@ At this size BERT's recipe learns little in 300 steps (as bert_small does on Eng
 a ModernBERT, MLM at 30%, warmup-stable-decay), still with whole-word masking.
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

@@ -17,7 +17,7 @@ also to sentence-transformers, mean-pooled and L2-normalised as the objective tr
       --workdir=/tmp/crammed_contrastive --out=/tmp/st
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

@@ -23,7 +23,7 @@ tensorflow-datasets; English Wikipedia is the default here (add sources with
   python -m encoder_jax.main --config=configs/deberta_base.py:runlocal=True --workdir=/tmp/d
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ heads, d_ff 1024, with its own 768 -> 256 projection of the shared embeddings). 
   python -m encoder_jax.main --config=configs/electra_base.py:runlocal=True --workdir=/tmp/e
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

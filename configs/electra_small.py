@@ -19,7 +19,7 @@ generator goes to ``OUT/generator`` as ``ElectraForMaskedLM``).
   python -m encoder_jax.main --config=configs/electra_small.py:runlocal=True --workdir=/tmp/e
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

@@ -4,7 +4,7 @@ r"""Fine-tuning on GLUE MRPC (sentence-pair paraphrase) from tensorflow-datasets
       --config.init.hf_dir=HF_BERT_DIR --workdir=/tmp/mrpc
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax.finetune import config as finetune_config
 
 

@@ -10,7 +10,7 @@ Default data: tfds conll2003 ('tokens', 'ner'). Local files work too: JSONL line
       --config.data.eval=jsonl:dev.jsonl --workdir=/tmp/ner
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax.finetune import config as finetune_config
 
 

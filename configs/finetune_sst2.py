@@ -6,7 +6,7 @@ r"""Fine-tuning on GLUE SST-2 (single-sentence sentiment) from tensorflow-datase
   python -m encoder_jax.finetune.main --config=configs/finetune_sst2.py:runlocal=True ...
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax.finetune import config as finetune_config
 
 

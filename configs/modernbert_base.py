@@ -34,7 +34,7 @@ Differences from the paper, and why:
   python -m encoder_jax.main --config=configs/modernbert_base.py:runlocal=True --workdir=/tmp/m
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax.models import modernbert
 
 # ModernBERT's network (its released settings of the trunk's block options) and recipe.

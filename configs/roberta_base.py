@@ -17,7 +17,7 @@ tensorflow-datasets; English Wikipedia is the default here. Add the rest as sour
   python -m encoder_jax.main --config=configs/roberta_base.py:runlocal=True --workdir=/tmp/r
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 PAD_ID = 1  # RoBERTa's <pad>; positions are numbered from PAD_ID + 1.
 POSITION_OFFSET = PAD_ID + 1

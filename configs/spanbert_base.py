@@ -22,7 +22,7 @@ tensorflow-datasets (BookCorpus is no longer distributed).
   python -m encoder_jax.main --config=configs/spanbert_base.py:runlocal=True --workdir=/tmp/s
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

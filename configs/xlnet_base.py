@@ -18,7 +18,7 @@ anyway; it is then part of the training state and its checkpoints.
   python -m encoder_jax.main --config=configs/xlnet_base.py:runlocal=True --workdir=/tmp/x
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 SEQ_LEN = 512
 PARTIAL_PREDICTION_K = 6

@@ -17,7 +17,7 @@ tensorflow-datasets; English Wikipedia is the default here; add sources as in
   python -m encoder_jax.main --config=configs/xlnet_large.py:runlocal=True --workdir=/tmp/x
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 SEQ_LEN = 512
 PARTIAL_PREDICTION_K = 6

@@ -56,16 +56,16 @@ import jax
 import ml_collections
 
 from encoder_jax import bakeoff_report
-from encoder_jax import config_base
-from encoder_jax import engine
+from encoder_jax.config import schema as config_base
+from encoder_jax.run import engine
 from encoder_jax import evaluate
-from encoder_jax import metrics_log as metrics
+from encoder_jax.run import metrics_log as metrics
 from encoder_jax import objectives
-from encoder_jax import length_phases
-from encoder_jax import pretrain
-from encoder_jax import source
-from encoder_jax import train_state
-from encoder_jax import validation
+from encoder_jax.core import length_phases
+from encoder_jax.api import pretrain
+from encoder_jax.api import source
+from encoder_jax.run import train_state
+from encoder_jax.config import validation
 from encoder_jax.finetune import probe
 from encoder_jax.finetune import probe_data
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 
 
 def _fmt(summary: dict) -> str:

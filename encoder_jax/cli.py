@@ -27,8 +27,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from encoder_jax import extras
-from encoder_jax import storage_client
+from encoder_jax.core import extras
+from encoder_jax.storage import client as storage_client
 
 _TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the Python traceback of a user error '
                                '(bad config, corpus, checkpoint, refused resume).')
@@ -38,8 +38,8 @@ PREEMPTED_EXIT = 3  # A command of several runs stopped by SIGTERM (engine.Preem
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-  from encoder_jax import checkpointing  # pylint: disable=g-import-not-at-top
-  from encoder_jax import locks  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import checkpointing  # pylint: disable=g-import-not-at-top
+  from encoder_jax.storage import locks  # pylint: disable=g-import-not-at-top
   return (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
           PermissionError, FloatingPointError, checkpointing.CheckpointError, extras.MissingExtra,
           locks.LockLost)
@@ -91,7 +91,7 @@ def one_line(error: BaseException) -> tuple[str | None, int]:
     return f'error: {message}. {STORAGE_RERUN}', USER_ERROR_EXIT
   if isinstance(error, user_errors()):
     return f'error: {str(error) or type(error).__name__}', USER_ERROR_EXIT
-  from encoder_jax import engine  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import engine  # pylint: disable=g-import-not-at-top
   if isinstance(error, engine.PreemptedError):
     return f'preempted: {error}', PREEMPTED_EXIT
   return None, 0
@@ -181,7 +181,7 @@ def define_finetune_flags(out_help: str, *, epochs: int, batch_size: int,
 
 def load_from_flags(f, with_tokenizer: bool = True):
   """The ``loading.Loaded`` model the source flags name (``source.load``)."""
-  from encoder_jax import source  # pylint: disable=g-import-not-at-top
+  from encoder_jax.api import source  # pylint: disable=g-import-not-at-top
   named = source.Named(workdir=f.workdir or '', step=f.step, hf_dir=f.hf_dir or '',
                        keys=('--workdir', '--hf_dir'))
   return source.load(named, f.config, with_tokenizer=with_tokenizer)
@@ -192,7 +192,7 @@ def quiet_logging() -> None:
 
   What the user sees is the result and real problems, not library chatter.
   """
-  from encoder_jax import loading  # pylint: disable=g-import-not-at-top
+  from encoder_jax.loading import loaded as loading  # pylint: disable=g-import-not-at-top
   if 'verbosity' not in flags.FLAGS or not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   for target in (logging.get_absl_handler(), logging.get_absl_logger(), std_logging.getLogger()):

@@ -8,12 +8,12 @@ r"""Compiles a config's training for a TPU slice on any host, and says what fits
 Needs libtpu (``pip install 'encoder_jax[tpu]'``), not a TPU. For every length phase of the
 config it builds the run's own train step and eval step on the config's mesh
 (``mesh.*`` within a slice, ``mesh.dcn_*`` across ``--slices``) over the slice's devices and
-compiles them with the TPU compiler (``encoder_jax.aot``). Per phase and per chip it
+compiles them with the TPU compiler (``encoder_jax.tpu.aot``). Per phase and per chip it
 prints: HBM (params + optimizer state, temporaries, total) against what the compiler allows
 a chip, with a verdict (fits / does not fit); the collectives a step runs, by kind, with
 their bytes; XLA's FLOPs a step (layers unrolled) beside the objective's formula; and the
 roofline: the step's lower bound from FLOPs at the chip's bf16 peak and from bytes at its
-HBM bandwidth (``encoder_jax.chips``), so the tokens/s and MFU that bound allows.
+HBM bandwidth (``encoder_jax.core.chips``), so the tokens/s and MFU that bound allows.
 
 ``--fit`` finds, by compiling, the smallest ``train.grad_accum_steps`` (largest micro-batch
 a chip) that fits each phase, with ``model.remat`` off and on, and prints the overrides.
@@ -31,7 +31,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from encoder_jax import aot
+from encoder_jax.tpu import aot
 from encoder_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',

@@ -43,9 +43,9 @@ from absl import app
 from absl import flags
 
 from encoder_jax import cli
-from encoder_jax import loading
-from encoder_jax import storage
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.loading import loaded as loading
+from encoder_jax.storage import paths as storage
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import
 from encoder_jax.interop import sentence_transformers_dir
@@ -60,7 +60,7 @@ WORKDIR_CONFIG_PY = '''"""The config of this workdir (written by encoder_jax.con
 
 import os
 
-from encoder_jax import loading
+from encoder_jax.loading import loaded as loading
 
 
 def get_config(arg=None):

@@ -4,7 +4,7 @@ Each sentence is framed with the model tokenizer's own specials, as ``AutoTokeni
 (``[CLS] text [SEP]``, ``<s> text </s>``, XLNet's ``text <sep> <cls>`` padded on the left).
 ``[CLS]`` pooling takes the final hidden state of the summary token (the first, or XLNet's
 last); mean pooling averages the final hidden states of the real (non-padding) tokens,
-the specials included (as sentence-transformers does); ``encoder_jax.inference`` computes
+the specials included (as sentence-transformers does); ``encoder_jax.loading.inference`` computes
 them. Embeddings are L2-normalised unless ``--normalize=false``.
 
 Row i of the output is line i of the input, always. Nothing is dropped silently: blank
@@ -34,8 +34,8 @@ from etils import epath
 import numpy as np
 
 from encoder_jax import cli
-from encoder_jax import inference
-from encoder_jax import storage
+from encoder_jax.loading import inference
+from encoder_jax.storage import paths as storage
 
 
 def defaults_from_model(loaded) -> tuple[tuple[int, str], tuple[str, str], list[str]]:

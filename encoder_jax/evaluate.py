@@ -28,14 +28,14 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from encoder_jax import checkpointing
-from encoder_jax import config_base
+from encoder_jax.run import checkpointing
+from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax import length_phases
+from encoder_jax.core import length_phases
 from encoder_jax import cli
-from encoder_jax import loading
-from encoder_jax import sharding
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.loading import loaded as loading
+from encoder_jax.core import sharding
+from encoder_jax.run import workdir as workdir_lib
 
 def _phase(config: ml_collections.ConfigDict, step: int,
            seq_len: int | None) -> length_phases.Phase:
@@ -87,7 +87,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   ``batch_size`` / ``eval_batches`` override ``config.train.batch_size`` / ``eval_batches``.
   """
   from encoder_jax import data  # pylint: disable=g-import-not-at-top
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   for name, value in (('batch_size', batch_size), ('eval_batches', eval_batches)):
     if value is not None:

@@ -8,7 +8,7 @@ r"""Fill-mask: the top-k predictions, with probabilities, for each [MASK] in a t
 With a fixed-layout tokenizer the text is split at the masks, the pieces between are
 tokenized as usual and one mask token goes where each was; an imported Hugging Face
 tokenizer (the ``hf`` kind) reads the text with its mask token in place, as
-``AutoTokenizer`` does (``encoder_jax.inference`` computes it). A model whose MLM head is the
+``AutoTokenizer`` does (``encoder_jax.loading.inference`` computes it). A model whose MLM head is the
 random one an import initialised (an HF base model such as ``BertModel``, or a workdir imported from
 one and not pretrained since: its ``import_report.json``) is used, with a warning on stderr
 that the predictions are random. After each text's predictions, ``filled:`` shows the text
@@ -44,7 +44,7 @@ def main(argv):
   loaded = cli.load_from_flags(f)
   if 'mlm_head' in loaded.untrained_heads:  # HF directory, or a workdir's import report.
     print(f'Warning: {loaded.untrained_mlm_warning()}', file=sys.stderr)
-  from encoder_jax import inference  # pylint: disable=g-import-not-at-top
+  from encoder_jax.loading import inference  # pylint: disable=g-import-not-at-top
   for text in f.text:
     predictions = loaded.fill_mask(text, f.top_k, warn=False)
     print(format_predictions(text, predictions,

@@ -8,9 +8,9 @@ Configs are locked: overriding a key that does not exist (a typo) is an error. S
 on a workdir that holds checkpoints resumes from the newest restorable one.
 ``--config.init.workdir=W`` (with ``--config.init.step``) or ``--config.init.hf_dir=D`` starts
 a new run from that model's weights, network and tokenizer (continued pretraining,
-``encoder_jax.pretrain``). Every process of
+``encoder_jax.api.pretrain``). Every process of
 a multi-host run runs the same command; how it joins the others (TPU VM, SLURM, or explicit
---coordinator_address / --num_processes / --process_id) is ``encoder_jax.distributed``'s
+--coordinator_address / --num_processes / --process_id) is ``encoder_jax.run.distributed``'s
 business, see launch/README.md.
 """
 
@@ -22,8 +22,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from encoder_jax import distributed
-from encoder_jax import pretrain
+from encoder_jax.run import distributed
+from encoder_jax.api import pretrain
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
                                           lock_config=True)

@@ -17,9 +17,9 @@ from absl import app
 from absl import flags
 from etils import epath
 
-from encoder_jax import extras
-from encoder_jax import metrics_log as metrics_lib
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.core import extras
+from encoder_jax.run import metrics_log as metrics_lib
+from encoder_jax.run import workdir as workdir_lib
 
 PANELS = (('loss', 'Loss'), ('accuracy', 'Accuracy'))
 

@@ -24,7 +24,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from encoder_jax import first_batch
+from encoder_jax.api import first_batch
 
 _CONFIG = config_flags.DEFINE_config_file('config', lock_config=True)
 _ROWS = flags.DEFINE_integer('rows', 4, 'Rows of the first batch to show.')

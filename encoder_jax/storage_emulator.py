@@ -3,7 +3,7 @@ run on a laptop; never imported by training.
 
     python -m encoder_jax.storage_emulator --bucket=bkt &   # prints STORAGE_EMULATOR_HOST=...
 
-(see ``encoder_jax.storage_client`` for how that one variable points every storage layer at
+(see ``encoder_jax.storage.client`` for how that one variable points every storage layer at
 it).
 """
 
@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
-from encoder_jax.storage_client import EMULATOR_HOST
+from encoder_jax.storage.client import EMULATOR_HOST
 
 def _emulator_binary() -> str:
   try:

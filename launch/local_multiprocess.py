@@ -5,7 +5,7 @@ r"""Runs N copies of a command on this machine as one JAX multi-process run.
       python -m encoder_jax.main --config=configs/bert_small.py --workdir=/tmp/bert_small_2p
 
 Process i gets JAX_COORDINATOR_ADDRESS (localhost and a free port), JAX_NUM_PROCESSES and
-JAX_PROCESS_ID=i, which ``encoder_jax.distributed`` reads; ``--cpu_devices_per_process=K``
+JAX_PROCESS_ID=i, which ``encoder_jax.run.distributed`` reads; ``--cpu_devices_per_process=K``
 also gives each process K simulated CPU devices (JAX_PLATFORMS=cpu and XLA's
 ``--xla_force_host_platform_device_count``), so a laptop runs what a pod runs. Every output
 line is prefixed with ``[p<i>]``. If one process fails or is killed, the others are

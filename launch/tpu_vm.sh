@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run encoder_jax on every worker of an existing TPU VM / pod slice.
 #   launch/tpu_vm.sh TPU_NAME ZONE gs://bucket/workdir configs/bert_base.py [--config.x=y ...]
-# Each worker finds the others through the TPU metadata (encoder_jax.distributed); see
+# Each worker finds the others through the TPU metadata (encoder_jax.run.distributed); see
 # launch/README.md.
 set -euo pipefail
 TPU_NAME=$1; ZONE=$2; WORKDIR=$3; CONFIG=$4; shift 4

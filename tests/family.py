@@ -123,7 +123,7 @@ class Run:
 
   def logged(self, key: str) -> list[float]:
     """``key``'s value at each logged training step (every 2 steps: 6 values)."""
-    from encoder_jax import metrics_log  # pylint: disable=g-import-not-at-top
+    from encoder_jax.run import metrics_log  # pylint: disable=g-import-not-at-top
     return [r[key] for r in metrics_log.read_metrics(self.workdir) if r['split'] == 'train']
 
 
@@ -137,7 +137,8 @@ def trained(name: str, root: str) -> Run:
   only for the very same config)."""
   key = (name, root)
   if key not in _RUNS:
-    from encoder_jax import engine, train  # pylint: disable=g-import-not-at-top
+    from encoder_jax.run import engine  # pylint: disable=g-import-not-at-top
+    from encoder_jax.run import pretraining as train
     c = family_config(name, os.path.join(root, 'prepared'))
     workdir = os.path.join(root, 'runs', name)
     console = io.StringIO()

@@ -4,7 +4,7 @@ A pytest plugin (``tests/conftest.py`` registers it), so every test directory ca
 Each pytest-xdist worker starts its own, lazily: only when a test asks for ``gcs_emulator``
 (a start takes a fraction of a second), on a free port with its objects in a temporary
 directory, removed at the end. The session's environment then points every storage layer at
-it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage_client.configure``),
+it through ``STORAGE_EMULATOR_HOST`` alone (``encoder_jax.storage.client.configure``),
 as a user rehearsing a pod run would; tests use a bucket of their own (``bucket``) so they
 can share it.
 """
@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from encoder_jax import storage_client
+from encoder_jax.storage import client as storage_client
 from encoder_jax import storage_emulator
 
 # The variables configure_environment derives from STORAGE_EMULATOR_HOST.

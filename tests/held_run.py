@@ -9,8 +9,8 @@ SIGTERM sets the flag the check waits for, and the run saves and exits as on a p
 
 _SCRIPT = '''
 import runpy, sys, time
-from encoder_jax import engine
-from encoder_jax import train
+from encoder_jax.run import engine
+from encoder_jax.run import pretraining as train
 
 STEP, MARKER = int(sys.argv[1]), sys.argv[2]
 del sys.argv[1:3]

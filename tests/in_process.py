@@ -75,5 +75,5 @@ def _drop_gs_file_systems() -> None:
   """fsspec keeps each gs:// file system it made (gcsfs: the endpoint and credentials of the
   environment it was made in, and its listings) for the process: a command that made one in
   the test's process leaves none behind for the next test, as its own process would."""
-  from encoder_jax import storage_client  # pylint: disable=g-import-not-at-top
+  from encoder_jax.storage import client as storage_client  # pylint: disable=g-import-not-at-top
   storage_client.forget_file_systems()  # Nothing to drop before gcsfs is imported.

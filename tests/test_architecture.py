@@ -135,7 +135,7 @@ import importlib
 
 def later():
   registry = importlib.import_module('encoder_jax.models.registry')
-  other = __import__('encoder_jax.train')
+  other = __import__('encoder_jax.run.pretraining')
   return importlib.import_module('json'), registry, other
 """
 
@@ -144,13 +144,13 @@ def test_imports_by_name_are_seen():
   """The scan finds by-name imports, and the cycle and the layer checks then see them: the
   cycle models/config.py once hid (config -> registry -> every kind -> config) is found,
   and a model module importing the training engine by name breaks the contract."""
-  assert string_imports(SNIPPET) == [(5, 'encoder_jax.models.registry'), (6, 'encoder_jax.train')]
+  assert string_imports(SNIPPET) == [(5, 'encoder_jax.models.registry'), (6, 'encoder_jax.run.pretraining')]
   graph = grimp.build_graph(PACKAGE, include_external_packages=False)
   add_string_imports(graph, {'encoder_jax.models.config': SNIPPET})
   assert any({'encoder_jax.models.config', 'encoder_jax.models.registry'} <= set(c)
              for c in _cycles(_edges(graph)))
   ok, report = _lint({'encoder_jax.models.layers': SNIPPET})
-  assert not ok and 'encoder_jax.models.layers -> encoder_jax.train' in report, report[-3000:]
+  assert not ok and 'encoder_jax.models.layers -> encoder_jax.run.pretraining' in report, report[-3000:]
 
 
 def test_contracts_hold_with_imports_by_name():

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from encoder_jax import checkpointing
+from encoder_jax.run import checkpointing
 
 # A failed Orbax restore leaves its other array reads as never-awaited coroutines; Python
 # reports them when they are collected. Harmless, and not ours to fix.

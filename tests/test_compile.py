@@ -1,4 +1,4 @@
-"""Compiling for a TPU slice on this CPU host (``encoder_jax.aot``, ``python -m
+"""Compiling for a TPU slice on this CPU host (``encoder_jax.tpu.aot``, ``python -m
 encoder_jax.compile``): libtpu's compiler sees the run's own train and eval steps of a tiny
 config on the smallest multi-chip v5e slice, and on two such slices; the figures it prints
 are the compiled program's (HBM within the compiler's limit, the gradient all-reduce with at
@@ -24,9 +24,9 @@ import os
 import jax
 import pytest
 
-from encoder_jax import aot
-from encoder_jax import chips
-from encoder_jax import hlo
+from encoder_jax.tpu import aot
+from encoder_jax.core import chips
+from encoder_jax.tpu import hlo
 from encoder_jax.models import modernbert
 
 import in_process
@@ -268,7 +268,7 @@ def test_collectives_count_a_loop_body_by_its_trip_count():
 
 
 def test_the_chip_table_answers_by_topology_and_by_device_kind():
-  from encoder_jax import metrics_log  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import metrics_log  # pylint: disable=g-import-not-at-top
   assert chips.by_name('v5e:2x4').hbm_gbytes_per_s == 819.0
   assert chips.by_device_kind('TPU v5 lite').name == 'v5e'
   assert chips.by_device_kind('TPU v5').name == 'v5p'  # Not taken for a v5e ('TPU v5 lite').

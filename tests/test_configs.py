@@ -10,11 +10,11 @@ import sys
 import jax
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
-from encoder_jax import length_phases
-from encoder_jax import sharding
-from encoder_jax import train
+from encoder_jax.core import length_phases
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert', 'xlnet', 'deberta',

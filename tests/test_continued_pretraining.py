@@ -12,13 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
-from encoder_jax import loading
+from encoder_jax.config import schema as config_base
+from encoder_jax.loading import loaded as loading
 from encoder_jax import objectives
-from encoder_jax import pretrain
-from encoder_jax import train
-from encoder_jax import train_state
-from encoder_jax import validation
+from encoder_jax.api import pretrain
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import train_state
+from encoder_jax.config import validation
 from encoder_jax.interop import hf_import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

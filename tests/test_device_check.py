@@ -92,7 +92,10 @@ def test_dry_run_reports_every_part_and_a_failed_part_does_not_stop_the_others(t
 _WITHOUT_TENSORFLOW = '''
 import os, sys
 sys.path.insert(0, os.getcwd())
-from encoder_jax import config_base, main, train, validation  # The training path.
+from encoder_jax import main  # The training path.
+from encoder_jax.config import schema as config_base
+from encoder_jax.run import pretraining as train
+from encoder_jax.config import validation
 from encoder_jax.data import preparation
 import importlib.util
 assert importlib.util.find_spec('tensorflow') is None

@@ -39,7 +39,7 @@ ABSL_FLAGS = frozenset({
     'profile_file', 'use_cprofile_for_profiling', 'logger_levels'})
 # The schema a --config.X override is checked against when the command names no config file.
 DEFAULT_SCHEMA = {'encoder_jax.finetune': ('encoder_jax.finetune.config', 'base_config')}
-FALLBACK_SCHEMA = ('encoder_jax.config_base', 'base_config')
+FALLBACK_SCHEMA = ('encoder_jax.config.schema', 'base_config')
 
 _FENCE = re.compile(r'^\s*```.*?^\s*```[^\n]*$', re.M | re.S)
 _INLINE = re.compile(r'`([^`\n]+)`')
@@ -366,8 +366,8 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
           '--traceback --verbosity=1`, `python -m encoder_jax.embed --input=a --pooling_x=1`.\n\n'
           '    python benchmarks/bench_train.py --kind=all --memory_only --no_such_option\n'
           '    python benchmarks/no_such_script.py\n\n'
-          '    python -c "from encoder_jax import config_base; print(config_base.fields_table())"\n'
-          '    python -c "from encoder_jax import config_base; print(config_base.no_table())"\n')
+          '    python -c "from encoder_jax.config import schema; print(schema.fields_table())"\n'
+          '    python -c "from encoder_jax.config import schema; print(schema.no_table())"\n')
   doc.write_text(text)
   assert table_problems(doc, '| a | b |\n|---|---|\n| x | y\nz |\n') != []
   assert table_problems(doc, '| a | b |\n|---|---|\n| x | y |\n\nz\n') == []
@@ -381,4 +381,4 @@ def test_checks_catch_a_broken_link_and_an_unknown_flag(tmp_path):
   scripts = [p for c in commands(text, _SCRIPT) for p in script_problems(c)]
   assert len(scripts) == 2, scripts
   assert '--no_such_option' in scripts[0] and 'no script benchmarks/no_such' in scripts[1]
-  assert snippet_problems(text) == ['encoder_jax.config_base.no_table does not exist']
+  assert snippet_problems(text) == ['encoder_jax.config.schema.no_table does not exist']

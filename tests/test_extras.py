@@ -1,6 +1,6 @@
 """The lean install: every module imports without the optional packages, each place that
 needs one stops with a one-line error naming its pip command, and setup.cfg's extras bring
-what ``encoder_jax.extras`` says they bring.
+what ``encoder_jax.core.extras`` says they bring.
 
 Absence is simulated honestly: the subprocesses put ``None`` in ``sys.modules`` for every
 optional package before importing encoder_jax, which makes ``import x`` raise
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -51,7 +51,8 @@ loaded = sorted(({m.split('.')[0] for m in sys.modules if sys.modules[m] is not 
 
 _LOCAL_RUN = '''
 import os, tempfile
-from encoder_jax import metrics_log, storage_client
+from encoder_jax.run import metrics_log
+from encoder_jax.storage import client as storage_client
 storage_client.configure()
 with tempfile.TemporaryDirectory() as d:
   writer = metrics_log.MetricWriter(d, resume_step=0)
@@ -80,7 +81,7 @@ plot.plot(TMP)'''),
 from encoder_jax import bakeoff_report
 bakeoff_report.plot({'rows': {}}, os.path.join(TMP, 'bakeoff.png'))'''),
     'TensorBoard on gs://': ('gcs', '''
-from encoder_jax import metrics_log
+from encoder_jax.run import metrics_log
 metrics_log._summary_writer('gs://bucket/run/tensorboard')'''),
     'fine-tuning tfds: rows': ('tfds', '''
 import ml_collections
@@ -95,7 +96,7 @@ for name in ('vocab.json', 'merges.txt', 'config.json'):
   open(os.path.join(TMP, name), 'w').close()
 tokenizer.hf_bundle(TMP)'''),
     'compiling for a TPU slice': ('tpu', '''
-from encoder_jax import aot
+from encoder_jax.tpu import aot
 aot.topology_devices('v5e:2x2')'''),
     'pytorch_model.bin': ('peers', '''
 from encoder_jax.interop import hf
@@ -106,7 +107,7 @@ hf.read_state_dict(TMP)'''),
 _RUN_SITES = '''
 import os, tempfile
 import numpy as np
-from encoder_jax import extras
+from encoder_jax.core import extras
 results = {}
 for site, (extra, code) in SITES.items():
   TMP = tempfile.mkdtemp()

@@ -18,13 +18,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from encoder_jax import engine
-from encoder_jax import checkpointing
-from encoder_jax import config_base
+from encoder_jax.run import engine
+from encoder_jax.run import checkpointing
+from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax import train
-from encoder_jax import train_state
-from encoder_jax import validation
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import train_state
+from encoder_jax.config import validation
 from encoder_jax.models import registry as models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

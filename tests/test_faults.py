@@ -29,12 +29,12 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax import checkpointing
+from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
-from encoder_jax import sharding
-from encoder_jax import train
-from encoder_jax import validation
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
+from encoder_jax.config import validation
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import prepare_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax import first_batch
+from encoder_jax.api import first_batch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import family  # pylint: disable=wrong-import-position

@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from encoder_jax import goodput
-from encoder_jax import config_base
-from encoder_jax import console as console_lib
-from encoder_jax import train
-from encoder_jax import validation
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.run import goodput
+from encoder_jax.config import schema as config_base
+from encoder_jax.run import console as console_lib
+from encoder_jax.run import pretraining as train
+from encoder_jax.config import validation
+from encoder_jax.run import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))

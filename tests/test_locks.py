@@ -1,4 +1,4 @@
-"""encoder_jax.locks, the one lock-file helper: exclusive acquisition, staleness and
+"""encoder_jax.storage.locks, the one lock-file helper: exclusive acquisition, staleness and
 take-over, the heartbeat, and a release that leaves a successor's lock alone."""
 
 import dataclasses
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from encoder_jax import locks
+from encoder_jax.storage import locks
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 

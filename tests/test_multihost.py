@@ -29,14 +29,14 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax import checkpointing
+from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
-from encoder_jax import distributed
-from encoder_jax import locks
-from encoder_jax import sharding
-from encoder_jax import storage
-from encoder_jax import storage_client
-from encoder_jax import train
+from encoder_jax.run import distributed
+from encoder_jax.storage import locks
+from encoder_jax.core import sharding
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import client as storage_client
+from encoder_jax.run import pretraining as train
 from encoder_jax.data import prepare_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

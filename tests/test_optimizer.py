@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
-from encoder_jax import optimizer
+from encoder_jax.config import schema as config_base
+from encoder_jax.core import optimizer
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from encoder_jax import metrics_log as metrics_lib
+from encoder_jax.run import metrics_log as metrics_lib
 from encoder_jax import plot
 
 import in_process

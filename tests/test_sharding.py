@@ -5,9 +5,9 @@ import ml_collections
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from encoder_jax import config_base
-from encoder_jax import sharding
-from encoder_jax import train
+from encoder_jax.config import schema as config_base
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
 
 
 def _mesh(data=-1, fsdp=1, tensor=1):

@@ -13,16 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import checkpointing
+from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
-from encoder_jax import feeding
-from encoder_jax import metrics_log as metrics_lib
+from encoder_jax.run import feeding
+from encoder_jax.run import metrics_log as metrics_lib
 from encoder_jax import objectives
-from encoder_jax import optimizer
-from encoder_jax import length_phases
-from encoder_jax import sharding
-from encoder_jax import train
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.core import optimizer
+from encoder_jax.core import length_phases
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -303,7 +303,7 @@ def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
   """Another run took the workdir mid-run (its lock written over ours): the engine checks
   the lock before each log and save, so the run stops with LockLost at the next one and
   writes no further step."""
-  from encoder_jax import locks  # pylint: disable=g-import-not-at-top
+  from encoder_jax.storage import locks  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
   # The run's own lock, beating every 50 ms instead of every minute.
   monkeypatch.setattr(workdir_lib, 'run_lock', lambda w, wait_s=None: _quick_lock(w))

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from encoder_jax import config_base
-from encoder_jax import fields
-from encoder_jax import validation
+from encoder_jax.config import schema as config_base
+from encoder_jax.core import fields
+from encoder_jax.config import validation
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 

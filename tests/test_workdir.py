@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from encoder_jax import config_base
-from encoder_jax import locks
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.config import schema as config_base
+from encoder_jax.storage import locks
+from encoder_jax.run import workdir as workdir_lib
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -278,7 +278,7 @@ def test_heartbeat_refreshes_the_lock(tmp_path):
 
 _RACER = '''
 import glob, os, sys, time
-from encoder_jax import workdir
+from encoder_jax.run import workdir
 workdir_path, start, flags = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 time.sleep(max(0.0, start - time.time()))
 lock = workdir.WorkdirLock(workdir_path, heartbeat_s=0)

@@ -7,7 +7,7 @@ trains all 12 steps at 32 tokens: half the programs to compile, for the tests wh
 not the phases.
 """
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 
 
 def get_config(arg=None):

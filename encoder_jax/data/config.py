@@ -1,5 +1,5 @@
 """Config sections owned by the input pipeline: ``data`` and ``tokenizer``, declared as
-fields (``encoder_jax.fields``): name, default, allowed range and meaning.
+fields (``encoder_jax.core.fields``): name, default, allowed range and meaning.
 
 Every key is read by ``encoder_jax.data``; the ones that change the prepared shards are
 hashed into the manifest (see ``preparation.CONTENT_KEYS``), so a prepared directory can
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.data import builders
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import words

@@ -27,7 +27,7 @@ import sys
 import sysconfig
 import tempfile
 
-from encoder_jax import locks
+from encoder_jax.storage import locks
 from encoder_jax.data import sentences as sentences_lib
 
 _SKIP_DIRS = frozenset({'site-packages', 'dist-packages', 'test', 'tests', 'idle_test',

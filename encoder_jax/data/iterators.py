@@ -33,7 +33,7 @@ import logging
 
 import numpy as np
 
-from encoder_jax import length_phases
+from encoder_jax.core import length_phases
 from encoder_jax.data import builders
 from encoder_jax.data import mixing
 from encoder_jax.data import seeding

@@ -28,7 +28,7 @@ import os
 import re
 from typing import Iterator
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 from encoder_jax.data import sentences as sentences_lib
 
 

@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
-from encoder_jax import locks
-from encoder_jax import storage
+from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
 from encoder_jax.data import prepare_once
 from encoder_jax.data import seeding
 from encoder_jax.data import sentences as sentences_lib

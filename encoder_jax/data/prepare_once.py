@@ -30,8 +30,8 @@ import tempfile
 import time
 from typing import Callable
 
-from encoder_jax import locks
-from encoder_jax import storage
+from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
 
 HEARTBEAT_S = 10.0
 STALE_S = 180.0  # Several missed heartbeats, with room for slow network file systems.

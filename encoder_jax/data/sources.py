@@ -51,8 +51,8 @@ import time
 import zlib
 from typing import Iterator
 
-from encoder_jax import extras
-from encoder_jax import storage
+from encoder_jax.core import extras
+from encoder_jax.storage import paths as storage
 from encoder_jax.data import embedded
 from encoder_jax.data import packaged
 from encoder_jax.data import prepare_once
@@ -163,7 +163,7 @@ class Source:
                        f"'{self.kind}:'")
     if pattern.startswith('gs://'):
       _import_optional('gcsfs', self.spec, 'gcsfs')  # The gcs extra, or one line naming it.
-      paths = storage.glob(pattern)  # gcsfs (encoder_jax.storage says why).
+      paths = storage.glob(pattern)  # gcsfs (encoder_jax.storage.paths says why).
     else:
       paths = sorted(p for p in glob_lib.glob(os.path.expanduser(pattern), recursive=True)
                      if os.path.isfile(p))

@@ -10,7 +10,7 @@ import gzip
 import lzma
 import os
 
-from encoder_jax import storage
+from encoder_jax.storage import paths as storage
 
 
 # Compressed formats by their first bytes: read transparently, or named in the error.

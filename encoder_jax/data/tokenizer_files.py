@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from encoder_jax import storage
+from encoder_jax.storage import paths as storage
 
 SPECIAL_PIECES = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 SENTENCEPIECE_IDS = {'[PAD]': 0, '[UNK]': 1, '[CLS]': 2, '[SEP]': 3, '[MASK]': 4}

@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The fine-tuning config schema, declared field by field; ``configs/finetune_*.py`` start
 from :func:`base_config`.
 
-Every value is a :class:`encoder_jax.fields.Field` (name, default, allowed range, meaning),
+Every value is a :class:`encoder_jax.core.fields.Field` (name, default, allowed range, meaning),
 checked by the same code as pretraining's (``validation.validate_sections``): ``init`` ->
-the pretrained weights (``encoder_jax.loading``), ``data`` -> the task's reader, ``optim``
+the pretrained weights (``encoder_jax.loading.loaded``), ``data`` -> the task's reader, ``optim``
 -> ``optimizer.make`` (pretraining's builder; the moment and epsilon fields are the very
 declarations of pretraining's ``optim``), ``task`` -> an entry of ``finetune.tasks``, whose
 own fields make ``task_settings``; ``mesh``, ``dtype``, ``nonfinite_policy`` and
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from encoder_jax import config_base
-from encoder_jax import fields as fields_lib
-from encoder_jax import validation
+from encoder_jax.config import schema as config_base
+from encoder_jax.core import fields as fields_lib
+from encoder_jax.config import validation
 from encoder_jax.finetune import tasks
 
 F = fields_lib.Field

@@ -60,9 +60,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from encoder_jax import extras
-from encoder_jax import loading
-from encoder_jax import source
+from encoder_jax.core import extras
+from encoder_jax.loading import loaded as loading
+from encoder_jax.api import source
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import probe_data
 from encoder_jax.finetune import train as finetune_train

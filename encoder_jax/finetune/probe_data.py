@@ -33,7 +33,7 @@ import os
 import zlib
 from typing import Callable, Sequence
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 
 BBC_CLASSES = ('business', 'entertainment', 'politics', 'sports', 'tech')  # Directory names.
 

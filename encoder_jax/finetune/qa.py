@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.finetune.tasks import question_answering

@@ -38,8 +38,8 @@ import os
 
 import ml_collections
 
-from encoder_jax import fields as fields_lib
-from encoder_jax import loading
+from encoder_jax.core import fields as fields_lib
+from encoder_jax.loading import loaded as loading
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import train as finetune_train
 from encoder_jax.finetune.tasks import sentence_embedding

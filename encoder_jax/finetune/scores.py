@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 
 _WHAT = 'fine-tuning scores need scikit-learn, SciPy and seqeval'
 stats = extras.lazy('scipy.stats', extra='finetune', what=_WHAT)

@@ -16,8 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from encoder_jax import length_phases
-from encoder_jax import trainable
+from encoder_jax.core import length_phases
+from encoder_jax.core import trainable
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads
 from encoder_jax.models import registry as models

@@ -23,16 +23,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from encoder_jax import console as console_lib
-from encoder_jax import engine
-from encoder_jax import feeding
-from encoder_jax import goodput
-from encoder_jax import loading
-from encoder_jax import optimizer as optimizer_lib
-from encoder_jax import sharding
-from encoder_jax import source
-from encoder_jax import train_state
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.run import console as console_lib
+from encoder_jax.run import engine
+from encoder_jax.run import feeding
+from encoder_jax.run import goodput
+from encoder_jax.loading import loaded as loading
+from encoder_jax.core import optimizer as optimizer_lib
+from encoder_jax.core import sharding
+from encoder_jax.api import source
+from encoder_jax.run import train_state
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads

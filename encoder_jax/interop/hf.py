@@ -26,8 +26,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from encoder_jax import extras
-from encoder_jax import loading
+from encoder_jax.core import extras
+from encoder_jax.loading import loaded as loading
 from encoder_jax.interop import registry
 from encoder_jax.interop import hf_table
 from encoder_jax.models import config as config_lib

@@ -2,7 +2,7 @@
 (:func:`import_hf_to_workdir`): the run config an import implies, the downstream network's
 params inside the kind's whole pretraining params tree, the tokenizer, the report.
 
-Above ``encoder_jax.loading`` (it returns a ``loading.Loaded``), below the tools.
+Above ``encoder_jax.loading.loaded`` (it returns a ``loading.Loaded``), below the tools.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import jax
 import ml_collections
 from absl import logging
 
-from encoder_jax import checkpointing
-from encoder_jax import config_base
-from encoder_jax import loading
+from encoder_jax.run import checkpointing
+from encoder_jax.config import schema as config_base
+from encoder_jax.loading import loaded as loading
 from encoder_jax import objectives
-from encoder_jax import storage
-from encoder_jax import train_state
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.storage import paths as storage
+from encoder_jax.run import train_state
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import config as model_config_lib

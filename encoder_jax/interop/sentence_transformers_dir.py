@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 
-from encoder_jax import loading
+from encoder_jax.loading import loaded as loading
 from encoder_jax.interop import hf
 from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import config as config_lib

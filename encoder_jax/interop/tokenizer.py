@@ -1,7 +1,7 @@
 """Tokenizers for checkpoints: the one pinned in a workdir, and Hugging Face directories.
 
 A workdir's tokenizer is the one pinned in ``<workdir>/tokenizer/`` when its run started
-(``encoder_jax.workdir``), never one re-derived from the current config: the prepared-data
+(``encoder_jax.run.workdir``), never one re-derived from the current config: the prepared-data
 cache can change with the code or the config, and re-preparing a corpus to run fill-mask
 would be slow anyway. Workdirs older than pinning fall back to ``config.tokenizer.path``.
 
@@ -42,7 +42,7 @@ import shutil
 import tempfile
 from typing import Callable
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_export
 from encoder_jax.data import tokenizer_files

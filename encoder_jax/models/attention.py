@@ -46,7 +46,7 @@ _BATCH_AXES, _HEAD_AXIS = ('data', 'fsdp'), 'tensor'  # As sharding.LOGICAL_RULE
 
 def _backend() -> str:
   """The platform the computation being traced compiles for: that of the mesh it is traced
-  under (the training and evaluation steps set theirs; ``encoder_jax.aot`` compiles them
+  under (the training and evaluation steps set theirs; ``encoder_jax.tpu.aot`` compiles them
   for a TPU slice from a host without one), else JAX's default backend. A function, so a
   test can pose as a GPU host."""
   device = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)

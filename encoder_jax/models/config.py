@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import attention as attention_lib
 from encoder_jax.models import attention_kinds
 

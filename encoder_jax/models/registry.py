@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import albert
 from encoder_jax.models import bert
 from encoder_jax.models import config as config_lib

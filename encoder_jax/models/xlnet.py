@@ -66,7 +66,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import attention
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers

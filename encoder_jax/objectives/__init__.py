@@ -13,7 +13,7 @@ from typing import Callable
 
 import ml_collections
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
 from encoder_jax.objectives import contrastive

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax import length_phases
-from encoder_jax import trainable
+from encoder_jax.core import length_phases
+from encoder_jax.core import trainable
 from encoder_jax.models import registry as models
 
 Batch = dict[str, jax.Array]

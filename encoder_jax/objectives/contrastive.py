@@ -52,7 +52,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import packing
 from encoder_jax.objectives import base
 

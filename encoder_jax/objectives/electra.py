@@ -41,7 +41,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking

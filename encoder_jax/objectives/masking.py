@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import base
 from encoder_jax.objectives import masking

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
 from encoder_jax.data import embedded
 

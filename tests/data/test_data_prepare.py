@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from encoder_jax import data as data_lib
-from encoder_jax import locks
+from encoder_jax.storage import locks
 from encoder_jax.data import preparation
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
@@ -175,7 +175,8 @@ def test_unfinished_preparations_of_dead_or_reused_pids_are_removed(tmp_path):
 
 UNGUARDED = '''
 import jax  # JAX's threads: the workers are spawned.
-from encoder_jax import config_base, data
+from encoder_jax import data
+from encoder_jax.config import schema as config_base
 from encoder_jax.data import preparation
 preparation._CHUNK_CHARS = 20_000  # Several chunks: the pool starts.
 c = config_base.base_config()

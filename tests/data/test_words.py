@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
-from encoder_jax import extras
+from encoder_jax.core import extras
 from encoder_jax.data import packaged
 from encoder_jax.data import preparation
 from encoder_jax.data import sentences as sentences_lib
@@ -260,7 +260,7 @@ def test_bad_segmenter_settings_are_named():
   assert words.parse('jieba,japanese=fugashi') == {'chinese': 'jieba', 'japanese': 'fugashi'}
   c = config_base.base_config()
   c.data.word_segmenter = 'chinese=mecab'
-  from encoder_jax import validation  # pylint: disable=g-import-not-at-top
+  from encoder_jax.config import validation  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match='config.data.word_segmenter'):
     validation.validate(c)
 

@@ -11,8 +11,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from encoder_jax import optimizer
-from encoder_jax import train_state
+from encoder_jax.core import optimizer
+from encoder_jax.run import train_state
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import scores as metrics

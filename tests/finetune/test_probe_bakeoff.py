@@ -13,12 +13,12 @@ import types
 
 import pytest
 
-from encoder_jax import engine
-from encoder_jax import source
+from encoder_jax.run import engine
+from encoder_jax.api import source
 from encoder_jax import bakeoff
 from encoder_jax import bakeoff_report
 from encoder_jax import cli
-from encoder_jax import validation
+from encoder_jax.config import validation
 from encoder_jax.finetune import probe
 from encoder_jax.finetune import probe_data
 
@@ -172,7 +172,7 @@ def test_every_row_gets_the_same_training_flops(tmp_path):
   # this preset's 2 layers, less than BERT's step.
   assert plan['xlnet'][1] != plan['bert'][1] and plan['xlnet'][0] != 400
   for name in names:  # Every row's config is valid at the preset's size.
-    from encoder_jax import validation  # pylint: disable=g-import-not-at-top
+    from encoder_jax.config import validation  # pylint: disable=g-import-not-at-top
     validation.validate(bakeoff.row_config(name, preset, 'jsonl:/x.jsonl', str(tmp_path), 10))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import encoder_jax
-from encoder_jax import inference
+from encoder_jax.loading import inference
 from encoder_jax.finetune import sbert
 from encoder_jax.finetune.tasks import sentence_embedding
 

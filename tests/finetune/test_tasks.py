@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax import engine
+from encoder_jax.run import engine
 from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import tasks
 from encoder_jax.finetune import train

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from encoder_jax import locks
-from encoder_jax import storage
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import prepare_once
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
@@ -147,7 +147,7 @@ def test_the_heartbeat_never_overwrites_a_successor(bucket):
 
 _RACER = '''
 import os, sys, time
-from encoder_jax import workdir
+from encoder_jax.run import workdir
 root, flags, n, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 
 def barrier(name):  # Every racer has reached `name` (files in a local directory).
@@ -189,7 +189,7 @@ def test_of_runs_started_together_on_a_bucket_exactly_one_gets_the_lock(bucket, 
 
 _PREPARER = '''
 import os, sys, time
-from encoder_jax import storage
+from encoder_jax.storage import paths as storage
 from encoder_jax.data import prepare_once
 root, flags, n, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 

@@ -5,7 +5,7 @@ is never taken as a step."""
 import pytest
 from etils import epath
 
-from encoder_jax import checkpointing
+from encoder_jax.run import checkpointing
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -36,8 +36,8 @@ def test_a_step_another_host_moved_is_listed_anew(bucket, fsspec_instances_dropp
   import fsspec  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from encoder_jax import storage  # pylint: disable=g-import-not-at-top
-  from encoder_jax import train_state  # pylint: disable=g-import-not-at-top
+  from encoder_jax.storage import paths as storage  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import train_state  # pylint: disable=g-import-not-at-top
   run = f'{bucket}/moved-run-{int(fsspec_instances_dropped)}'
   ckpt = checkpointing.Checkpointer(run, ml_collections.ConfigDict(
       dict(every_steps=1, keep=5, async_save=False)))

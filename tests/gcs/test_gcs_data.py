@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
-from encoder_jax import storage
-from encoder_jax import storage_client
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import client as storage_client
 from encoder_jax.data import embedded
 from encoder_jax.data import prepare_once
 from encoder_jax.data import sources

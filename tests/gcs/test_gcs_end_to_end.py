@@ -24,9 +24,9 @@ import time
 import numpy as np
 import pytest
 
-from encoder_jax import engine
-from encoder_jax import storage
-from encoder_jax import storage_client
+from encoder_jax.run import engine
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import client as storage_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
@@ -134,8 +134,8 @@ def _check_the_run_was_written_and_resumed(trained):
 def _check_a_refused_resume_changes_no_object(trained):
   """In process: a fresh process would pay the imports again for one error (a user error,
   WorkdirError among them, as one line with exit status 2: cli.run, tests/test_extras.py)."""
-  from encoder_jax import pretrain  # pylint: disable=g-import-not-at-top
-  from encoder_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from encoder_jax.api import pretrain  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
   before = _objects(workdir)
   c = _config(prepared)
@@ -219,7 +219,7 @@ def jax_leaves(tree):
 
 HANG_AT_STEP_6 = """
 import os, runpy, sys, time
-from encoder_jax import metrics_log
+from encoder_jax.run import metrics_log
 MARKER = sys.argv.pop(1)
 _write = metrics_log.MetricWriter.write
 
@@ -289,9 +289,9 @@ def _check_a_killed_run_resumes_bit_exactly_through_server_errors(capsys, traine
 def _check_a_garbled_newest_checkpoint_is_set_aside(trained):
   """Every object of step 12's params truncated: step 8 restores, step 12 is moved to
   checkpoints_damaged/ on the bucket with its reason beside it."""
-  from encoder_jax import checkpointing  # pylint: disable=g-import-not-at-top
-  from encoder_jax import sharding  # pylint: disable=g-import-not-at-top
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import checkpointing  # pylint: disable=g-import-not-at-top
+  from encoder_jax.core import sharding  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
   bucket, prefix = storage.split(workdir)
   for blob in storage_client.client().list_blobs(bucket, prefix=f'{prefix}/checkpoints/12/params/'):

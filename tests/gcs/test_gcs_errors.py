@@ -11,10 +11,10 @@ import time
 import pytest
 
 from encoder_jax import cli
-from encoder_jax import locks
-from encoder_jax import storage
-from encoder_jax import storage_client
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import client as storage_client
+from encoder_jax.run import workdir as workdir_lib
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -115,7 +115,7 @@ def test_each_storage_library_error_is_one_line_naming_the_object(bucket, faulty
   user error and a bug are left as they were."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   from google.api_core import retry  # pylint: disable=g-import-not-at-top
-  from encoder_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   proxy = faulty_proxy()
   monkeypatch.setenv(storage_client.EMULATOR_HOST, proxy.url)
   monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', proxy.url)

@@ -1,5 +1,5 @@
-"""encoder_jax.storage_client: one variable points every layer at an endpoint;
-encoder_jax.storage_appends: appends compose."""
+"""encoder_jax.storage.client: one variable points every layer at an endpoint;
+encoder_jax.storage.appends: appends compose."""
 
 import os
 import subprocess
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from encoder_jax import storage
-from encoder_jax import storage_appends
-from encoder_jax import storage_client
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import appends as storage_appends
+from encoder_jax.storage import client as storage_client
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -57,7 +57,12 @@ import os, sys
 import jax  # Sets TPU_* variables itself: not the package's doing.
 before = dict(os.environ)
 import encoder_jax, encoder_jax.main, encoder_jax.api, encoder_jax.storage_emulator
-from encoder_jax import storage, storage_appends, storage_client, workdir, metrics_log, cli
+from encoder_jax import cli
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import appends as storage_appends
+from encoder_jax.storage import client as storage_client
+from encoder_jax.run import workdir
+from encoder_jax.run import metrics_log
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
 print('changed:', changed)
 '''
@@ -98,7 +103,7 @@ import os
 import tensorflow  # Installed: etils.epath would serve gs:// through tf.io.gfile.
 from etils import epath
 epath.Path(os.getcwd()).exists()  # A workdir on disk used first fixes epath's choice...
-from encoder_jax import storage_client
+from encoder_jax.storage import client as storage_client
 storage_client.configure()  # ...which configure makes it take again.
 path = epath.Path(%r)
 path.write_text('through gcsfs')

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from encoder_jax import locks
-from encoder_jax import storage
-from encoder_jax import storage_appends
-from encoder_jax import storage_client
+from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import appends as storage_appends
+from encoder_jax.storage import client as storage_client
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -140,7 +140,7 @@ def test_metrics_and_tensorboard_never_block_or_raise_through_an_outage(
   the emulator): at 0.05 s, every queued event was flushed alone (12 s of waiting)."""
   import threading  # pylint: disable=g-import-not-at-top
   from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
-  from encoder_jax import metrics_log  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import metrics_log  # pylint: disable=g-import-not-at-top
   proxy = faulty_proxy()
   _through(proxy, monkeypatch)
   monkeypatch.setattr(retry.DEFAULT_RETRY, '_timeout', 0.5)  # Each flush gives up at once.
@@ -176,7 +176,7 @@ def test_metrics_and_tensorboard_never_block_or_raise_through_an_outage(
 ])
 def test_a_run_checks_at_start_what_it_may_do_in_its_bucket(bucket, faulty_proxy, monkeypatch,
                                                              refused, permission):
-  from encoder_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   name = storage.split(bucket)[0]
 
   def deny(library, method, path):
@@ -201,7 +201,7 @@ def test_gcsfs_rides_out_an_outage_within_the_project_window(bucket, faulty_prox
   itself, one request a try, until storage_client.retry_window_s() is spent (here 20 s
   through a 3 s outage; tests/gcs/test_gcs_errors.py has a window that runs out)."""
   import threading  # pylint: disable=g-import-not-at-top
-  from encoder_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv(storage_client.RETRY_WINDOW_VARIABLE, '20')
   proxy = faulty_proxy()
   _through(proxy, monkeypatch)

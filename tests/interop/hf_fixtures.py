@@ -154,7 +154,7 @@ def make_workdir(root: str, **shape):
 
 def tiny_run_config(workdir: str, corpus: str, prepared_dir: str):
   """The workdir's config, shrunk to a few small steps on ``corpus``."""
-  from encoder_jax import loading  # pylint: disable=g-import-not-at-top
+  from encoder_jax.loading import loaded as loading  # pylint: disable=g-import-not-at-top
   c = loading.read_run_config(workdir)
   c.data.update(sources=f'text:{corpus}', prepared_dir=prepared_dir, num_workers=1,
                 held_out_fraction=0.2)

@@ -10,9 +10,9 @@ import pytest
 import tokenizers
 import transformers
 
-from encoder_jax import config_base
-from encoder_jax import loading
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.config import schema as config_base
+from encoder_jax.loading import loaded as loading
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import sources as sources_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_training

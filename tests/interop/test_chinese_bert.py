@@ -25,8 +25,8 @@ import transformers
 
 import encoder_jax
 from encoder_jax import convert
-from encoder_jax import inference
-from encoder_jax import loading
+from encoder_jax.loading import inference
+from encoder_jax.loading import loaded as loading
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.interop import tokenizer as tokenizer_io
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 import transformers
 
-from encoder_jax import checkpointing
-from encoder_jax import config_base
+from encoder_jax.run import checkpointing
+from encoder_jax.config import schema as config_base
 from encoder_jax import convert
-from encoder_jax import loading
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.loading import loaded as loading
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import bert
 
@@ -130,7 +130,7 @@ def test_restores_onto_a_sharded_mesh(imported):
 @pytest.mark.slow  # ~20 s: prepares a corpus and compiles a train step.
 def test_main_continues_pretraining_from_the_import(imported, tmp_path):
   """train_and_evaluate (what main runs) resumes from the imported step 0."""
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
   _, workdir, _ = imported
   run = str(tmp_path / 'run')
   shutil.copytree(workdir, run)

@@ -14,8 +14,8 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import fill_mask
-from encoder_jax import inference
-from encoder_jax import loading
+from encoder_jax.loading import inference
+from encoder_jax.loading import loaded as loading
 from encoder_jax.interop import hf_import
 
 import hf_fixtures

@@ -19,7 +19,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 

@@ -21,7 +21,7 @@ import transformers
 
 import encoder_jax
 from encoder_jax import convert
-from encoder_jax import loading
+from encoder_jax.loading import loaded as loading
 from encoder_jax.data import builders
 from encoder_jax.data import tokenizer_files
 from encoder_jax.data import tokenizer_kinds
@@ -332,7 +332,7 @@ def test_command_lines_on_the_directories(kind, root, tmp_path, capsys):
 @pytest.mark.slow  # ~30 s each: prepares a corpus with the imported tokenizer and trains.
 @pytest.mark.parametrize('kind', ['xlnet', 'deberta_v2'])
 def test_pretraining_continues_from_the_import(kind, root, tmp_path):
-  from encoder_jax import train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
   path, _, _ = built(kind, root)
   workdir = str(tmp_path / 'workdir')
   convert.hf_to_workdir(path, workdir)

@@ -75,7 +75,7 @@ def test_load_errors_name_the_path(tmp_path, dirs):
 def test_loading_a_workdir_does_not_import_the_training_loop(dirs):
   code = ('import sys, encoder_jax; m = encoder_jax.load(sys.argv[1]); '
           'm.hidden_states(**m.encode(["the cat"])); '
-          'print(sorted(n for n in ("encoder_jax.train", "tensorflow") if n in sys.modules))')
+          'print(sorted(n for n in ("encoder_jax.run.pretraining", "tensorflow") if n in sys.modules))')
   out = subprocess.run([sys.executable, '-c', code, dirs[1]], capture_output=True, text=True,
                        check=True, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.stdout.strip().splitlines()[-1] == '[]', out.stdout + out.stderr

@@ -9,7 +9,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')  # Never reach for the network.
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from encoder_jax import inference  # pylint: disable=wrong-import-position
+from encoder_jax.loading import inference  # pylint: disable=wrong-import-position
 from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-position
 
 import in_process  # pylint: disable=wrong-import-position

@@ -13,9 +13,9 @@ import pytest
 import transformers
 
 import encoder_jax
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import convert
-from encoder_jax import train
+from encoder_jax.run import pretraining as train
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 

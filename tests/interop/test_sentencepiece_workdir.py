@@ -16,10 +16,10 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import evaluate
-from encoder_jax import inference
-from encoder_jax import loading
-from encoder_jax import train
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.loading import inference
+from encoder_jax.loading import loaded as loading
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf_import
 from encoder_jax.models import bert
 

@@ -48,13 +48,13 @@ import pytest
 import torch
 import transformers
 
-from encoder_jax import config_base
-from encoder_jax import feeding
+from encoder_jax.config import schema as config_base
+from encoder_jax.run import feeding
 from encoder_jax import objectives
-from encoder_jax import optimizer
-from encoder_jax import length_phases
-from encoder_jax import sharding
-from encoder_jax import train
+from encoder_jax.core import optimizer
+from encoder_jax.core import length_phases
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 from encoder_jax.objectives import base

@@ -25,15 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
-from encoder_jax import feeding
-from encoder_jax import length_phases
+from encoder_jax.run import feeding
+from encoder_jax.core import length_phases
 from encoder_jax import objectives
-from encoder_jax import optimizer
-from encoder_jax import sharding
-from encoder_jax import train
-from encoder_jax import validation
+from encoder_jax.core import optimizer
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
+from encoder_jax.config import validation
 from encoder_jax.models import attention
 from encoder_jax.models import attention_kinds
 from encoder_jax.models import config as config_lib

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import sharding
+from encoder_jax.core import sharding
 from encoder_jax.models import attention
 from encoder_jax.models import bert
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
-from encoder_jax import validation
+from encoder_jax.config import schema as config_base
+from encoder_jax.config import validation
 from encoder_jax.models import modernbert
 from encoder_jax.models import packing
 from encoder_jax.models import registry

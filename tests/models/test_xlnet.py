@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from encoder_jax import sharding
+from encoder_jax.core import sharding
 from encoder_jax.models import registry
 from encoder_jax.models import xlnet
 

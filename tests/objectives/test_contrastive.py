@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import evaluate
 from encoder_jax import objectives
-from encoder_jax import length_phases
-from encoder_jax import validation
+from encoder_jax.core import length_phases
+from encoder_jax.config import validation
 from encoder_jax.objectives import contrastive
 from encoder_jax.objectives import masking
 

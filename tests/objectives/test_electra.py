@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax import length_phases
-from encoder_jax import validation
+from encoder_jax.core import length_phases
+from encoder_jax.config import validation
 from encoder_jax.interop import hf
 from encoder_jax.models import electra as electra_models
 from encoder_jax.models import registry as models

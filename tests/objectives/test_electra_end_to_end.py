@@ -18,7 +18,7 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import evaluate
-from encoder_jax import loading
+from encoder_jax.loading import loaded as loading
 from encoder_jax.interop import hf_import
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

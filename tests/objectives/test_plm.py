@@ -16,10 +16,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from encoder_jax import checkpointing
+from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
-from encoder_jax import length_phases
-from encoder_jax import train_state
+from encoder_jax.core import length_phases
+from encoder_jax.run import train_state
 from encoder_jax.models import registry
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import plm

@@ -14,7 +14,7 @@ import transformers
 
 from encoder_jax import convert
 from encoder_jax import evaluate
-from encoder_jax import loading
+from encoder_jax.loading import loaded as loading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import family  # pylint: disable=wrong-import-position

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax import length_phases
+from encoder_jax.core import length_phases
 from encoder_jax.models import registry as models
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import sbo

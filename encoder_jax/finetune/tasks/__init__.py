@@ -4,7 +4,7 @@ A task is a file in this package and an :class:`Entry` here that declares what t
 is made of: its reader (``prepare``: the splits read and encoded into arrays), its head
 (a flax module on the encoder), its engine setup (loss and predictions,
 ``finetune.task.Task``), its scorer (the metrics of a split), the poolings it reads and
-the ``config.task_settings`` fields it reads (:class:`encoder_jax.fields.Field`).
+the ``config.task_settings`` fields it reads (:class:`encoder_jax.core.fields.Field`).
 ``finetune.train`` runs any entry on the training engine.
 """
 
@@ -14,7 +14,7 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.finetune.tasks import question_answering
 from encoder_jax.finetune.tasks import sentence_embedding
 from encoder_jax.finetune.tasks import sequence_classification

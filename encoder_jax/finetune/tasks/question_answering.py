@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax.data import sources
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import heads

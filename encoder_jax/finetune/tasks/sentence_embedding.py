@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from encoder_jax import fields as fields_lib
-from encoder_jax import inference
+from encoder_jax.core import fields as fields_lib
+from encoder_jax.loading import inference
 from encoder_jax.finetune import data as data_lib
 from encoder_jax.finetune import scores
 from encoder_jax.finetune import task as task_lib

@@ -20,9 +20,9 @@ import math
 
 import ml_collections
 
-from encoder_jax import fields as fields_lib
+from encoder_jax.core import fields as fields_lib
 from encoder_jax import objectives
-from encoder_jax import optimizer
+from encoder_jax.core import optimizer
 from encoder_jax.data import config as data_config
 from encoder_jax.models import registry as models
 

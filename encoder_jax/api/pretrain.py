@@ -5,7 +5,7 @@
 fine-tuning uses) is continued pretraining (Gururangan et al. 2020, "Don't Stop
 Pretraining"): the new run takes the source's weights, network and tokenizer and keeps its
 own corpus, objectives, schedule and a fresh optimizer. The source is resolved by
-``encoder_jax.source`` (the one resolver of a model: a workdir, a Hugging Face directory or
+``encoder_jax.api.source`` (the one resolver of a model: a workdir, a Hugging Face directory or
 ``reference:NAME``) into a ``train_state.Source``, which the run adopts
 (``train_state.adopt``) and starts from (``train_state.start_params``). Only what the
 config needs (network, tokenizer) is read before the run starts; the weights are read
@@ -18,10 +18,10 @@ import os
 
 import ml_collections
 
-from encoder_jax import engine
-from encoder_jax import source as source_lib
-from encoder_jax import train
-from encoder_jax import train_state
+from encoder_jax.run import engine
+from encoder_jax.api import source as source_lib
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import train_state
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> engine.Result:

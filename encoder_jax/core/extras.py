@@ -7,7 +7,7 @@ of ``setup.cfg``, named for what it is for:
   tfds      TensorFlow Datasets sources (``tfds:NAME[:SPLIT]``), in pretraining and
             fine-tuning data.
   gcs       ``gs://`` paths: gcsfs (etils.epath's files) with google-cloud-storage (the
-            workdir lock; see ``encoder_jax.storage_client``), and TensorFlow where it still reads
+            workdir lock; see ``encoder_jax.storage.client``), and TensorFlow where it still reads
             them (corpus globs, TensorBoard event files written to a bucket).
   plot      the loss-curve and bake-off figures (matplotlib).
   finetune  fine-tuning scores: accuracy/F1/MCC (scikit-learn), correlations (SciPy), entity

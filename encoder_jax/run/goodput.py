@@ -15,9 +15,9 @@ import jax
 from absl import logging
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from encoder_jax import console as console_lib
-from encoder_jax import storage_client
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.run import console as console_lib
+from encoder_jax.storage import client as storage_client
+from encoder_jax.run import workdir as workdir_lib
 
 COMPILATION_CACHE = 'compilation_cache'  # compilation_cache_dir='auto' without JAX's own.
 PROFILE_DIR = 'profile'  # jax.profiler traces: profile/plugins/profile/<run>/<host>.xplane.pb

@@ -27,16 +27,16 @@ import numpy as np
 import optax
 from absl import logging
 
-from encoder_jax import checkpointing
-from encoder_jax import console as console_lib
-from encoder_jax import feeding
-from encoder_jax import goodput
-from encoder_jax import length_phases
-from encoder_jax import metrics_log as metrics_lib
-from encoder_jax import optimizer as optimizer_lib
-from encoder_jax import sharding
-from encoder_jax import train_state
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.run import checkpointing
+from encoder_jax.run import console as console_lib
+from encoder_jax.run import feeding
+from encoder_jax.run import goodput
+from encoder_jax.core import length_phases
+from encoder_jax.run import metrics_log as metrics_lib
+from encoder_jax.core import optimizer as optimizer_lib
+from encoder_jax.core import sharding
+from encoder_jax.run import train_state
+from encoder_jax.run import workdir as workdir_lib
 
 TrainState = train_state.TrainState
 _TRAIN = train_state.TRAIN

@@ -25,13 +25,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from encoder_jax import checkpointing
-from encoder_jax import config_base
-from encoder_jax import inference
+from encoder_jax.run import checkpointing
+from encoder_jax.config import schema as config_base
+from encoder_jax.loading import inference
 from encoder_jax import objectives
-from encoder_jax import sharding
-from encoder_jax import train_state
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.core import sharding
+from encoder_jax.run import train_state
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.models import config as model_config_lib
 

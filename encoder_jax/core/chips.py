@@ -54,7 +54,7 @@ def by_name(name: str) -> Chip:
     if chip.name == generation:
       return chip
   raise ValueError(f'TPU generation {generation!r} (from {name!r}) is not in the chip table; '
-                   f'known: {[c.name for c in TPUS]} (encoder_jax/chips.py)')
+                   f'known: {[c.name for c in TPUS]} (encoder_jax/core/chips.py)')
 
 
 def by_device_kind(kind: str) -> Chip | None:

@@ -8,7 +8,7 @@
   <workdir>/checkpoints/<step>/  Orbax checkpoints (see checkpointing.py)
   <workdir>/metrics.jsonl, <workdir>/tensorboard/
   <workdir>/.lock                the run using the workdir now (see WorkdirLock, built on
-                                 encoder_jax.locks, the package's one lock helper)
+                                 encoder_jax.storage.locks, the package's one lock helper)
 
 Pinning the tokenizer makes a workdir self-contained: evaluation, fill-mask, embeddings
 and export read the ids the checkpoint was trained on, whatever the prepared-data cache
@@ -30,9 +30,9 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from encoder_jax import locks
-from encoder_jax import storage
-from encoder_jax import storage_client
+from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
+from encoder_jax.storage import client as storage_client
 
 CONFIG_JSON = 'config.json'
 CHECKPOINTS_DIR = 'checkpoints'
@@ -129,7 +129,7 @@ def check_workdir_writable(workdir: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The lock: one run per workdir (on encoder_jax.locks, the package's one lock helper).
+# The lock: one run per workdir (on encoder_jax.storage.locks, the package's one lock helper).
 
 LOCK_FILE = '.lock'
 HEARTBEAT_S = 60.0  # The holder rewrites the lock this often...
@@ -358,7 +358,7 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict,
                        f'run in {workdir}. Restore it, or use another --workdir.') from e
   current = _flatten(json.loads(config.to_json_best_effort()))
   if defaults is None:
-    from encoder_jax import config_base  # pylint: disable=g-import-not-at-top
+    from encoder_jax.config import schema as config_base  # pylint: disable=g-import-not-at-top
     defaults = config_base.base_config()
   default = _flatten(json.loads(defaults.to_json_best_effort()))
   # A workdir holding only the step-0 checkpoint of an import (convert hf_to_workdir) has

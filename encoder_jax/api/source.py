@@ -25,10 +25,10 @@ import tempfile
 
 import ml_collections
 
-from encoder_jax import checkpointing
-from encoder_jax import loading
-from encoder_jax import train_state
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.run import checkpointing
+from encoder_jax.loading import loaded as loading
+from encoder_jax.run import train_state
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.interop import hf
 from encoder_jax.interop import hf_import

@@ -6,7 +6,7 @@ never import the loop. The params tree is the pretraining setup's
 (``objectives.build(config).init``): one network, or several in one tree.
 
 A run may also start from another model (continued pretraining, ``config.init``): a
-:class:`Source` (built above this layer, by ``encoder_jax.pretrain``, from a workdir or a
+:class:`Source` (built above this layer, by ``encoder_jax.api.pretrain``, from a workdir or a
 Hugging Face directory) gives its network and tokenizer to the config (:func:`adopt`) and
 its weights to the new params tree (:func:`start_params`), part by part.
 """
@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from encoder_jax import config_base
+from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax import optimizer as optimizer_lib
-from encoder_jax import sharding
+from encoder_jax.core import optimizer as optimizer_lib
+from encoder_jax.core import sharding
 
 # Independent random streams derived from config.seed.
 INIT, TRAIN, EVAL = 0, 1, 2

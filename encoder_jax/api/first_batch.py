@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from encoder_jax import data as data_lib
-from encoder_jax import length_phases
+from encoder_jax.core import length_phases
 from encoder_jax import objectives
-from encoder_jax import pretrain
-from encoder_jax import train
-from encoder_jax import train_state
-from encoder_jax import validation
+from encoder_jax.api import pretrain
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import train_state
+from encoder_jax.config import validation
 from encoder_jax.objectives import masking
 
 

@@ -51,7 +51,7 @@ emulator::
 ``encoder_jax.storage_emulator``). TensorFlow Datasets would read a ``data_dir=gs://...``
 through TensorFlow's own file system (which always calls www.googleapis.com); the ``tfds:``
 source copies the dataset's directory from the bucket to a local cache through
-``encoder_jax.storage`` instead (``data.sources.tfds_local_data_dir``), so it reaches an
+``encoder_jax.storage.paths`` instead (``data.sources.tfds_local_data_dir``), so it reaches an
 emulator too.
 """
 
@@ -67,7 +67,7 @@ import sys
 import time
 import urllib.parse
 
-from encoder_jax import extras
+from encoder_jax.core import extras
 
 EMULATOR_HOST = 'STORAGE_EMULATOR_HOST'
 # How long gcsfs keeps retrying one request through an outage (its own retries give up after

@@ -51,16 +51,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from encoder_jax import chips
-from encoder_jax import extras
-from encoder_jax import hlo
-from encoder_jax import length_phases
+from encoder_jax.core import chips
+from encoder_jax.core import extras
+from encoder_jax.tpu import hlo
+from encoder_jax.core import length_phases
 from encoder_jax import objectives
-from encoder_jax import optimizer as optimizer_lib
-from encoder_jax import sharding
-from encoder_jax import train
-from encoder_jax import train_state
-from encoder_jax import validation
+from encoder_jax.core import optimizer as optimizer_lib
+from encoder_jax.core import sharding
+from encoder_jax.run import pretraining as train
+from encoder_jax.run import train_state
+from encoder_jax.config import validation
 from encoder_jax.data import builders
 from encoder_jax.models import attention as attention_lib
 from encoder_jax.objectives import masking

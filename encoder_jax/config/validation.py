@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 
-from encoder_jax import config_base
-from encoder_jax import fields as fields_lib
+from encoder_jax.config import schema as config_base
+from encoder_jax.core import fields as fields_lib
 from encoder_jax import objectives
 from encoder_jax.models import registry as models
 

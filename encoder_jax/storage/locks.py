@@ -12,7 +12,7 @@ Two parts:
     caller chooses.
 
 Its users:
-  encoder_jax.workdir.WorkdirLock   one training run per workdir (``<workdir>/.lock``)
+  encoder_jax.run.workdir.WorkdirLock   one training run per workdir (``<workdir>/.lock``)
   encoder_jax.data.prepare_once     one preparer per prepared-data directory
                                     (``<directory>.lock``); tests/test_faults.py shares its
                                     session fixtures between pytest-xdist workers with it
@@ -56,7 +56,7 @@ import time
 import uuid
 from typing import Callable, Protocol
 
-from encoder_jax import storage
+from encoder_jax.storage import paths as storage
 
 UNREADABLE_S = 60.0  # A lock is written right after its creation: unreadable longer, dead.
 

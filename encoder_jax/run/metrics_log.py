@@ -20,13 +20,13 @@ from typing import Mapping
 import jax
 from absl import logging
 
-from encoder_jax import chips
-from encoder_jax import extras
-from encoder_jax import storage_appends
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.core import chips
+from encoder_jax.core import extras
+from encoder_jax.storage import appends as storage_appends
+from encoder_jax.run import workdir as workdir_lib
 
 # Dense bf16 peak TFLOP/s per device (vendor figures), matched against device_kind: the
-# GPUs here, the TPUs from the chip table (``encoder_jax.chips``).
+# GPUs here, the TPUs from the chip table (``encoder_jax.core.chips``).
 PEAK_TFLOPS = {
     'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'B200': 2250.0, 'TPU v3': 123.0,
     **chips.peak_tflops_by_kind(),
@@ -93,7 +93,7 @@ class MetricWriter:
     self._jsonl.write(json.dumps({'step': step, 'split': prefix, 'time': time.time(),
                                   **scalars}) + '\n')
     self._jsonl.flush()  # Local files now; gs:// in the appender's thread.
-    # The full line goes to the log; the console shows a short one (encoder_jax.console).
+    # The full line goes to the log; the console shows a short one (encoder_jax.run.console).
     logging.info('[%s] step %d %s', prefix, step,
                  ' '.join(f'{k}={_fmt(v)}' for k, v in scalars.items()))
 
@@ -105,7 +105,7 @@ class MetricWriter:
 
 def _summary_writer(logdir: str, purge_step: int | None = None):
   """TensorBoard event files: tensorboardX locally and on gs:// (there through
-  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage_appends);
+  google-cloud-storage, which honours STORAGE_EMULATOR_HOST: encoder_jax.storage.appends);
   TensorFlow's writer for other remote file systems.
 
   ``purge_step``: TensorBoard hides this run's earlier events at steps >= it (redone after

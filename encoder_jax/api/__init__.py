@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from encoder_jax import loading
-from encoder_jax import source
+from encoder_jax.loading import loaded as loading
+from encoder_jax.api import source
 
 Loaded = loading.Loaded
 

@@ -31,8 +31,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from encoder_jax import storage
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.storage import paths as storage
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import iterators as data_iterators
 
 ITEMS = ('params', 'opt_state', 'data', 'meta')

@@ -8,7 +8,7 @@ drawn on device from ``fold_in(key, step)``, and every ``checkpoint.every_steps`
 params, optimizer state and data-iterator state are saved together.
 
 A run whose ``config.init`` names a model (continued pretraining) starts from its weights,
-network and tokenizer (``train_state.Source``, resolved by ``encoder_jax.pretrain.run``)
+network and tokenizer (``train_state.Source``, resolved by ``encoder_jax.api.pretrain.run``)
 with a fresh optimizer, and says what it took in ``<workdir>/init_report.json``; once it
 has a checkpoint of its own it resumes from that, like any run.
 """
@@ -25,19 +25,19 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from encoder_jax import checkpointing
-from encoder_jax import console as console_lib
+from encoder_jax.run import checkpointing
+from encoder_jax.run import console as console_lib
 from encoder_jax import data as data_lib
-from encoder_jax import engine
-from encoder_jax import feeding
-from encoder_jax import goodput
+from encoder_jax.run import engine
+from encoder_jax.run import feeding
+from encoder_jax.run import goodput
 from encoder_jax import objectives
-from encoder_jax import optimizer as optimizer_lib
-from encoder_jax import length_phases
-from encoder_jax import sharding
-from encoder_jax import train_state
-from encoder_jax import validation
-from encoder_jax import workdir as workdir_lib
+from encoder_jax.core import optimizer as optimizer_lib
+from encoder_jax.core import length_phases
+from encoder_jax.core import sharding
+from encoder_jax.run import train_state
+from encoder_jax.config import validation
+from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.objectives import masking
 
 PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
@@ -187,13 +187,13 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str,
   Every config value and the workdir are checked before any work; the workdir is locked
   against a second run; a resume whose config changes what a checkpoint depends on is
   refused before anything in the workdir is written. ``source``: the model ``config.init``
-  names (``encoder_jax.pretrain.run`` loads it); its network and tokenizer replace the
+  names (``encoder_jax.api.pretrain.run`` loads it); its network and tokenizer replace the
   config's (``train_state.adopt``: a conflicting network field is refused by name).
   """
   named = (config.init.workdir or config.init.hf_dir) if 'init' in config else ''
   if bool(named) != (source is not None):
     raise ValueError(f'config.init names {named!r} but no source was loaded: start the run '
-                     'with encoder_jax.main or encoder_jax.pretrain.run, which load it' if named
+                     'with encoder_jax.main or encoder_jax.api.pretrain.run, which load it' if named
                      else 'a source was given but config.init names none')
   config = train_state.adopt(config, source)  # First: a conflict is named as such.
   validation.validate(config)

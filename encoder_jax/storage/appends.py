@@ -32,7 +32,7 @@ import time
 
 from absl import logging
 
-from encoder_jax import storage_client
+from encoder_jax.storage import client as storage_client
 
 COMPACT_EVERY = 1000  # Composes before the object is uploaded whole again.
 FLUSH_EVERY_S = 1.0  # BackgroundAppender: at most one update of an object a second.

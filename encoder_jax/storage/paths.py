@@ -3,8 +3,8 @@ preconditions (:class:`Blob`, what a lock needs), globs and ranged reads, and wh
 copied up and down.
 
 Which client library serves which path, and the emulator switch, are
-``encoder_jax.storage_client``'s; appends (``metrics.jsonl``, TensorBoard's event files) are
-``encoder_jax.storage_appends``'s.
+``encoder_jax.storage.client``'s; appends (``metrics.jsonl``, TensorBoard's event files) are
+``encoder_jax.storage.appends``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import tempfile
 import uuid
 
-from encoder_jax import storage_client
+from encoder_jax.storage import client as storage_client
 
 
 # What the functions here raise, and how they split a URL, for their callers.
