@@ -33,6 +33,20 @@ keys (the enhanced mask decoder, the last layer at the rows a loss reads:
 the element-wise gathers (values and gradients); ``benchmarks/bench_attention.py`` prints
 the compiled memory at length 512.
 
+On a TPU (``config.model.attention_implementation`` None or 'splash', as BERT's splash
+attention) the self-attention runs a Pallas kernel instead (``models/disentangled_kernel``):
+the three score terms a [block, block] tile at a time, the position products skewed in
+VMEM, an online softmax, never an [L, L] array in HBM, forward and backward. It takes the
+projected tables expanded to the 2P distances of the padded length (``kernel_rows``: the
+same static distance -> row map, so v1's clipping and v2's log buckets stay out of it) and
+the key padding mask, or packed rows' ``context['document_ids']``, as ids. The XLA path
+above stays the reference and serves CPU and GPU, 'xla', queries at some rows (the enhanced
+mask decoder and the last layer at the rows a loss reads), a mask with a row per query,
+attention dropout in training (the kernel has none; one log line), position tables too
+large for VMEM (``KERNEL_TABLE_BYTES``; one log line) and a trace on several TPU devices
+without the mesh in context. ``tests/models/test_deberta_kernel.py`` checks the kernel (Pallas
+interpret mode) against the XLA path, values and gradients.
+
 Parameter layouts follow the two Hugging Face models so their tables are one-to-one:
 kind ``deberta`` (v1, ``DebertaForMaskedLM``): a fused ``in_proj`` [embed, heads, 3, d]
 without bias plus ``q_bias``/``v_bias`` (no key bias), ``pos_key`` without bias,

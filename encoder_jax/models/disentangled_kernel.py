@@ -412,21 +412,23 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
   def kinds(*pairs):
     return [kind if x is not None else None for x, kind in pairs]
 
-  def forward(q, k, v, kr, qr):
+  def forward(q, k, v, kr, qr, q_ids, kv_ids):
     args = (q, k, v, kr, qr, q_ids, kv_ids)
     in_kinds = ('seq', 'seq', 'seq', 'table', 'table', 'ids', 'ids')
     return sharded(lambda *a: _forward_call(*a, **kw), args, in_kinds, ('seq', 'seq'))
 
+  # The ids are arguments, not closed over: a custom_vjp must not capture traced values (the
+  # layer scan's).
   @jax.custom_vjp
-  def run(q, k, v, kr, qr):
-    return forward(q, k, v, kr, qr)[0]
+  def run(q, k, v, kr, qr, q_ids, kv_ids):
+    return forward(q, k, v, kr, qr, q_ids, kv_ids)[0]
 
-  def run_fwd(q, k, v, kr, qr):
-    o, lse = forward(q, k, v, kr, qr)
-    return o, (q, k, v, kr, qr, o, lse)
+  def run_fwd(q, k, v, kr, qr, q_ids, kv_ids):
+    o, lse = forward(q, k, v, kr, qr, q_ids, kv_ids)
+    return o, (q, k, v, kr, qr, q_ids, kv_ids, o, lse)
 
   def run_bwd(res, do):
-    q, k, v, kr, qr, o, lse = res
+    q, k, v, kr, qr, q_ids, kv_ids, o, lse = res
     di = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
     di = jnp.broadcast_to(di[..., None], lse.shape)
     args = (q, k, v, do, lse, di, kr, qr, q_ids, kv_ids)
@@ -435,7 +437,7 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
     dq, dk, dv, dkr, dqr = sharded(lambda *a: _backward_call(*a, **kw), args, in_kinds,
                                    out_kinds)
     cast = lambda g, x: None if g is None else g.astype(x.dtype)
-    return cast(dq, q), cast(dk, k), cast(dv, v), cast(dkr, kr), cast(dqr, qr)
+    return cast(dq, q), cast(dk, k), cast(dv, v), cast(dkr, kr), cast(dqr, qr), None, None
 
   run.defvjp(run_fwd, run_bwd)
-  return run(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD)
+  return run(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids, kv_ids)

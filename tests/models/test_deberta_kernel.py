@@ -231,3 +231,30 @@ def test_the_tpu_compiler_lowers_a_layers_kernels():
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   assert cost['flops'] > 20 * 2 * b * 2 * 256 * 256 * 64  # The kernels' estimates included.
+
+
+def test_a_network_with_the_kernel_in_its_layer_scan_equals_xla():
+  """The whole pretraining network (2 scanned layers, the last at the predicted rows and the
+  enhanced mask decoder on the XLA path): MLM logits and every parameter's gradient."""
+  grads = {}
+  for impl in ('splash', 'xla'):
+    c = tiny(num_layers=2, max_relative_positions=6, attention_implementation=impl)
+    net = registry.network(c)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(5, c.vocab_size, (2, 13)), jnp.int32)
+    mask = jnp.ones_like(ids).at[1, 9:].set(0)
+    positions = jnp.asarray([[1, 4, 7, 10], [0, 2, 2, 8]])
+    params = _random_params(net.init, jax.random.key(0), seed=1)
+    weights = jnp.asarray(rng.standard_normal((2, 4, c.vocab_size)), jnp.float32)
+
+    def loss(p):
+      out = net.pretraining.apply({'params': p}, ids, jnp.zeros_like(ids), mask, positions)
+      return jnp.sum(out['mlm_logits'] * weights)
+
+    fn = lambda p: loss(p)
+    assert ('pallas_call' in str(jax.make_jaxpr(fn)(params))) == (impl == 'splash')
+    grads[impl] = jax.jit(jax.value_and_grad(fn))(params)
+  (value, g), (ref_value, ref_g) = grads['splash'], grads['xla']
+  np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+  for (path, a), b in zip(jax.tree.leaves_with_path(g), jax.tree.leaves(ref_g)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
