@@ -4,6 +4,8 @@ each kind costs beside BERT (docs/results/relative_attention_tpu.md).
   python benchmarks/compile_kinds.py --out=/tmp/kinds                  # every kind
   python benchmarks/compile_kinds.py --out=/tmp/kinds --only=bert,deberta,deberta_v2,xlnet
   python benchmarks/compile_kinds.py --out=/tmp/kinds --table_only    # from the JSON
+  python benchmarks/compile_kinds.py --out=/tmp/kinds0 --only=bert,deberta \
+      --set=--config.model.attention_dropout_rate=0                     # every kind's kernel
 
 Needs libtpu, not a TPU. Each kind runs its base config (``KINDS``) through
 ``python -m encoder_jax.compile --noeval --json=OUT/<kind>.json`` in its own process with
@@ -99,6 +101,10 @@ def main():
   parser.add_argument('--out', required=True, help='Directory for the JSON files and the table.')
   parser.add_argument('--only', default='', help='Comma-separated kinds (default: all).')
   parser.add_argument('--timeout_s', type=int, default=3600, help='Per kind.')
+  parser.add_argument('--set', action='append', default=[],
+                      help='An argument added to every kind\'s command (repeatable), e.g. '
+                      '--set=--config.model.attention_dropout_rate=0: without attention '
+                      'dropout, the attention kernels (splash, DeBERTa\'s) run in training.')
   parser.add_argument('--table_only', action='store_true',
                       help='Compile nothing: the table from the JSON files in --out.')
   args = parser.parse_args()
@@ -118,7 +124,7 @@ def main():
       continue
     config, overrides = KINDS[name]
     command = [sys.executable, '-m', 'encoder_jax.compile', f'--config={config}', *SHAPE,
-               *overrides, f'--json={path}']
+               *overrides, *args.set, f'--json={path}']
     print('$', ' '.join(command[1:]), flush=True)
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True,

@@ -136,9 +136,9 @@ FIELDS: tuple[fields_lib.Field, ...] = (
       'TPU splash-attention kernel: padding and packed documents as segment ids, local '
       'windows as its local mask; Pallas interpret mode on CPU), or None: splash on TPUs, '
       'cuDNN on GPUs in bf16, else XLA. Training with attention_dropout_rate > 0 always runs '
-      "the explicit XLA softmax, as do DeBERTa's and XLNet's attentions (a log line says so "
-      'where splash was chosen) and queries at some rows (the last layer at the predicted '
-      'ones).'),
+      "the explicit XLA softmax, as does XLNet's attention (a log line says so where splash was "
+      "chosen) and queries at some rows (the last layer at the predicted ones); DeBERTa's "
+      'disentangled attention runs its own Pallas kernel where splash is chosen.'),
 ) + BLOCK_OPTIONS
 
 # Every config.model field by name (the registry's 'kind', FIELDS, each kind's own): the

@@ -33,6 +33,20 @@ keys (the enhanced mask decoder, the last layer at the rows a loss reads:
 the element-wise gathers (values and gradients); ``benchmarks/bench_attention.py`` prints
 the compiled memory at length 512.
 
+On a TPU (``config.model.attention_implementation`` None or 'splash', as BERT's splash
+attention) the self-attention runs a Pallas kernel instead (``models/disentangled_kernel``):
+the three score terms a [block, block] tile at a time, the position products skewed in
+VMEM, an online softmax, never an [L, L] array in HBM, forward and backward. It takes the
+projected tables expanded to the 2P distances of the padded length (``kernel_rows``: the
+same static distance -> row map, so v1's clipping and v2's log buckets stay out of it) and
+the key padding mask, or packed rows' ``context['document_ids']``, as ids. The XLA path
+above stays the reference and serves CPU and GPU, 'xla', queries at some rows (the enhanced
+mask decoder and the last layer at the rows a loss reads), a mask with a row per query,
+attention dropout in training (the kernel has none; one log line), position tables too
+large for VMEM (``KERNEL_TABLE_BYTES``; one log line) and a trace on several TPU devices
+without the mesh in context. ``tests/models/test_deberta_kernel.py`` checks the kernel (Pallas
+interpret mode) against the XLA path, values and gradients.
+
 Parameter layouts follow the two Hugging Face models so their tables are one-to-one:
 kind ``deberta`` (v1, ``DebertaForMaskedLM``): a fused ``in_proj`` [embed, heads, 3, d]
 without bias plus ``q_bias``/``v_bias`` (no key bias), ``pos_key`` without bias,
@@ -60,6 +74,7 @@ import numpy as np
 
 from encoder_jax.models import attention
 from encoder_jax.models import layers
+from encoder_jax.models import packing
 
 V1_KINDS = ('deberta',)  # Kinds with DeBERTa v1's parameter layout (fused in_proj).
 POSITION_TERMS, position_terms = layers.POSITION_TERMS, layers.position_terms
@@ -131,6 +146,34 @@ def distance_rows(c, keys: int) -> tuple[np.ndarray, np.ndarray]:
   return rows(keys - u), rows(u - keys)
 
 
+def kernel_rows(c, keys: int, padded: int) -> tuple[np.ndarray, np.ndarray]:
+  """int32 [2P] each, the tables of the Pallas kernel (``disentangled_kernel``) for S keys
+  padded to P: the reachable table's row (``relative_layout``'s) of the distance
+  ``P - 1 - t`` (ascending in j - i: c2p's ``K^r``) and of ``t - P + 1`` (descending: p2c's
+  ``Q^r``), t = 0 .. 2P - 1. Distances past the S keys meet only padding (masked); they
+  take the clipped rows."""
+  _, lo, hi = relative_layout(c, keys)
+  t = np.arange(2 * padded)
+  rows = lambda rel: np.clip(table_rows(c, rel) - lo, 0, hi - lo - 1).astype(np.int32)
+  return rows(padded - 1 - t), rows(t - padded + 1)
+
+
+def kernel_block(length: int) -> tuple[int, int]:
+  """(padded length, block) of the kernel: splash's on a TPU (a multiple of 128, blocks of
+  512, 256 or 128); off a TPU (Pallas interpret mode: tests) a multiple of 8, blocks of
+  32, 16 or 8 and at least two of them past 8 tokens, so a few tokens make several."""
+  if attention._backend() == 'tpu':  # pylint: disable=protected-access
+    return attention.splash_block(length)
+  padded = -(-length // 8) * 8
+  return padded, next(b for b in (32, 16, 8) if padded % b == 0 and (b < padded or b == 8))
+
+
+# VMEM the kernel's whole position tables may take (``disentangled_kernel.vmem_table_bytes``);
+# longer sequences run the XLA path: 4 MiB holds both tables at 1,024 tokens in bfloat16 with
+# 64-wide heads (a sixth of a v5e core's default scoped VMEM for the backward kernel).
+KERNEL_TABLE_BYTES = 4 << 20
+
+
 def c2p_scores(c2p_BxHxQxU, positions_BxQ=None):
   """[B, H, Q, 2S] content-to-position scores over the distances S .. -(S - 1) ->
   [B, H, Q, S]: entry (i, j) reads column S - i + j (distance i - j), i the query's
@@ -173,14 +216,70 @@ class DisentangledAttention(nn.Module):
   config: Any  # models.config.EncoderConfig
   deterministic: bool
 
+  def _use_kernel(self, q_len: int, s_len: int, mask_Bx1x1xS, context) -> bool:
+    """Whether this call runs the Pallas kernel (see the module doc): the implementation
+    resolves to splash, the queries are the keys' rows, the mask is key padding or packed
+    rows' documents, no attention dropout in training, the tables fit VMEM, and the kernel
+    can be placed (``attention.splash_placeable``). One log line per reason it cannot."""
+    c, dt = self.config, self.config.jnp_dtype
+    if not (c.attention_implementation in (None, 'splash')
+            and attention.resolve_implementation(c.attention_implementation, dt) == 'splash'):
+      return False
+    if (context.get('query_positions') is not None or q_len != s_len
+        or (context.get('document_ids') is None and mask_Bx1x1xS.shape[-2] != 1)):
+      return False  # Queries at some rows (the EMD, the last layer at the rows a loss reads).
+    what = "DeBERTa's disentangled attention kernel"
+    if not self.deterministic and c.attention_dropout_rate > 0:
+      attention.warn_fallback(
+          f'{what} (config.model.attention_implementation={c.attention_implementation!r}) has '
+          f'no attention dropout, and config.model.attention_dropout_rate='
+          f'{c.attention_dropout_rate} asks for it in training (set it to 0 to run the kernel)')
+      return False
+    from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
+    padded, _ = kernel_block(s_len)
+    need = disentangled_kernel.vmem_table_bytes(padded, c.head_dim, jnp.dtype(dt).itemsize,
+                                                len(position_terms(c)))
+    if need > KERNEL_TABLE_BYTES:
+      attention.warn_fallback(f'{what}: the position tables at {s_len} tokens take '
+                              f'{need / 2 ** 20:.1f} MiB of VMEM (over {KERNEL_TABLE_BYTES >> 20})')
+      return False
+    return attention.splash_placeable()
+
+  def _kernel(self, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD, mask_Bx1x1xS,
+              documents_BxS, scale: float):
+    """The Pallas kernel's attention [B, L, H, D] (``disentangled_kernel.attend``)."""
+    from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
+    b, length, h, _ = q_BxLxHxD.shape
+    padded, block = kernel_block(length)
+    pad = padded - length
+    asc_T, desc_T = kernel_rows(self.config, length, padded)
+    heads_first = lambda x_BxLxHxD: jnp.pad(
+        x_BxLxHxD, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    table = lambda t_RxHxD, rows_T: None if t_RxHxD is None else jnp.take(
+        t_RxHxD, rows_T, axis=0).transpose(1, 0, 2)
+    if documents_BxS is not None:
+      q_ids_BxP = jnp.pad(documents_BxS, ((0, 0), (0, pad)), constant_values=-2)
+      kv_ids_BxP = jnp.pad(documents_BxS, ((0, 0), (0, pad)), constant_values=-1)
+    else:
+      q_ids_BxP = None
+      real_BxS = jnp.broadcast_to(mask_Bx1x1xS[:, 0, 0, :] != 0, (b, length)).astype(jnp.int32)
+      kv_ids_BxP = jnp.pad(real_BxS, ((0, 0), (0, pad)), constant_values=-1)
+    a_BxHxPxD = disentangled_kernel.attend(
+        heads_first(q_BxLxHxD), heads_first(k_BxSxHxD), heads_first(v_BxSxHxD),
+        table(kr_RxHxD, asc_T), table(qr_RxHxD, desc_T), q_ids_BxP, kv_ids_BxP, block=block,
+        scale=scale, interpret=attention._backend() != 'tpu',  # pylint: disable=protected-access
+        mesh_specs=attention._splash_mesh_specs(b, h))  # pylint: disable=protected-access
+    return a_BxHxPxD.transpose(0, 2, 1, 3)[:, :length]
+
   @nn.compact
   def __call__(self, x_BxLxE, mask_Bx1x1xS, context: dict[str, Any]):
     c, dt = self.config, self.config.jnp_dtype
     h, d, e = c.num_heads, c.head_dim, c.hidden_size
     v1 = c.kind in V1_KINDS
     kv_BxSxE = context.get('kv_states', x_BxLxE)
-    attention.warn_no_splash(c.attention_implementation, dt,
-                             "DeBERTa's disentangled attention (relative-position logits)")
+    positions_BxQ = context.get('query_positions')
+    documents_BxS = context.get('document_ids')  # Packed rows: the keys' documents.
+    use_kernel = self._use_kernel(x_BxLxE.shape[1], kv_BxSxE.shape[1], mask_Bx1x1xS, context)
 
     def dense(name, bias=True):
       return layers.Dense((e,), (h, d), ('embed',), ('heads', 'kv'), c.initializer_range, dt,
@@ -198,33 +297,50 @@ class DisentangledAttention(nn.Module):
 
     terms = position_terms(c)
     scale = float(np.sqrt(d * (1 + len(terms))))
-    logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD,
-                                preferred_element_type=jnp.float32) / scale
+    s_len = k_BxSxHxD.shape[1]
+    if positions_BxQ is None and q_BxLxHxD.shape[1] != s_len:
+      raise ValueError(f'DeBERTa attention: {q_BxLxHxD.shape[1]} queries over {s_len} keys '
+                       "need context['query_positions'] (the queries' key positions)")
+    kr_RxHxD = qr_RxHxD = None
     if terms:
       rel_RxE = layers.Dropout(c.hidden_dropout_rate, name='rel_dropout')(
           context['rel_embeddings'], deterministic=self.deterministic)
-      s_len = k_BxSxHxD.shape[1]
-      positions_BxQ = context.get('query_positions')
-      if positions_BxQ is None and q_BxLxHxD.shape[1] != s_len:
-        raise ValueError(f'DeBERTa attention: {q_BxLxHxD.shape[1]} queries over {s_len} keys '
-                         "need context['query_positions'] (the queries' key positions)")
-      c2p_rows_U, p2c_rows_U = distance_rows(c, s_len)
       if 'c2p' in terms:
         pos_key = key if c.share_att_key else dense('pos_key', bias=not v1)
-        kr_UxHxD = jnp.take(pos_key(rel_RxE), c2p_rows_U, axis=0)
-        c2p_BxHxLxU = jnp.einsum('blhd,uhd->bhlu', q_BxLxHxD, kr_UxHxD,
-                                 preferred_element_type=dt)
-        logits_BxHxLxS += c2p_scores(c2p_BxHxLxU, positions_BxQ) / scale
+        kr_RxHxD = pos_key(rel_RxE)
       if 'p2c' in terms:
         pos_query = query if c.share_att_key else dense('pos_query')
-        qr_UxHxD = jnp.take(pos_query(rel_RxE), p2c_rows_U, axis=0)
-        p2c_BxHxSxU = jnp.einsum('bshd,uhd->bhsu', k_BxSxHxD, qr_UxHxD,
-                                 preferred_element_type=dt)
-        logits_BxHxLxS += p2c_scores(p2c_BxHxSxU, positions_BxQ) / scale
+        qr_RxHxD = pos_query(rel_RxE)
+    if use_kernel:
+      a_BxLxHxD = self._kernel(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD,
+                               mask_Bx1x1xS, documents_BxS, scale)
+    else:
+      if documents_BxS is not None:
+        mask_Bx1x1xS = packing.same_document(packing.at_rows(documents_BxS, positions_BxQ),
+                                             documents_BxS)  # [B, 1, L, S]
+      a_BxLxHxD = self._xla(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD, mask_Bx1x1xS,
+                            positions_BxQ, scale)
+    return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
+                        name='attention_output')(a_BxLxHxD)
+
+  def _xla(self, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD, mask_Bx1x1xS,
+           positions_BxQ, scale: float):
+    """The XLA path [B, L, H, D]: the products at the 2S distances, shifted (module doc)."""
+    c, dt = self.config, self.config.jnp_dtype
+    s_len = k_BxSxHxD.shape[1]
+    logits_BxHxLxS = jnp.einsum('blhd,bshd->bhls', q_BxLxHxD, k_BxSxHxD,
+                                preferred_element_type=jnp.float32) / scale
+    c2p_rows_U, p2c_rows_U = distance_rows(c, s_len)
+    if kr_RxHxD is not None:
+      kr_UxHxD = jnp.take(kr_RxHxD, c2p_rows_U, axis=0)
+      c2p_BxHxLxU = jnp.einsum('blhd,uhd->bhlu', q_BxLxHxD, kr_UxHxD, preferred_element_type=dt)
+      logits_BxHxLxS += c2p_scores(c2p_BxHxLxU, positions_BxQ) / scale
+    if qr_RxHxD is not None:
+      qr_UxHxD = jnp.take(qr_RxHxD, p2c_rows_U, axis=0)
+      p2c_BxHxSxU = jnp.einsum('bshd,uhd->bhsu', k_BxSxHxD, qr_UxHxD, preferred_element_type=dt)
+      logits_BxHxLxS += p2c_scores(p2c_BxHxSxU, positions_BxQ) / scale
     logits_BxHxLxS = jnp.where(mask_Bx1x1xS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
     probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1)
     probs_BxHxLxS = layers.Dropout(c.attention_dropout_rate, name='probs_dropout')(
         probs_BxHxLxS, deterministic=self.deterministic)
-    a_BxLxHxD = jnp.einsum('bhls,bshd->blhd', probs_BxHxLxS.astype(dt), v_BxSxHxD)
-    return layers.Dense((h, d), (e,), ('heads', 'kv'), ('embed',), c.initializer_range, dt,
-                        name='attention_output')(a_BxLxHxD)
+    return jnp.einsum('bhls,bshd->blhd', probs_BxHxLxS.astype(dt), v_BxSxHxD)
