@@ -358,6 +358,38 @@ def _backward_call(q, k, v, do, lse, di, kr, qr, q_ids, kv_ids, *, bl, inv_scale
   return dq, dk, dv, dkr, dqr
 
 
+def _sharded(f, args, in_kinds, out_kinds, mesh_specs):
+  """``f(*args)``, in a shard_map over ``mesh_specs`` (the operands by kind: 'seq'
+  [B, H, ...], 'table' [H, ...], 'ids' [B, ...]; None operands and results stay out of
+  it); the 'table' results are summed over the batch axes."""
+  if mesh_specs is None:
+    return f(*args)
+  mesh, batch, head = mesh_specs
+  P = jax.sharding.PartitionSpec
+  spec = {'seq': P(batch, head, None, None), 'table': P(head, None, None),
+          'ids': P(batch, None, None)}
+  present = [i for i, x in enumerate(args) if x is not None]
+  outs_present = [i for i, kind in enumerate(out_kinds) if kind is not None]
+
+  def body(*given):
+    full = [None] * len(args)
+    for i, x in zip(present, given):
+      full[i] = x
+    outs = f(*full)
+    outs = [outs[i] for i in outs_present]
+    return tuple(jax.lax.psum(x, batch) if out_kinds[i] == 'table' and batch else x
+                 for i, x in zip(outs_present, outs))
+
+  outs = jax.shard_map(body, mesh=mesh, check_vma=False,
+                       in_specs=tuple(spec[in_kinds[i]] for i in present),
+                       out_specs=tuple(spec[out_kinds[i]] for i in outs_present))(
+                           *[args[i] for i in present])
+  full = [None] * len(out_kinds)
+  for i, x in zip(outs_present, outs):
+    full[i] = x
+  return tuple(full)
+
+
 def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_ids_BxP, *,
            block: int, scale: float, interpret: bool, mesh_specs: Any = None):
   """softmax((q k^T + c2p + p2c) / scale) v [B, H, P, D] (see the module doc).
@@ -379,35 +411,7 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
   kv_ids = kv_ids_BxP.astype(jnp.int32)[:, None, :]
 
   def sharded(f, args, in_kinds, out_kinds):
-    """``f(*args)``, in a shard_map over ``mesh_specs`` (the operands by kind: 'seq'
-    [B, H, ...], 'table' [H, ...], 'ids' [B, ...]; None operands and results stay out of
-    it); the 'table' results are summed over the batch axes."""
-    if mesh_specs is None:
-      return f(*args)
-    mesh, batch, head = mesh_specs
-    P = jax.sharding.PartitionSpec
-    spec = {'seq': P(batch, head, None, None), 'table': P(head, None, None),
-            'ids': P(batch, None, None)}
-    present = [i for i, x in enumerate(args) if x is not None]
-    outs_present = [i for i, kind in enumerate(out_kinds) if kind is not None]
-
-    def body(*given):
-      full = [None] * len(args)
-      for i, x in zip(present, given):
-        full[i] = x
-      outs = f(*full)
-      outs = [outs[i] for i in outs_present]
-      return tuple(jax.lax.psum(x, batch) if out_kinds[i] == 'table' and batch else x
-                   for i, x in zip(outs_present, outs))
-
-    outs = jax.shard_map(body, mesh=mesh, check_vma=False,
-                         in_specs=tuple(spec[in_kinds[i]] for i in present),
-                         out_specs=tuple(spec[out_kinds[i]] for i in outs_present))(
-                             *[args[i] for i in present])
-    full = [None] * len(out_kinds)
-    for i, x in zip(outs_present, outs):
-      full[i] = x
-    return tuple(full)
+    return _sharded(f, args, in_kinds, out_kinds, mesh_specs)
 
   def kinds(*pairs):
     return [kind if x is not None else None for x, kind in pairs]
