@@ -72,11 +72,11 @@ def variant_config(name: str, steps: int, prepared_dir: str):
 def run(name: str, out: str, steps: int, eval_batches: int) -> dict:
   from encoder_jax import bakeoff  # pylint: disable=g-import-not-at-top
   from encoder_jax import evaluate  # pylint: disable=g-import-not-at-top
-  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.api import pretrain  # pylint: disable=g-import-not-at-top
   c = variant_config(name, steps, os.path.join(out, 'prepared'))
   workdir = os.path.join(out, name)
   start = time.perf_counter()
-  train.train_and_evaluate(c, workdir)
+  pretrain.run(c, workdir)
   wall = time.perf_counter() - start  # Preparation (first run only) and compiles included.
   own = evaluate.evaluate_checkpoint(c, workdir, eval_batches=eval_batches)
   bert = evaluate.evaluate_checkpoint(evaluate.at_bert_masking(c), workdir,

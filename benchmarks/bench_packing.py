@@ -42,11 +42,9 @@ import optax  # pylint: disable=wrong-import-position
 from encoder_jax.config import schema as config_base  # pylint: disable=wrong-import-position
 from encoder_jax import data as data_lib  # pylint: disable=wrong-import-position
 from encoder_jax import objectives  # pylint: disable=wrong-import-position
-from encoder_jax.core import optimizer  # pylint: disable=wrong-import-position
 from encoder_jax.core import length_phases  # pylint: disable=wrong-import-position
 from encoder_jax.core import sharding  # pylint: disable=wrong-import-position
 from encoder_jax.run import pretraining as train  # pylint: disable=wrong-import-position
-from encoder_jax.run import train_state  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import data as finetune_data  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import heads  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import probe_data  # pylint: disable=wrong-import-position
@@ -123,15 +121,11 @@ def pretraining(args, mesh) -> None:
     it = data_lib.make_train_iterator(c, prepared)
     host = [next(it) for _ in range(args.steps)]
     real[pair_kind] = float(np.mean([b['input_mask'].sum() for b in host]))
-    setup = objectives.build(c, train.vocab_tables(c, prepared))
-    tx = optimizer.make(c)
-    _, shards = train_state.state_shardings(c, mesh, setup, tx)
-    phase = length_phases.phases(c.train)[0]
-    step = train.make_train_step(c, setup, tx, optimizer.learning_rate_schedule(c.optim, 1000),
-                                 mesh, shards, phase)
+    pieces = train.pieces(c, mesh, objectives.build(c, train.vocab_tables(c, prepared)))
+    step = pieces.train_step(length_phases.phases(c.train)[0])
     batch_sharding = sharding.batch_sharding(mesh)
     batches = [{k: jax.device_put(v, batch_sharding) for k, v in b.items()} for b in host]
-    state = train_state.create_train_state(c, mesh, setup=setup, tx=tx)
+    state = pieces.create_state()
     variants[pair_kind] = (step, state, batches)
   seconds = _race(variants, args)
   _report(f'Pretraining: {args.kind} 2 x 128 (local run), MLM, {args.batch_size} x '

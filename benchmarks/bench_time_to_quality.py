@@ -24,7 +24,7 @@ embedded corpus, all from one prepared directory (one tokenizer):
   split as ``Composite.loss_fn`` splits it; ``tests/test_bench_time_to_quality.py`` checks
   them against what the compiled train step draws). torch ``AdamW`` with the same betas,
   eps and weight decay (none on LayerNorm parameters and biases), ``clip_grad_norm_``, and
-  a ``LambdaLR`` that replays ``optimizer.learning_rate_schedule``.
+  a ``LambdaLR`` that replays the run's schedule (``optimizer.schedule``).
 
 The runs are interleaved, ``--eval_every`` steps of each in turn, so that all three see the
 same machine load. Before step 1 and every ``--eval_every`` steps (and at the end) every run
@@ -166,7 +166,7 @@ def _composite(objective):
 
 def train_corruption(config, objective, phase):
   """A jitted ``(host batch, step) -> corrupted batch`` (numpy): what the train step of
-  ``train.make_train_step`` draws at that step (its key ``fold_in(fold_in(key(seed),
+  ``steps.Pieces.train_step`` draws at that step (its key ``fold_in(fold_in(key(seed),
   TRAIN), step)``, split as ``Composite.loss_fn`` splits it, each objective's own
   ``corrupt``)."""
   import jax
@@ -237,28 +237,27 @@ def _premasked_scorer(objective):
 
 
 class JaxRun:
-  """One encoder_jax run driven here: ``train.make_train_step`` on the data iterator."""
+  """One encoder_jax run driven here: its pieces' train step on the data iterator."""
 
   def __init__(self, name: str, config, prepared, device):
     import jax
     from encoder_jax import bakeoff
     from encoder_jax import data as data_lib
     from encoder_jax import objectives
-    from encoder_jax.core import optimizer
+    from encoder_jax.core import length_phases
     from encoder_jax.core import sharding
     from encoder_jax.run import pretraining as train
     from encoder_jax.config import validation
     validation.validate(config)
     self.name, self.config = name, config
     self.mesh = sharding.make_mesh(config.mesh, [device])
-    (self.phase,) = train.validate(config, self.mesh)
+    (self.phase,) = length_phases.phases(config.train)
     self.batch_size = int(config.train.batch_size)
     self.tables = train.vocab_tables(config, prepared)
     self.objective = _composite(objectives.build(config, self.tables))
-    self.tx = optimizer.make(config)
-    self.schedule_fn = optimizer.learning_rate_schedule(config.optim, int(config.train.num_steps))
-    _, self.shards = train.state_shardings(config, self.mesh, self.objective, self.tx)
-    self.state = train.create_train_state(config, self.mesh, setup=self.objective, tx=self.tx)
+    self.pieces = train.pieces(config, self.mesh, self.objective)  # The batch checked too.
+    self.schedule_fn = self.pieces.schedule
+    self.state = self.pieces.create_state()
     self.iterator = data_lib.make_train_iterator(config, prepared, rows=(0, self.batch_size))
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     self.flops_per_step = bakeoff.flops_per_step(config)
@@ -284,8 +283,7 @@ class JaxRun:
   def _compile(self, batch) -> None:
     """Compiles the train step ahead of its first timed call (timed apart)."""
     jax = self._jax
-    step_fn = self._train.make_train_step(self.config, self.objective, self.tx,
-                                          self.schedule_fn, self.mesh, self.shards, self.phase)
+    step_fn = self.pieces.train_step(self.phase)
     spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
             for k, v in batch.items()}
     t = time.perf_counter()

@@ -159,7 +159,6 @@ def build(args, devices=None):
   from encoder_jax import objectives
   from encoder_jax.config import schema as config_base
   from encoder_jax.core import length_phases
-  from encoder_jax.core import optimizer
   from encoder_jax.core import sharding
   from encoder_jax.run import pretraining as train
   from encoder_jax.objectives import masking
@@ -185,13 +184,10 @@ def build(args, devices=None):
   special = np.zeros(v, bool)
   special[:5] = True
   tables = masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
-  tx = optimizer.make(c)
   objective = objectives.build(c, tables)
-  _, shards = train.state_shardings(c, mesh, objective, tx)
-  step_fn = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
-      c.optim, 1000), mesh, shards, phase)
-  return argparse.Namespace(config=c, mesh=mesh, objective=objective, phase=phase, tx=tx,
-                            step_fn=step_fn)
+  pieces = train.pieces(c, mesh, objective)
+  return argparse.Namespace(config=c, mesh=mesh, objective=objective, phase=phase, tx=pieces.tx,
+                            pieces=pieces, step_fn=pieces.train_step(phase))
 
 
 def host_batch(args):
@@ -211,10 +207,9 @@ def lower_step(args, devices=None):
   import jax
 
   from encoder_jax.core import sharding
-  from encoder_jax.run import train_state
 
   built = build(args, devices)
-  state = train_state.abstract_state(built.config, built.mesh, built.objective)
+  state = built.pieces.abstract_state()
   batch_sharding = sharding.batch_sharding(built.mesh)
   batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding)
            for k, x in host_batch(args).items()}
@@ -317,13 +312,12 @@ def saved_for_backward(args) -> dict:
   import jax
   import numpy as np
 
-  from encoder_jax.run import train_state
   try:
     from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=g-import-not-at-top
   except ImportError:
     return {}
   built = build(args, jax.devices()[:1])
-  params = train_state.abstract_state(built.config, built.mesh, built.objective).params
+  params = built.pieces.abstract_state().params
   batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype) for k, x in host_batch(args).items()}
   loss = lambda p, b: built.objective.loss_fn(p, b, jax.random.key(0), built.phase, True)[0]
   by_dtype = collections.Counter()
@@ -361,10 +355,9 @@ def ours_runner(args):
 
   from encoder_jax.run import feeding
   from encoder_jax.core import sharding
-  from encoder_jax.run import pretraining as train
 
   built = build(args)
-  state = train.create_train_state(built.config, built.mesh)
+  state = built.pieces.create_state()
   batch = feeding.to_global(host_batch(args), sharding.batch_sharding(built.mesh))
   # Compiled ahead, once: the same executable the jitted call would build, and its
   # memory_analysis() / HLO for the caller (info['compiled']) without a second compile.

@@ -56,17 +56,17 @@ def main(argv):
   config, topology = _CONFIG.value, _TOPOLOGY.value
   devices = aot.topology_devices(topology, _SLICES.value)
   slices = f' x {_SLICES.value} slices' if _SLICES.value > 1 else ''
-  setup = aot.build(config, devices)
+  target = aot.build(config, devices)
   print(f'{config.model.kind} ({config.model.num_layers} x {config.model.hidden_size}, '
         f'{config.model.dtype}) on {topology}{slices}: {len(devices)} x '
-        f'{devices[0].device_kind}, mesh {dict(setup.mesh.shape)}; HBM a chip '
+        f'{devices[0].device_kind}, mesh {dict(target.mesh.shape)}; HBM a chip '
         f'{aot.gib(aot.hbm_limit(devices[0]))} (the compiler\'s limit)', flush=True)
   wanted = ([int(p) for p in _PHASES.value] if _PHASES.value
-            else list(range(len(setup.phases))))
+            else list(range(len(target.phases))))
   for i in wanted:
-    if not 0 <= i < len(setup.phases):
+    if not 0 <= i < len(target.phases):
       raise ValueError(f'--phases: {i} is not a phase of this config (0 .. '
-                       f'{len(setup.phases) - 1})')
+                       f'{len(target.phases) - 1})')
   out, all_fit = [], True
   for i in wanted:
     if _FIT.value:
@@ -76,7 +76,7 @@ def main(argv):
       all_fit &= found.best is not None
       out.append(dict(phase=i, tried=found.tried, best=found.best))
       continue
-    report = aot.compile_phase(setup, setup.phases[i], with_eval=_EVAL.value,
+    report = aot.compile_phase(target, target.phases[i], with_eval=_EVAL.value,
                                with_flops=_FLOPS.value)
     for line in aot.report_lines(report):
       print(line, flush=True)

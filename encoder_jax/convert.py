@@ -31,7 +31,8 @@ nearest configuration that exports.
   python -m encoder_jax.convert workdir_to_sentence_transformers --workdir=DIR [--step=N] \
       --out=OUT [--pooling=mean]
 
-  # A workdir from before tokenizers were pinned: pin the one its run trained with.
+  # A workdir without its pinned tokenizer (checkpoints copied without tokenizer/): pin the
+  # one its run trained with.
   python -m encoder_jax.convert pin_tokenizer --workdir=DIR --tokenizer=PREPARED/tokenizer.model
 """
 
@@ -109,7 +110,8 @@ def workdir_to_sentence_transformers(workdir: str, out: str, config=None,
 
 
 def pin_tokenizer(workdir: str, tokenizer_path: str, config=None) -> str:
-  """Pins ``tokenizer_path`` in a workdir that has none (runs from before pinning)."""
+  """Pins ``tokenizer_path`` in a workdir that has none (checkpoints copied without their
+  ``tokenizer/``)."""
   config = config if config is not None else loading.read_run_config(workdir)
   kind = tokenizer_io.kind_of_file(tokenizer_path)
   tok = tokenizer_io.from_path(kind, tokenizer_path, bool(config.tokenizer.lowercase))

@@ -22,6 +22,7 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_config  # pylint: disable=wrong-import-position
 
+from encoder_jax.api import pretrain  # pylint: disable=wrong-import-position
 from encoder_jax.models import modernbert  # pylint: disable=wrong-import-position
 
 # name -> config overrides (section -> fields) on top of tests/tiny_config.py.
@@ -138,13 +139,12 @@ def trained(name: str, root: str) -> Run:
   key = (name, root)
   if key not in _RUNS:
     from encoder_jax.run import engine  # pylint: disable=g-import-not-at-top
-    from encoder_jax.run import pretraining as train
     c = family_config(name, os.path.join(root, 'prepared'))
     workdir = os.path.join(root, 'runs', name)
     console = io.StringIO()
     before = set(engine._PROGRAMS)  # pylint: disable=protected-access
     with contextlib.redirect_stdout(console):
-      result = train.train_and_evaluate(c, workdir)
+      result = pretrain.run(c, workdir).metrics
     programs = tuple(k for k in engine._PROGRAMS  # pylint: disable=protected-access
                      if k not in before)
     assert programs, f'{name}: its run traced no step of its own'

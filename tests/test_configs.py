@@ -40,8 +40,7 @@ VARIANTS = [(p, None) for p in PRETRAIN_CONFIGS] + [
 def test_config_builds_under_eval_shape(path, arg):
   c = _load(path, arg)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  train.validate(c, mesh)
-  state = train.abstract_state(c, mesh)
+  state = train.pieces(c, mesh).abstract_state()  # The batch checked against the mesh too.
   n = sum(x.size for x in jax.tree.leaves(state.params))
   assert n > 0
   assert length_phases.phases(c.train)[-1].end_step == c.train.num_steps
@@ -211,5 +210,4 @@ def test_deberta_base_is_the_papers_recipe(arg):
   if 'runlocal' not in arg:
     assert (c.train.batch_size, c.train.num_steps, c.optim.learning_rate) == (2048, 1_000_000, 2e-4)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  train.validate(c, mesh)
-  assert sum(x.size for x in jax.tree.leaves(train.abstract_state(c, mesh).params)) > 0
+  assert sum(x.size for x in jax.tree.leaves(train.pieces(c, mesh).abstract_state().params)) > 0

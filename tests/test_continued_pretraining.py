@@ -137,7 +137,7 @@ def test_a_run_from_a_workdir_starts_from_it_and_resumes_from_its_own_checkpoint
   c.train.update(num_steps=2, eval_every_steps=0, seq_lens=(32,), max_predictions=(5,),
                  phase_fractions=(1.0,))
   c.checkpoint.every_steps = 2
-  train.train_and_evaluate(c, src)
+  pretrain.run(c, src)
   # Another corpus and objective, a schedule of its own; the network left to the source.
   n = tiny_config.get_config(f'prepared_dir={tmp_path / "p_new"}')
   n.model = config_base.base_config().model

@@ -18,11 +18,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from encoder_jax.api import pretrain
+
 from encoder_jax.run import engine
 from encoder_jax.run import checkpointing
 from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax.run import pretraining as train
 from encoder_jax.run import train_state
 from encoder_jax.config import validation
 from encoder_jax.models import registry as models
@@ -113,7 +114,7 @@ def test_trains_on_8_devices_learns_and_resumes_exactly(name, family_root, tmp_p
   shutil.rmtree(os.path.join(checkpointing.checkpoint_dir(workdir), str(last)))
   programs = engine._PROGRAMS  # pylint: disable=protected-access
   kept = {k: programs[k] for k in run.programs if k in programs}
-  train.train_and_evaluate(c, workdir)
+  pretrain.run(c, workdir)
   # The same config again in this process asks for the very steps the run traced, and
   # reuses those still kept (a few are: the tests run in between may have pushed them out).
   assert set(list(programs)[-len(run.programs):]) == set(run.programs), (list(programs),

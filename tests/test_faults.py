@@ -3,7 +3,7 @@ checkpoint, a refused resume, a second run on the same workdir, metrics after a 
 
 The run killed mid-save is ``python -m encoder_jax.main`` in a subprocess (the tiny config:
 12 steps, a 32 -> 64 token phase switch at step 6, checkpoints every 4); the uninterrupted
-reference and the reruns go through the same ``train.train_and_evaluate`` in this process
+reference and the reruns go through the same ``pretrain.run`` in this process
 (what they test is what the earlier run left in the workdir), saving a Python and JAX start
 each. A run that survived a fault must end
 bit-exact with the uninterrupted one: the same params, optimizer state and data-iterator
@@ -28,6 +28,8 @@ import time
 import jax
 import numpy as np
 import pytest
+
+from encoder_jax.api import pretrain
 
 from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
@@ -129,7 +131,7 @@ def _rerun(prepared_dir, workdir, capsys, caplog) -> str:
   """What the command does, in this process (the test is about what the previous run left,
   not about this run's process): its console output and log."""
   capsys.readouterr()
-  train.train_and_evaluate(_config(prepared_dir), workdir)
+  pretrain.run(_config(prepared_dir), workdir)
   return capsys.readouterr().out + caplog.text
 
 
@@ -153,7 +155,7 @@ def _lines(workdir, name='metrics.jsonl'):
 def _abstract_state(prepared_dir):
   """The restore target of the tiny config on this process's mesh: traced once."""
   c = _config(prepared_dir)
-  return train.abstract_state(c, sharding.make_mesh(c.mesh))
+  return train.pieces(c, sharding.make_mesh(c.mesh)).abstract_state()
 
 
 def _final_state(prepared_dir, workdir):
@@ -208,7 +210,7 @@ def _hashes(directory) -> dict:
 
 @pytest.fixture(scope='module')
 def uninterrupted(prepared_dir, tmp_path_factory):
-  root = _once(tmp_path_factory, 'uninterrupted', lambda d: train.train_and_evaluate(
+  root = _once(tmp_path_factory, 'uninterrupted', lambda d: pretrain.run(
       _config(prepared_dir), os.path.join(d, 'w')))
   return os.path.join(root, 'w')
 
@@ -233,7 +235,7 @@ def test_kill_during_a_save_then_rerun_is_bit_exact_and_a_second_run_is_refused(
     with pytest.raises(workdir_lib.WorkdirError,
                        match=rf'in use by another run \(host {socket.gethostname()}, pid '
                              rf'{proc.pid}, started '):
-      train.train_and_evaluate(_config(prepared_dir), workdir)
+      pretrain.run(_config(prepared_dir), workdir)
   finally:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -303,5 +305,5 @@ def test_refused_resume_leaves_the_workdir_byte_for_byte_unchanged(prepared_dir,
     (c[section] if section else c)[name] = value
   before = _hashes(workdir)
   with pytest.raises(error, match=match):
-    train.train_and_evaluate(c, workdir)
+    pretrain.run(c, workdir)
   assert _hashes(workdir) == before

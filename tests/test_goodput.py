@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
+from encoder_jax.api import pretrain
+
 from encoder_jax.run import goodput
 from encoder_jax.config import schema as config_base
 from encoder_jax.run import console as console_lib
-from encoder_jax.run import pretraining as train
 from encoder_jax.config import validation
 from encoder_jax.run import workdir as workdir_lib
 
@@ -85,7 +86,7 @@ def test_a_run_caches_its_programs_in_its_workdir_and_traces_its_window(
     prepared_dir, tmp_path, capsys, jax_config):
   jax_config('jax_compilation_cache_dir', None)  # No cache from the environment: 'auto'.
   workdir = tmp_path / 'run'
-  train.train_and_evaluate(_config(prepared_dir, profile_first_step=2, profile_steps=2),
+  pretrain.run(_config(prepared_dir, profile_first_step=2, profile_steps=2),
                            str(workdir))
   out = capsys.readouterr().out
   cache = workdir / goodput.COMPILATION_CACHE

@@ -29,6 +29,8 @@ import jax
 import numpy as np
 import pytest
 
+from encoder_jax.api import pretrain
+
 from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax.run import distributed
@@ -264,7 +266,7 @@ def _objects(url):
 def _abstract_params(prepared_dir):
   """(config, abstract params on this process's mesh) of the tiny config: traced once."""
   config = tiny_config.get_config(tiny_config.one_phase(prepared_dir))
-  return config, train.abstract_state(config, sharding.make_mesh(config.mesh)).params
+  return config, train.pieces(config, sharding.make_mesh(config.mesh)).abstract_state().params
 
 
 # Every workdir compared is finished when first read: the two-process run's (read by two
@@ -315,7 +317,7 @@ def two_process_run(tmp_path_factory, gcs_emulator):
 def _in_process(workdir, prepared_dir):
   """The same run (the tiny config) in this process: 1 process x 8 devices (another mesh)."""
   config = tiny_config.get_config(tiny_config.one_phase(prepared_dir))
-  train.train_and_evaluate(config, workdir)
+  pretrain.run(config, workdir)
 
 
 @pytest.mark.slow

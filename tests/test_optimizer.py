@@ -12,7 +12,7 @@ pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
 def test_warmup_then_linear_decay_to_zero():
   c = config_base.base_config()
-  lr = optimizer.learning_rate_schedule(c.optim, 1_000_000)
+  lr = optimizer.schedule(optimizer.of_pretraining(c.optim), 1_000_000)
   assert float(lr(0)) == 0.0
   np.testing.assert_allclose(float(lr(5_000)), 0.5e-4, rtol=1e-5)
   np.testing.assert_allclose(float(lr(10_000)), 1e-4, rtol=1e-5)
@@ -34,13 +34,13 @@ def test_unknown_optimizer_is_named():
   c = config_base.base_config()
   c.optim.name = 'sgdw'
   with pytest.raises(ValueError, match='config.optim.name=.sgdw.'):
-    optimizer.make(c)
+    optimizer.build(optimizer.of_pretraining(c.optim), c.train.num_steps)
 
 
 def _schedule(**optim):
   c = config_base.base_config()
   c.optim.update(learning_rate=1.0, warmup_steps=10, **optim)
-  return optimizer.learning_rate_schedule(c.optim, 110)
+  return optimizer.schedule(optimizer.of_pretraining(c.optim), 110)
 
 
 def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_last_fraction():
@@ -55,7 +55,7 @@ def test_cosine_and_one_cycle_schedules():
   np.testing.assert_allclose([float(cos(s)) for s in (10, 60, 110)], [1.0, 0.5, 0.0], atol=1e-6)
   c = config_base.base_config()  # One-cycle: linear, the peak half-way.
   c.optim.update(learning_rate=1.0, warmup_steps=50)
-  tri = optimizer.learning_rate_schedule(c.optim, 100)
+  tri = optimizer.schedule(optimizer.of_pretraining(c.optim), 100)
   np.testing.assert_allclose([float(tri(s)) for s in (25, 50, 75)], [0.5, 1.0, 0.5], atol=1e-6)
 
 

@@ -63,15 +63,15 @@ def test_state_is_born_sharded():
   config_base.shrink_for_local_run(c)
   c.model.vocab_size = 512
   mesh = _mesh(data=2, fsdp=2, tensor=2)
-  state = train.create_train_state(c, mesh)
+  pieces = train.pieces(c, mesh)
+  state = pieces.create_state()
   kernel = state.params['encoder']['layers']['intermediate']['kernel']  # layers, embed, mlp
   assert kernel.sharding.spec == P(None, 'fsdp', 'tensor')
   # Each device holds a quarter of it: nothing is fully materialised on one device.
   assert kernel.addressable_shards[0].data.size == kernel.size // 4
   mu = state.opt_state[1][0].mu['encoder']['layers']['intermediate']['kernel']
   assert mu.sharding.spec == P(None, 'fsdp', 'tensor')
-  boxed, _ = train.state_shardings(c, mesh)
-  text = sharding.describe(boxed.params, mesh)
+  text = sharding.describe(pieces.boxed.params, mesh)
   assert 'encoder/layers/intermediate/kernel' in text and "'fsdp', 'tensor'" in text
 
 

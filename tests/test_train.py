@@ -13,12 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from encoder_jax.api import pretrain
+
 from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax.run import feeding
 from encoder_jax.run import metrics_log as metrics_lib
 from encoder_jax import objectives
-from encoder_jax.core import optimizer
 from encoder_jax.core import length_phases
 from encoder_jax.core import sharding
 from encoder_jax.run import pretraining as train
@@ -45,7 +46,7 @@ def _train_lines(workdir, split='train'):
 @pytest.fixture(scope='module')
 def uninterrupted(prepared_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('uninterrupted'))
-  last = train.train_and_evaluate(_config(prepared_dir), workdir)
+  last = pretrain.run(_config(prepared_dir), workdir).metrics
   return workdir, last
 
 
@@ -112,16 +113,9 @@ def _batch(prepared_dir, c):
 
 
 def _one_step(c, mesh, batch, prepared, state=None):
-  tx = optimizer.make(c)
-  tables = train.vocab_tables(c, prepared)
-  objective = objectives.build(c, tables)
-  _, shards = train.state_shardings(c, mesh, objective, tx)
-  if state is None:
-    state = train.create_train_state(c, mesh)
-  else:
-    state = jax.device_put(state, shards)
-  step = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
-      c.optim, c.train.num_steps), mesh, shards, length_phases.phases(c.train)[0])
+  pieces = train.pieces(c, mesh, objectives.build(c, train.vocab_tables(c, prepared)))
+  state = pieces.create_state() if state is None else jax.device_put(state, pieces.shards)
+  step = pieces.train_step(length_phases.phases(c.train)[0])
   new, m = step(state, feeding.to_global(batch, sharding.batch_sharding(mesh)))
   return jax.device_get(new), jax.device_get(m)
 
@@ -164,8 +158,8 @@ def test_evaluation_in_micro_batches_equals_the_whole_batch(prepared_dir):
   batch, prepared = _batch(prepared_dir, c)
   mesh = sharding.make_mesh(c.mesh)
   objective = objectives.build(c, train.vocab_tables(c, prepared))
-  _, shards = train.state_shardings(c, mesh, objective, optimizer.make(c))
-  params = train.create_train_state(c, mesh).params
+  pieces = train.pieces(c, mesh, objective)
+  shards, params = pieces.shards, pieces.create_state().params
   phase = length_phases.phases(c.train)[0]
 
   def scores(config, host_batch):
@@ -193,7 +187,7 @@ def test_skip_policy_drops_a_nonfinite_update(prepared_dir):
   c = _config(prepared_dir, nonfinite_policy='skip')
   batch, prepared = _batch(prepared_dir, c)
   mesh = sharding.make_mesh(c.mesh)
-  state = jax.device_get(train.create_train_state(c, mesh))
+  state = jax.device_get(train.pieces(c, mesh).create_state())
   params = jax.tree.map(np.array, state.params)
   params['pooler']['kernel'][0, 0] = np.nan
   state = state.replace(params=params)
@@ -209,7 +203,7 @@ def test_stop_policy_names_the_step_and_last_good_checkpoint(prepared_dir, tmp_p
   c.optim.learning_rate = 1e38  # The first update overflows the parameters.
   c.train.log_every_steps = 3
   with pytest.raises(FloatingPointError, match=r'at step \d+ .*No checkpoint was saved yet'):
-    train.train_and_evaluate(c, str(tmp_path / 'nan'))
+    pretrain.run(c, str(tmp_path / 'nan'))
 
 
 @pytest.mark.slow  # The module's training run (uninterrupted).
@@ -224,7 +218,7 @@ def test_unreadable_checkpoint_falls_back_to_the_previous_one(prepared_dir, unin
   c = _config(prepared_dir)
   mesh = sharding.make_mesh(c.mesh)
   ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
-  _, _, data_state, step = ckpt.restore(train.abstract_state(c, mesh))
+  _, _, data_state, step = ckpt.restore(train.pieces(c, mesh).abstract_state())
   ckpt.close()
   assert step == 8 and data_state
 
@@ -237,10 +231,10 @@ def test_checkpoint_of_another_shape_is_reported_not_ignored(prepared_dir, unint
   mesh = sharding.make_mesh(c.mesh)
   ckpt = checkpointing.Checkpointer(uninterrupted[0], c.checkpoint)
   with pytest.raises(checkpointing.CheckpointError, match='No checkpoint .* could be restored'):
-    ckpt.restore(train.abstract_state(c, mesh))
+    ckpt.restore(train.pieces(c, mesh).abstract_state())
   ckpt.close()
   with pytest.raises(checkpointing.CheckpointError, match='does not exist'):
-    checkpointing.restore_params(str(tmp_path / 'nowhere'), train.abstract_state(c, mesh).params)
+    checkpointing.restore_params(str(tmp_path / 'nowhere'), train.pieces(c, mesh).abstract_state().params)
 
 
 def test_data_states_of_the_processes_are_saved_as_one_global_state(monkeypatch):
@@ -307,7 +301,7 @@ def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
   workdir = str(tmp_path / 'run')
   # The run's own lock, beating every 50 ms instead of every minute.
   monkeypatch.setattr(workdir_lib, 'run_lock', lambda w, wait_s=None: _quick_lock(w))
-  due = train._Pretraining.due  # pylint: disable=protected-access
+  due = train._Adapter.due  # pylint: disable=protected-access
 
   def taken_at_step_3(self, step, data_state):
     if step == 3:
@@ -317,9 +311,9 @@ def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
       time.sleep(1.0)  # The next beats find it replaced.
     return due(self, step, data_state)
 
-  monkeypatch.setattr(train._Pretraining, 'due', taken_at_step_3)  # pylint: disable=protected-access
+  monkeypatch.setattr(train._Adapter, 'due', taken_at_step_3)  # pylint: disable=protected-access
   with pytest.raises(locks.LockLost, match='no longer ours'):
-    train.train_and_evaluate(_config(prepared_dir), workdir)
+    pretrain.run(_config(prepared_dir), workdir)
   assert [r['step'] for r in _train_lines(workdir)] == [1, 2]
   assert checkpointing.steps(workdir) == []
 

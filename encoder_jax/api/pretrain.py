@@ -1,6 +1,7 @@
 """Pretraining from a config: from scratch, resumed, or started from another model.
 
-``run(config, workdir)`` is what ``encoder_jax.main`` and the bake-off start. A config whose
+``run(config, workdir)`` is the one entry point to pretraining: ``encoder_jax.main``, the
+bake-off, the tests and the benchmarks start a run with it. A config whose
 ``init`` names a model (``init.workdir`` with ``init.step``, or ``init.hf_dir``: the names
 fine-tuning uses) is continued pretraining (Gururangan et al. 2020, "Don't Stop
 Pretraining"): the new run takes the source's weights, network and tokenizer and keeps its
@@ -18,17 +19,29 @@ import os
 
 import ml_collections
 
-from encoder_jax.run import engine
 from encoder_jax.api import source as source_lib
-from encoder_jax.run import pretraining as train
+from encoder_jax.config import validation
+from encoder_jax.run import engine
+from encoder_jax.run import pretraining
 from encoder_jax.run import train_state
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> engine.Result:
-  """Pretrains (or resumes) in ``workdir`` from what ``config.init`` names, if anything
-  (``train.pretrain``): the state, the step reached, whether it was preempted and the last
-  logged training metrics."""
-  return train.pretrain(config, workdir, resolve(config, workdir))
+  """Pretrains (or resumes) in ``workdir`` from what ``config.init`` names, if anything, on
+  the engine (``engine.run``): the state, the step reached, whether it was preempted and
+  the last logged training metrics.
+
+  Every config value and the workdir are checked before any work; the workdir is locked
+  against a second run; a resume whose config changes what a checkpoint depends on is
+  refused before anything in the workdir is written. The source's network and tokenizer
+  replace the config's (``train_state.adopt``: a conflicting network field is refused by
+  name, before the config's own checks).
+  """
+  source = resolve(config, workdir)
+  config = train_state.adopt(config, source)
+  validation.validate(config)
+  return engine.run(pretraining.spec(config), workdir,
+                    lambda mesh: pretraining.job(config, workdir, mesh, source))
 
 
 def adopted(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -2,7 +2,7 @@
 
 Each section maps onto one constructor (``model`` -> ``models.config.EncoderConfig`` of the
 kind ``model.kind`` names in ``models.registry``, ``objective`` -> the objective registry,
-``data``/``tokenizer`` -> ``encoder_jax.data``, ``optim`` -> ``optimizer.make``, ``mesh``
+``data``/``tokenizer`` -> ``encoder_jax.data``, ``optim`` -> ``optimizer.build``, ``mesh``
 -> ``sharding.make_mesh``, ``checkpoint`` -> ``checkpointing.Checkpointer``), so no field is
 copied by hand into another object. Every value is a declared :class:`fields.Field` (name,
 default, allowed range, meaning): ``model`` and ``objective`` are the fields their registry

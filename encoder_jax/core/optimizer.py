@@ -1,7 +1,7 @@
 """optax optimizer and learning-rate schedule from an :class:`Optim` (BERT recipe defaults).
 
 The one optimizer builder of pretraining and fine-tuning. Each config schema makes its
-:class:`Optim` (``engine.RunSpec.optim``): pretraining's ``optim`` section names its warmup
+:class:`Optim` (``steps.RunSpec.optim``): pretraining's ``optim`` section names its warmup
 in steps (:func:`of_pretraining`), fine-tuning's as a fraction of the steps, which its
 adapter turns into steps once the data says how many there are.
 """
@@ -77,23 +77,12 @@ def schedule(o: Optim, num_steps: int) -> optax.Schedule:
   return optax.join_schedules(pieces, boundaries)
 
 
-def learning_rate_schedule(optim: ml_collections.ConfigDict, num_steps: int
-                           ) -> optax.Schedule:
-  """:func:`schedule` of a pretraining config's ``optim`` section."""
-  return schedule(of_pretraining(optim), num_steps)
-
-
 def decay_mask(params):
   """Weight decay on weight matrices only: not on LayerNorm parameters and biases."""
   def keep(path, _):
     names = [str(getattr(k, 'key', getattr(k, 'name', ''))) for k in path]
     return not any('layer_norm' in n or 'bias' in n for n in names)
   return jax.tree_util.tree_map_with_path(keep, params)
-
-
-def make(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """:func:`build` of a pretraining config (its ``optim`` and ``train.num_steps``)."""
-  return build(of_pretraining(config.optim), int(config.train.num_steps))
 
 
 def build(o: Optim, num_steps: int) -> optax.GradientTransformation:

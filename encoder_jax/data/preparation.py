@@ -304,8 +304,8 @@ def _partial_directory(directory: str) -> str:
   Unique per process, so hosts sharing a file system can prepare the same directory at
   once (the first to finish wins; the others use its result). The name records its owner
   as a lock file does (``locks.pid_running`` judges it: a pid reused by a process
-  started at another time is not the owner); a name without the start time (written by
-  an earlier version, or where /proc is missing) is judged by its pid alone.
+  started at another time is not the owner); a name without the start time (where /proc
+  is missing) is judged by its pid alone.
   """
   host = socket.gethostname()
   prefix = f"{directory.rstrip('/')}.partial-{host}-"

@@ -4,7 +4,7 @@ from :func:`base_config`.
 Every value is a :class:`encoder_jax.core.fields.Field` (name, default, allowed range, meaning),
 checked by the same code as pretraining's (``validation.validate_sections``): ``init`` ->
 the pretrained weights (``encoder_jax.loading.loaded``), ``data`` -> the task's reader, ``optim``
--> ``optimizer.make`` (pretraining's builder; the moment and epsilon fields are the very
+-> ``optimizer.build`` (pretraining's builder; the moment and epsilon fields are the very
 declarations of pretraining's ``optim``), ``task`` -> an entry of ``finetune.tasks``, whose
 own fields make ``task_settings``; ``mesh``, ``dtype``, ``nonfinite_policy`` and
 ``compilation_cache_dir`` (pretraining's declarations) and ``checkpoint_keep`` -> the

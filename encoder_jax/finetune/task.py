@@ -2,7 +2,7 @@
 
 :class:`Task` implements what the engine trains (``trainable.Trainable``, the contract a
 pretraining setup extends too: ``init``, ``loss_fn``, metric weights, console metrics,
-FLOPs), so the engine's train step (``engine.make_train_step``: mesh and sharding, the
+FLOPs), so the engine's train step (``steps.Pieces.train_step``: mesh and sharding, the
 model's dtype policy, gradient clipping through the optimizer, the non-finite policy),
 its sharded state (``train_state``) and its Orbax checkpoints run it unchanged. Each
 registered task (``finetune.tasks``) builds one with its head, loss and predictions; the

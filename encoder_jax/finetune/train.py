@@ -25,6 +25,7 @@ import numpy as np
 
 from encoder_jax.run import console as console_lib
 from encoder_jax.run import engine
+from encoder_jax.run import steps
 from encoder_jax.run import feeding
 from encoder_jax.run import goodput
 from encoder_jax.loading import loaded as loading
@@ -52,20 +53,20 @@ def load_pretrained(config: ml_collections.ConfigDict) -> loading.Loaded:
 
 
 def spec(config: ml_collections.ConfigDict, total_steps: int,
-         steps_per_epoch: int) -> engine.RunSpec:
+         steps_per_epoch: int) -> steps.RunSpec:
   """The engine's settings of a fine-tuning config: one optimizer step per batch, the
   warmup a fraction of all steps, a checkpoint at every epoch's end."""
   o = config.optim
-  return engine.RunSpec(
+  return steps.RunSpec(
       seed=int(config.seed), batch_size=int(o.batch_size), num_steps=int(total_steps),
       optim=optimizer_lib.Optim.of(o, round(float(o.warmup_fraction) * total_steps)),
       mesh=config.mesh,
-      checkpoint=engine.Checkpointing(every_steps=int(steps_per_epoch),
+      checkpoint=steps.Checkpointing(every_steps=int(steps_per_epoch),
                                       keep=int(config.checkpoint_keep)),
       nonfinite_policy=str(config.nonfinite_policy),
       compilation_cache_dir=str(config.get('compilation_cache_dir', 'auto')),
       global_rows=False,
-      keys=engine.Keys(nonfinite_policy='config.nonfinite_policy',
+      keys=steps.Keys(nonfinite_policy='config.nonfinite_policy',
                        batch_size='config.optim.batch_size'))
 
 

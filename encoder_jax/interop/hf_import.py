@@ -22,6 +22,7 @@ from encoder_jax.config import schema as config_base
 from encoder_jax.loading import loaded as loading
 from encoder_jax import objectives
 from encoder_jax.storage import paths as storage
+from encoder_jax.run import pretraining
 from encoder_jax.run import train_state
 from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf
@@ -178,7 +179,8 @@ def _import(hf_dir: str, source: str, workdir: str,
                                          workdir_lib.TOKENIZER_INFO).read_text())['file']
     config.tokenizer.path = str(workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR, pinned))
   mesh = loading.local_mesh(config)
-  state = train_state.create_train_state(config, mesh, params=params)
+  state = pretraining.pieces(config, mesh).create_state(train_state.init_rng(config.seed),
+                                                        params)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
   try:
     checkpointer.save(loading.IMPORTED_STEP, state, {})  # Empty data state: the stream starts anew.

@@ -3,7 +3,8 @@
 A workdir's tokenizer is the one pinned in ``<workdir>/tokenizer/`` when its run started
 (``encoder_jax.run.workdir``), never one re-derived from the current config: the prepared-data
 cache can change with the code or the config, and re-preparing a corpus to run fill-mask
-would be slow anyway. Workdirs older than pinning fall back to ``config.tokenizer.path``.
+would be slow anyway. A workdir without one (checkpoints copied without their
+``tokenizer/``) falls back to ``config.tokenizer.path``.
 
 Hugging Face directories, in and out:
 

@@ -269,8 +269,8 @@ def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> str:
 
 def no_pinned_tokenizer_message(workdir: str) -> str:
   info = workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR, workdir_lib.TOKENIZER_INFO)
-  return (f'{workdir} has no pinned tokenizer ({info} does not exist: runs started before '
-          'tokenizers were pinned have none) and its config has no tokenizer.path, so the '
+  return (f'{workdir} has no pinned tokenizer ({info} does not exist: its checkpoints were '
+          'copied without their tokenizer/?) and its config has no tokenizer.path, so the '
           'ids its checkpoints were trained on are unknown. Pin the tokenizer the run trained '
           'with (the tokenizer.model, vocab.txt or tokenizer.json in the prepared-data '
           'directory it used): '
@@ -281,7 +281,8 @@ def no_pinned_tokenizer_message(workdir: str) -> str:
 def tokenizer_for_workdir(workdir: str, config: ml_collections.ConfigDict):
   """The tokenizer a workdir's checkpoints were trained with.
 
-  The pinned one (``<workdir>/tokenizer/``); for an older workdir without one,
+  The pinned one (``<workdir>/tokenizer/``); for a workdir without one (checkpoints copied
+  without their ``tokenizer/``),
   ``config.tokenizer.path`` if set (with a warning: it cannot be checked); else a clear
   error. A corpus is never prepared here.
   """
@@ -292,7 +293,7 @@ def tokenizer_for_workdir(workdir: str, config: ml_collections.ConfigDict):
     if not os.path.exists(t.path):
       raise FileNotFoundError(f'{workdir} has no pinned tokenizer and config.tokenizer.path='
                               f'{t.path!r} does not exist')
-    logging.warning('%s has no pinned tokenizer (an older run): using config.tokenizer.path=%s, '
+    logging.warning('%s has no pinned tokenizer: using config.tokenizer.path=%s, '
                     'which cannot be checked against the one the run trained with.', workdir,
                     t.path)
     tok = tokenizer_lib.Tokenizer.from_file(t.kind, t.path, bool(t.lowercase))

@@ -185,8 +185,8 @@ def tied_logits(x: jax.Array, table_VxD: jax.Array, bias_V: jax.Array) -> jax.Ar
   bias gradient as a slow reduction. In float32 the values are the same products; under a
   bfloat16 compute dtype the float32 cotangent is rounded to bfloat16 for the two products
   (as a bfloat16 ``Dense`` layer's backward; autodiff kept it in float32). With
-  ``objectives.base.cross_entropy`` (its gradient written out too), a 672 x 256 x 30,522
-  head and loss, forward and backward: 254 -> 186 ms (``benchmarks/bench_ops.py``).
+  ``objectives.base.cross_entropy`` (its gradient written out too), ``benchmarks/bench_ops.py``
+  times the head and loss forward and backward.
   """
   return jnp.einsum('...d,vd->...v', x, table_VxD, preferred_element_type=jnp.float32) + bias_V
 

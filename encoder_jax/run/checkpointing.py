@@ -36,8 +36,8 @@ from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import iterators as data_iterators
 
 ITEMS = ('params', 'opt_state', 'data', 'meta')
-# Saved only by setups that carry state across steps (``TrainState.extra``, e.g. XLNet's
-# memory): every other checkpoint has exactly ITEMS, as before this item existed.
+# Saved only by trainables that carry state across steps (``TrainState.extra``, e.g. XLNet's
+# memory): every other checkpoint has exactly ITEMS.
 EXTRA = 'extra'
 JSON_ITEMS = ('data', 'meta')  # Written by ocp.args.JsonSave into <item>/metadata.
 DAMAGED_DIR = 'checkpoints_damaged'

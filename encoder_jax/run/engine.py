@@ -1,14 +1,14 @@
 """The training engine: one run, from a typed spec to a typed result.
 
 :func:`run` owns everything a training run does around what it trains: the workdir lock,
-preemption (SIGTERM), the persistent compilation cache, the mesh and the state's
-shardings, restore or start (from scratch, or from pretrained parts by one rule,
+preemption (SIGTERM), the persistent compilation cache, the mesh, the pieces of the run
+(``steps.build``: optimizer, schedule, state shardings, train step), restore or start (from scratch, or from pretrained parts by one rule,
 ``train_state.start_params``), the loop (train, log, evaluate, save), the checkpoints, the
 profiler window and the closing lines; it returns a :class:`Result`. What a run trains and
-reads is its adapter's (``train.py``: pretraining, ``finetune/train.py``: fine-tuning),
+reads is its adapter's (``run/pretraining.py``, ``finetune/train.py``: fine-tuning),
 handed over as a :class:`Job`; when it logs, evaluates and saves, and what an evaluation
-is, are the job's :class:`Hooks`. Its settings are one :class:`RunSpec`, which each
-config schema makes (``train.spec``, ``finetune.train.spec``).
+is, are the job's :class:`Hooks`. Its settings are one :class:`steps.RunSpec`, which each
+config schema makes (``pretraining.spec``, ``finetune.train.spec``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from encoder_jax.run import checkpointing
@@ -33,48 +32,12 @@ from encoder_jax.run import feeding
 from encoder_jax.run import goodput
 from encoder_jax.core import length_phases
 from encoder_jax.run import metrics_log as metrics_lib
-from encoder_jax.core import optimizer as optimizer_lib
 from encoder_jax.core import sharding
+from encoder_jax.run import steps
 from encoder_jax.run import train_state
 from encoder_jax.run import workdir as workdir_lib
 
 TrainState = train_state.TrainState
-_TRAIN = train_state.TRAIN
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpointing:
-  every_steps: int
-  keep: int
-  async_save: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Keys:
-  """Where a schema sets what errors name (pretraining's by default)."""
-  nonfinite_policy: str = 'config.train.nonfinite_policy'
-  batch_size: str = 'config.train.batch_size / grad_accum_steps'
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-  """A run's settings, whichever schema they come from."""
-  seed: int
-  batch_size: int  # Rows of a step (global; accumulated over grad_accum_steps micro-batches).
-  num_steps: int
-  optim: optimizer_lib.Optim
-  mesh: Any  # The mesh section (config_base.MESH's fields).
-  checkpoint: Checkpointing
-  grad_accum_steps: int = 1
-  nonfinite_policy: str = 'stop'
-  compilation_cache_dir: str = 'auto'
-  peak_tflops_per_device: float = 0.0
-  profile_steps: int = 0
-  profile_first_step: int = 1
-  # True: batch_size is the global rows, of which each process feeds its share; False: each
-  # process's batches side by side (one process: its batch).
-  global_rows: bool = True
-  keys: Keys = Keys()
 
 
 class Due(NamedTuple):
@@ -150,64 +113,6 @@ class Result:
   resumed: int | None = None  # The checkpoint step this session started from.
 
 
-def make_train_step(objective, tx, schedule_fn, mesh, shards, phase: length_phases.Phase, *,
-                    seed: int, grad_accum_steps: int = 1, nonfinite_policy: str = 'stop'):
-  """A jitted ``(state, batch) -> (state, metrics)`` for one sequence-length phase:
-  ``grad_accum_steps`` micro-batches, the update dropped on a non-finite loss or gradient
-  when ``nonfinite_policy`` is 'skip', dropout and masks drawn from ``fold_in(key(seed),
-  step)``."""
-  accum = int(grad_accum_steps)
-  skip_nonfinite = nonfinite_policy == 'skip'
-  base_key = jax.random.fold_in(jax.random.key(seed), _TRAIN)
-  # ``extra``: the setup's non-trained state carried across steps (None for most setups),
-  # one row per batch row, read and renewed by ``stateful_loss_fn``.
-  grad_fn = jax.value_and_grad(objective.stateful_loss_fn, has_aux=True)
-
-  def micro_step(params, extra, batch, rng):
-    # Traced under the step's mesh (abstract: axis names and sizes), which the kernels that
-    # must be placed explicitly read (splash attention's shard_map); nothing else reads it.
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      (_, (m, extra)), g = grad_fn(params, extra, batch, rng, phase, True)
-    return (g, m), extra
-
-  def step_fn(state: TrainState, batch):
-    rng = jax.random.fold_in(base_key, state.step)
-    if accum == 1:
-      (grads, m), extra = micro_step(state.params, state.extra, batch, rng)
-    else:
-      # Micro-batch i takes rows i, i+A, i+2A, ...: every device keeps its share of each.
-      split = lambda tree: jax.tree.map(
-          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), tree)
-      micro, micro_extra = split(batch), split(state.extra)
-      first = lambda tree: jax.tree.map(lambda x: x[0], tree)
-      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(
-          micro_step, state.params, first(micro_extra), first(micro), rng)[0])
-
-      def body(carry, xs):
-        i, mb, me = xs
-        out, extra = micro_step(state.params, me, mb, jax.random.fold_in(rng, i))
-        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, out), extra
-
-      (grads, m), extra = jax.lax.scan(body, zeros, (jnp.arange(accum), micro, micro_extra))
-      extra = jax.tree.map(  # Back to rows i, i+A, ... of micro-batch i.
-          lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), extra)
-      grads, m = jax.tree.map(lambda x: x / accum, (grads, m))
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(m['loss']) & jnp.isfinite(grad_norm)
-    if skip_nonfinite:  # Drop the update; the batch still counts as consumed.
-      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-      params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-      extra = keep(extra, state.extra)
-    m = dict(m, grad_norm=grad_norm, learning_rate=schedule_fn(state.step),
-             nonfinite=1.0 - finite.astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, extra=extra), m
-
-  return jax.jit(step_fn, in_shardings=(shards, sharding.batch_sharding(mesh)),
-                 out_shardings=(shards, None), donate_argnums=(0,))
-
-
 class PreemptedError(RuntimeError):
   """A command of several runs (the bake-off, the probe, GLUE) stopped because one of its
   runs was preempted (SIGTERM): what finished is kept, and the message says what a rerun of
@@ -260,9 +165,9 @@ class MetricsFlusher:
 
   ``ckpt``: None for a run kept in memory."""
 
-  def __init__(self, spec: RunSpec, objective, console, writer,
+  def __init__(self, spec: steps.RunSpec, trainable, console, writer,
                ckpt: checkpointing.Checkpointer | None, workdir: str | None):
-    self.t, self.objective, self.console, self.writer = spec, objective, console, writer
+    self.t, self.trainable, self.console, self.writer = spec, trainable, console, writer
     self.ckpt, self.workdir, self.policy_key = ckpt, workdir, spec.keys.nonfinite_policy
     self.peak = metrics_lib.peak_tflops_per_device(spec.peak_tflops_per_device)
     self.pending: list[dict] = []
@@ -314,7 +219,7 @@ class MetricsFlusher:
     if self.timer_start is not None and self.timer_steps:  # Steps since the timer started.
       jax.block_until_ready(state.step)
       dt = (time.perf_counter() - self.timer_start) / self.timer_steps
-      flops = self.objective.flops_per_sequence(phase) * t.batch_size
+      flops = self.trainable.flops_per_sequence(phase) * t.batch_size
       last.update(step_time_s=dt, tokens_per_s=t.batch_size * phase.seq_len / dt,
                   model_tflops_per_s_per_device=flops / dt / 1e12 / jax.device_count())
       if self.peak:
@@ -326,9 +231,9 @@ class MetricsFlusher:
     self.timer_start, self.timer_steps = time.perf_counter(), 0
 
 
-def run(spec: RunSpec, workdir: str | None, setup: Callable[[jax.sharding.Mesh], Job]
+def run(spec: steps.RunSpec, workdir: str | None, job_for: Callable[[jax.sharding.Mesh], Job]
         ) -> Result:
-  """Trains (or resumes) in ``workdir`` (None: in memory, nothing saved). ``setup(mesh)``
+  """Trains (or resumes) in ``workdir`` (None: in memory, nothing saved). ``job_for(mesh)``
   builds the job under the lock, with SIGTERM already heard (a preemption while it
   prepares data ends the run before its first step)."""
   if workdir:
@@ -337,8 +242,8 @@ def run(spec: RunSpec, workdir: str | None, setup: Callable[[jax.sharding.Mesh],
   with lock as held, Preempted() as preempted, goodput.compilation_cache(
       spec.compilation_cache_dir, workdir):
     mesh = sharding.make_mesh(spec.mesh)
-    sharding.check_batch(spec.batch_size // spec.grad_accum_steps, mesh, spec.keys.batch_size)
-    return _Session(spec, workdir, mesh, setup(mesh), preempted, held).run()
+    steps.check_batch(spec, mesh)  # Before the job prepares its data.
+    return _Session(spec, workdir, mesh, job_for(mesh), preempted, held).run()
 
 
 def mesh_line(mesh, batch_size: int) -> str:
@@ -371,26 +276,21 @@ class _Reporter:
 class _Session:
   """One run's restore-or-start, loop and close (:func:`run`)."""
 
-  def __init__(self, spec: RunSpec, workdir: str | None, mesh, job: Job, preempted,
+  def __init__(self, spec: steps.RunSpec, workdir: str | None, mesh, job: Job, preempted,
                lock=None):
     self.spec, self.workdir, self.mesh, self.job, self.preempted = (
         spec, workdir, mesh, job, preempted)
     self.lock = lock  # workdir.WorkdirLock (None: in memory), checked before writing.
     self.lead = jax.process_index() == 0
-    self.tx = optimizer_lib.build(spec.optim, spec.num_steps)
-    self.schedule = optimizer_lib.schedule(spec.optim, spec.num_steps)
-    self.boxed, self.shards = train_state.shardings(job.trainable, self.tx, mesh,
-                                                    spec.batch_size)
-    self.boxed_params = self.boxed.params
+    self.pieces = steps.build(spec, job.trainable, mesh)
+    self.shards = self.pieces.shards
+    self.boxed_params = self.pieces.boxed.params
     self.ckpt = (checkpointing.Checkpointer(workdir, spec.checkpoint) if workdir else None)
     self.step = 0
 
-  def _abstract(self):
-    return train_state.abstract_of(self.boxed, self.shards)
-
   def _restore(self) -> checkpointing.Restored | None:
     """The newest restorable checkpoint, its data state applied to the batches."""
-    restored = self.ckpt.restore(self._abstract()) if self.ckpt is not None else None
+    restored = self.ckpt.restore(self.pieces.abstract_state()) if self.ckpt is not None else None
     if restored is not None and restored.data_state:
       try:  # The data state must fit this run too, before anything is written.
         self.job.batches.set_state(restored.data_state)
@@ -404,7 +304,7 @@ class _Session:
     spec, job, shards = self.spec, self.job, self.shards
     set_aside = tuple(self.ckpt.set_aside) if self.ckpt is not None else ()
     if restored is not None:
-      extra = self.ckpt.restored_extra  # None: the setup carries none, or the checkpoint none.
+      extra = self.ckpt.restored_extra  # None: the trainable carries none, or the checkpoint none.
       if extra is None:
         extra = train_state.initial_extra(job.trainable, spec.batch_size, shards)
       job.on_start(Start(resumed=restored.step, set_aside=set_aside), self.boxed_params)
@@ -414,25 +314,21 @@ class _Session:
     if job.pretrained is None:
       start = Start(set_aside=set_aside)
       job.on_start(start, self.boxed_params)
-      return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
-                                job.init_rng, shards=shards), start
+      return self.pieces.create_state(job.init_rng), start
     params, parts = train_state.start_params(job.trainable, job.init_rng, *job.pretrained())
     start = Start(parts=parts, set_aside=set_aside)
     job.on_start(start, self.boxed_params)
     # Global arrays from the host copy every process holds (any mesh, any process count).
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(
         np.shape(x), s, lambda index, x=x: np.asarray(x)[index]), params, shards.params)
-    return train_state.create(job.trainable, self.tx, self.mesh, spec.batch_size,
-                              job.init_rng, params, shards=shards), start
+    return self.pieces.create_state(job.init_rng, params), start
 
   def make_step(self, phase):
-    spec, job = self.spec, self.job
-    build = lambda: make_train_step(
-        job.trainable, self.tx, self.schedule, self.mesh, self.shards, phase, seed=spec.seed,
-        grad_accum_steps=spec.grad_accum_steps, nonfinite_policy=spec.nonfinite_policy)
+    job = self.job
     if not job.program_key:
-      return build()
-    return reused(('train', job.program_key, self.mesh, phase), build)
+      return self.pieces.train_step(phase)
+    return reused(('train', job.program_key, self.mesh, phase),
+                  lambda: self.pieces.train_step(phase))
 
   def run(self) -> Result:
     spec, job = self.spec, self.job

@@ -1,16 +1,18 @@
-"""The training loop: ``train_and_evaluate(config, workdir)``.
+"""Pretraining's adapter to the engine: a config's settings (:func:`spec`), its pieces
+(:func:`pieces`), the job (:func:`job`: data, objectives, header and hooks) and the eval step.
 
 It never names a model variant or an objective: the objective registry turns the config
-into a pretraining setup (``objectives.build``) that owns the networks, their init and one
-``loss_fn(params, batch, rng, phase, train)``, differentiated here. State is
-born sharded (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), masks are
-drawn on device from ``fold_in(key, step)``, and every ``checkpoint.every_steps`` the
-params, optimizer state and data-iterator state are saved together.
+into what the engine trains (``objectives.build``: the networks, their init and one
+``loss_fn(params, batch, rng, phase, train)``, differentiated by the engine's train step).
+State is born sharded (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``),
+masks are drawn on device from ``fold_in(key, step)``, and every ``checkpoint.every_steps``
+the params, optimizer state and data-iterator state are saved together.
 
-A run whose ``config.init`` names a model (continued pretraining) starts from its weights,
-network and tokenizer (``train_state.Source``, resolved by ``encoder_jax.api.pretrain.run``)
-with a fresh optimizer, and says what it took in ``<workdir>/init_report.json``; once it
-has a checkpoint of its own it resumes from that, like any run.
+A run starts at ``encoder_jax.api.pretrain.run`` (the one entry point: ``main``, the tests
+and the benchmarks), which resolves the model ``config.init`` names, if any (continued
+pretraining: its weights, network and tokenizer, with a fresh optimizer; what it took is
+in ``<workdir>/init_report.json``); once a run has a checkpoint of its own it resumes from
+that, like any run.
 """
 
 from __future__ import annotations
@@ -35,27 +37,23 @@ from encoder_jax import objectives
 from encoder_jax.core import optimizer as optimizer_lib
 from encoder_jax.core import length_phases
 from encoder_jax.core import sharding
+from encoder_jax.run import steps
 from encoder_jax.run import train_state
-from encoder_jax.config import validation
 from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.objectives import masking
 
 PARAMETERS_TXT = 'parameters.txt'  # The full parameter table (shapes, logical/mesh specs).
 INIT_REPORT = 'init_report.json'  # What a run started from a source took and initialised.
-TrainState = train_state.TrainState
-state_shardings = train_state.state_shardings
-abstract_state = train_state.abstract_state
-create_train_state = train_state.create_train_state
 _EVAL = train_state.EVAL
 
 
-def spec(config: ml_collections.ConfigDict) -> engine.RunSpec:
+def spec(config: ml_collections.ConfigDict) -> steps.RunSpec:
   """The engine's settings of a pretraining config."""
   t, c = config.train, config.checkpoint
-  return engine.RunSpec(
+  return steps.RunSpec(
       seed=int(config.seed), batch_size=int(t.batch_size), num_steps=int(t.num_steps),
       optim=optimizer_lib.of_pretraining(config.optim), mesh=config.mesh,
-      checkpoint=engine.Checkpointing(every_steps=int(c.every_steps), keep=int(c.keep),
+      checkpoint=steps.Checkpointing(every_steps=int(c.every_steps), keep=int(c.keep),
                                       async_save=bool(c.async_save)),
       grad_accum_steps=int(t.grad_accum_steps), nonfinite_policy=str(t.nonfinite_policy),
       compilation_cache_dir=str(t.get('compilation_cache_dir', 'auto')),
@@ -64,12 +62,12 @@ def spec(config: ml_collections.ConfigDict) -> engine.RunSpec:
       profile_first_step=int(t.get('profile_first_step', 1)))
 
 
-def make_train_step(config, objective, tx, schedule_fn, mesh, shards, phase: length_phases.Phase):
-  """``engine.make_train_step`` with a pretraining config's seed, accumulation and policy."""
-  t = config.train
-  return engine.make_train_step(objective, tx, schedule_fn, mesh, shards, phase,
-                                seed=int(config.seed), grad_accum_steps=int(t.grad_accum_steps),
-                                nonfinite_policy=str(t.nonfinite_policy))
+def pieces(config: ml_collections.ConfigDict, mesh, objective=None, tx=None) -> steps.Pieces:
+  """``steps.build`` of a pretraining config: what ``engine.run`` trains with and ``compile``
+  compiles. ``objective``: what ``objectives.build(config)`` gives unless given (a run's
+  reads the corpus's vocabulary tables); ``tx``: see ``steps.build``."""
+  return steps.build(spec(config), objectives.build(config) if objective is None else objective,
+                     mesh, tx)
 
 
 def make_eval_step(config, objective, mesh, param_shardings, phase: length_phases.Phase):
@@ -83,7 +81,7 @@ def make_eval_step(config, objective, mesh, param_shardings, phase: length_phase
   base_key = jax.random.fold_in(jax.random.key(config.seed), _EVAL)
 
   def metrics(params, batch, key):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # As make_train_step's.
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # As the train step's.
       return objective.loss_fn(params, batch, key, phase, False)[1]
 
   def step_fn(params, batch, index):
@@ -159,49 +157,21 @@ def evaluate(eval_step, params, eval_batches, mesh, objective,
   return out
 
 
-def validate(config: ml_collections.ConfigDict, mesh) -> tuple[length_phases.Phase, ...]:
-  """The check that needs the mesh (each micro-batch splits over its data axes); returns the
-  phases. Every other check is ``validation.validate``'s, run before any work."""
-  t = config.train
-  phases = length_phases.phases(t)
-  sharding.check_batch(t.batch_size // t.grad_accum_steps, mesh,
-                       'config.train.batch_size / grad_accum_steps')
-  return phases
-
-
 def vocab_tables(config, prepared) -> masking.VocabTables:
   return objectives.vocab_tables(config, prepared.tokenizer, prepared.unigram_counts,
                                  str(prepared.directory))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       source: train_state.Source | None = None) -> dict[str, float]:
-  """:func:`pretrain`'s last logged training metrics."""
-  return pretrain(config, workdir, source).metrics
+def job(config: ml_collections.ConfigDict, workdir: str, mesh,
+        source: train_state.Source | None) -> engine.Job:
+  """The engine's job of a checked ``config`` (``source``: the model ``config.init`` names,
+  already adopted into it) in ``workdir`` on ``mesh``. Refuses a resume whose config
+  changes what a checkpoint depends on, and a held-out split that yields nothing, before
+  anything in the workdir is written."""
+  return _Adapter(config, workdir, mesh, source).job()
 
 
-def pretrain(config: ml_collections.ConfigDict, workdir: str,
-             source: train_state.Source | None = None) -> engine.Result:
-  """Pretrains (or resumes) in ``workdir`` on the engine (``engine.run``).
-
-  Every config value and the workdir are checked before any work; the workdir is locked
-  against a second run; a resume whose config changes what a checkpoint depends on is
-  refused before anything in the workdir is written. ``source``: the model ``config.init``
-  names (``encoder_jax.api.pretrain.run`` loads it); its network and tokenizer replace the
-  config's (``train_state.adopt``: a conflicting network field is refused by name).
-  """
-  named = (config.init.workdir or config.init.hf_dir) if 'init' in config else ''
-  if bool(named) != (source is not None):
-    raise ValueError(f'config.init names {named!r} but no source was loaded: start the run '
-                     'with encoder_jax.main or encoder_jax.api.pretrain.run, which load it' if named
-                     else 'a source was given but config.init names none')
-  config = train_state.adopt(config, source)  # First: a conflict is named as such.
-  validation.validate(config)
-  return engine.run(spec(config), workdir, lambda mesh: _Pretraining(
-      config, workdir, mesh, source).job())
-
-
-class _Pretraining:
+class _Adapter:
   """Pretraining's side of a run: the data, the objectives, the header and the hooks."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh, source):

@@ -1,8 +1,8 @@
 """The training state and how it is created, sharded and described abstractly.
 
-Separate from the training loop (``train.py``, which pulls in the input pipeline) so that
-loading a checkpoint (``encoder_jax.load``, the CLIs) and importing Hugging Face weights
-never import the loop. The params tree is the pretraining setup's
+Separate from the training loop (``run/pretraining.py``, which pulls in the input
+pipeline) so that loading a checkpoint (``encoder_jax.load``, the CLIs) never imports the
+loop. The params tree is what pretraining trains
 (``objectives.build(config).init``): one network, or several in one tree.
 
 A run may also start from another model (continued pretraining, ``config.init``): a
@@ -24,7 +24,6 @@ import ml_collections
 
 from encoder_jax.config import schema as config_base
 from encoder_jax import objectives
-from encoder_jax.core import optimizer as optimizer_lib
 from encoder_jax.core import sharding
 
 # Independent random streams derived from config.seed.
@@ -36,31 +35,26 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
-  # Not trained, carried from step to step (the setup's ``init_extra``, e.g. XLNet's
-  # Transformer-XL memory) and checkpointed; None for setups without (most), whose state
-  # and checkpoints are then exactly what they were before this field existed.
+  # Not trained, carried from step to step (the trainable's ``init_extra``, e.g. XLNet's
+  # Transformer-XL memory) and checkpointed; None for trainables without (most): their
+  # checkpoints then hold no such item.
   extra: Any = None
 
 
-def _boxed_init_fn(setup, tx, batch_size: int):
+def _boxed_init_fn(trainable, tx, batch_size: int):
   def init(rng):
-    params = setup.init(rng)
+    params = trainable.init(rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      extra=setup.init_extra(batch_size))
+                      extra=trainable.init_extra(batch_size))
   return init
 
 
-def shardings(setup, tx, mesh, batch_size: int):
+def shardings(trainable, tx, mesh, batch_size: int):
   """(abstract boxed TrainState, NamedSharding tree of the unboxed TrainState) of what
-  ``setup`` trains with ``tx``; ``batch_size``: the global rows of a step (the setup's
+  ``trainable`` trains with ``tx``; ``batch_size``: the global rows of a step (the trainable's
   extra state has one row per batch row)."""
-  boxed = jax.eval_shape(_boxed_init_fn(setup, tx, int(batch_size)), jax.random.key(0))
+  boxed = jax.eval_shape(_boxed_init_fn(trainable, tx, int(batch_size)), jax.random.key(0))
   return boxed, sharding.shardings_of(boxed, mesh)
-
-
-def abstract(setup, tx, mesh, batch_size: int) -> TrainState:
-  """ShapeDtypeStructs with shardings: the target of a checkpoint restore."""
-  return abstract_of(*shardings(setup, tx, mesh, batch_size))
 
 
 def abstract_of(boxed, shards):
@@ -70,17 +64,17 @@ def abstract_of(boxed, shards):
                       nn.unbox(boxed), shards)
 
 
-def create(setup, tx, mesh, batch_size: int, rng, params=None, shards=None) -> TrainState:
+def create(trainable, tx, mesh, batch_size: int, rng, params=None, shards=None) -> TrainState:
   """A new sharded TrainState (step 0): initialised from ``rng``, or from ``params`` (a
   host or global tree) when given. ``shards``: :func:`shardings`'s for the same arguments
   (not traced again)."""
   if shards is None:
-    _, shards = shardings(setup, tx, mesh, batch_size)
+    _, shards = shardings(trainable, tx, mesh, batch_size)
   if params is None:
-    init = _boxed_init_fn(setup, tx, int(batch_size))
+    init = _boxed_init_fn(trainable, tx, int(batch_size))
     return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shards)(rng)
   new = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p),
-                             extra=nn.unbox(setup.init_extra(int(batch_size))))
+                             extra=nn.unbox(trainable.init_extra(int(batch_size))))
   return jax.jit(new, in_shardings=(shards.params,), out_shardings=shards)(params)
 
 
@@ -89,41 +83,18 @@ def init_rng(seed: int):
   return jax.random.fold_in(jax.random.key(seed), INIT)
 
 
-# A pretraining config's state (its setup and optimizer unless given).
-
-
-def state_shardings(config: ml_collections.ConfigDict, mesh, setup=None, tx=None):
-  """:func:`shardings` of a pretraining config."""
-  return shardings(setup or objectives.build(config), tx or optimizer_lib.make(config), mesh,
-                   int(config.train.batch_size))
-
-
-def abstract_state(config: ml_collections.ConfigDict, mesh, setup=None, tx=None) -> TrainState:
-  """:func:`abstract` of a pretraining config."""
-  return abstract(setup or objectives.build(config), tx or optimizer_lib.make(config), mesh,
-                  int(config.train.batch_size))
-
-
-def abstract_params(config: ml_collections.ConfigDict, mesh, setup=None):
+def abstract_params(config: ml_collections.ConfigDict, mesh, trainable=None):
   """ShapeDtypeStructs (with shardings on ``mesh``) of the params alone (no optimizer)."""
-  setup = setup or objectives.build(config)
-  boxed = jax.eval_shape(setup.init, jax.random.key(0))
+  trainable = trainable or objectives.build(config)
+  boxed = jax.eval_shape(trainable.init, jax.random.key(0))
   return abstract_of(boxed, sharding.shardings_of(boxed, mesh))
 
 
-def create_train_state(config: ml_collections.ConfigDict, mesh, params=None, setup=None,
-                       tx=None) -> TrainState:
-  """:func:`create` of a pretraining config (step 0); from ``params`` if given (e.g.
-  imported weights)."""
-  return create(setup or objectives.build(config), tx or optimizer_lib.make(config), mesh,
-                int(config.train.batch_size), init_rng(config.seed), params)
-
-
-def initial_extra(setup, batch_size: int, shards: TrainState):
-  """The setup's fresh (sharded) ``TrainState.extra``, or None if it carries none."""
+def initial_extra(trainable, batch_size: int, shards: TrainState):
+  """The trainable's fresh (sharded) ``TrainState.extra``, or None if it carries none."""
   if shards.extra is None:
     return None
-  make = lambda: nn.unbox(setup.init_extra(int(batch_size)))
+  make = lambda: nn.unbox(trainable.init_extra(int(batch_size)))
   return jax.jit(make, out_shardings=shards.extra)()
 
 
@@ -142,7 +113,7 @@ class Source:
   description: str  # Where the weights come from, e.g. 'WORKDIR step 40'.
   model: dict  # Its config.model (every field).
   tokenizer: Any  # Its tokenizer (data.tokenizer.Tokenizer): the new corpus is prepared with it.
-  # () -> (host params tree of its pretraining setup, the top-level parts the source holds
+  # () -> (host params tree of what the run trains, the top-level parts the source holds
   # untrained, e.g. the MLM head an import of a sentence-transformers model initialised, and
   # why). Called only for a fresh start (a resume reads the run's own checkpoint).
   load: Callable[[], tuple[Any, dict[str, str]]]
@@ -193,15 +164,15 @@ def _shapes(tree):
   return jax.tree.map(lambda x: tuple(x.shape), tree)
 
 
-def start_params(setup, rng, theirs, untrained: dict[str, str]) -> tuple[Any, dict]:
+def start_params(trainable, rng, theirs, untrained: dict[str, str]) -> tuple[Any, dict]:
   """(host params, report): the one rule of every run that starts from pretrained parts
-  (continued pretraining, fine-tuning). The setup's params tree (initialised from ``rng``)
+  (continued pretraining, fine-tuning). The trainable's params tree (initialised from ``rng``)
   takes every top-level part that ``theirs`` holds trained, at the same shapes, as it is;
   the others are freshly initialised, each with why: not in the source, untrained there
   (``untrained``: part -> why, e.g. a task's head or a head an import initialised), or of
   other shapes there. ``report``: ``taken`` (parts), ``initialised`` (part -> why) and
-  ``unused`` (the source's parts the setup has no place for)."""
-  shapes = _shapes(nn.unbox(jax.eval_shape(setup.init, rng)))
+  ``unused`` (the source's parts the trainable has no place for)."""
+  shapes = _shapes(nn.unbox(jax.eval_shape(trainable.init, rng)))
   theirs = jax.device_get(theirs)
   taken, fresh = [], {}
   for part in sorted(shapes):
@@ -216,7 +187,7 @@ def start_params(setup, rng, theirs, untrained: dict[str, str]) -> tuple[Any, di
   # The fresh parts only: the same values as the whole init's (one key, split the same
   # way); the taken parts' initialisation is never computed.
   params = dict(jax.device_get(jax.jit(
-      lambda r: {k: v for k, v in nn.unbox(setup.init(r)).items() if k in fresh})(rng)))
+      lambda r: {k: v for k, v in nn.unbox(trainable.init(r)).items() if k in fresh})(rng)))
   params.update({part: theirs[part] for part in taken})
   return params, dict(taken=taken, initialised=fresh,
                       unused=sorted(set(theirs) - set(shapes)))

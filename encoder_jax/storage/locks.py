@@ -121,7 +121,7 @@ class LockInfo:
 
   def on_this_machine(self) -> bool:
     """Whether the holder ran on this machine since its last boot: only then can its pid be
-    checked (a lock without a boot id, from an earlier version, cannot tell)."""
+    checked (a lock written where no boot id could be read cannot tell)."""
     return self.host == socket.gethostname() and self.boot_id == boot_id()
 
   def describe(self) -> str:

@@ -3,9 +3,10 @@
 libtpu (the ``tpu`` extra) compiles for a TPU slice without one: ``topology_devices`` gives
 the devices of a slice (``v5e:2x4``; several slices with ``slices``), the config's mesh is
 laid over them (``sharding.make_mesh``: ``mesh.*`` within a slice, ``mesh.dcn_*`` across
-slices), and the run's own train step (``train.make_train_step``: the objective, optimizer,
-gradient accumulation and shardings of the config) and eval step are lowered from
-``jax.ShapeDtypeStruct``s and compiled by the TPU compiler. Nothing is allocated or run.
+slices), and the run's own train step (``pretraining.pieces``: the pieces ``main`` trains
+with: objective, optimizer, gradient accumulation and shardings of the config) and eval
+step are lowered from ``jax.ShapeDtypeStruct``s and compiled by the TPU compiler. Nothing
+is allocated or run.
 
 Per phase (:func:`compile_phase`) the compiled programs say, per chip:
 
@@ -56,10 +57,9 @@ from encoder_jax.core import extras
 from encoder_jax.tpu import hlo
 from encoder_jax.core import length_phases
 from encoder_jax import objectives
-from encoder_jax.core import optimizer as optimizer_lib
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
-from encoder_jax.run import train_state
+from encoder_jax.run import pretraining
+from encoder_jax.run import steps
 from encoder_jax.config import validation
 from encoder_jax.data import builders
 from encoder_jax.models import attention as attention_lib
@@ -129,32 +129,35 @@ def vocab_tables(config: ml_collections.ConfigDict) -> masking.VocabTables:
 
 
 @dataclasses.dataclass
-class Setup:
-  """A config's training program pieces on a slice's mesh."""
+class Target:
+  """A config's run on a slice: its pieces (what ``main`` trains with) on the slice's mesh."""
   config: ml_collections.ConfigDict
-  mesh: jax.sharding.Mesh
   phases: tuple[length_phases.Phase, ...]
-  objective: Any
-  tx: Any
-  schedule_fn: Any
-  shards: Any
+  pieces: steps.Pieces
   devices: list
-  state: Any  # The TrainState's ShapeDtypeStructs, with the shardings of `shards`.
+  state: Any  # The TrainState's ShapeDtypeStructs, with the pieces' shardings.
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self.pieces.mesh
+
+  @property
+  def objective(self):
+    return self.pieces.trainable
 
 
-def build(config: ml_collections.ConfigDict, devices) -> Setup:
-  """Validates ``config`` and builds its objective, optimizer and state shardings on a mesh
-  of ``devices`` (the batch must divide the data axes, as in a run). The abstract state
-  (``Setup.state``) is that of the shardings' trace: the model's init is traced once."""
+def build(config: ml_collections.ConfigDict, devices,
+          tables: masking.VocabTables | None = None) -> Target:
+  """Validates ``config`` and builds its run's pieces (``pretraining.pieces``) on a mesh of
+  ``devices`` (the batch must divide the data axes, as in a run). ``tables``: the corpus's
+  vocabulary tables (stand-ins of the config's size unless given: the compiled program
+  depends on their shapes only). The model's init is traced once."""
   validation.validate(config)
   mesh = sharding.make_mesh(config.mesh, devices)
-  phases = train.validate(config, mesh)
-  objective = objectives.build(config, vocab_tables(config))
-  tx = optimizer_lib.make(config)
-  schedule_fn = optimizer_lib.learning_rate_schedule(config.optim, int(config.train.num_steps))
-  boxed, shards = train_state.state_shardings(config, mesh, objective, tx)
-  return Setup(config, mesh, phases, objective, tx, schedule_fn, shards, list(devices),
-               train_state.abstract_of(boxed, shards))
+  objective = objectives.build(config, vocab_tables(config) if tables is None else tables)
+  pieces = pretraining.pieces(config, mesh, objective)
+  return Target(config, length_phases.phases(config.train), pieces, list(devices),
+                pieces.abstract_state())
 
 
 def abstract_batch(config: ml_collections.ConfigDict, mesh, seq_len: int,
@@ -296,33 +299,33 @@ def _with(config: ml_collections.ConfigDict, **changes) -> ml_collections.Config
   return out
 
 
-def compile_phase(setup: Setup, phase: length_phases.Phase, *, with_eval: bool = True,
+def compile_phase(target: Target, phase: length_phases.Phase, *, with_eval: bool = True,
                   with_flops: bool = True) -> PhaseReport:
   """Compiles the run's train step (and eval step) of one phase for the slice; with
   ``with_flops``, also one micro-batch with the layers unrolled, for FLOPs and bytes."""
-  c, mesh = setup.config, setup.mesh
-  limit = hbm_limit(setup.devices[0])
-  state = setup.state
-  step = train.make_train_step(c, setup.objective, setup.tx, setup.schedule_fn, mesh,
-                               setup.shards, phase)
+  c, mesh = target.config, target.mesh
+  limit = hbm_limit(target.devices[0])
+  state = target.state
+  step = target.pieces.train_step(phase)
   batch = abstract_batch(c, mesh, phase.seq_len)
   train_program, _ = _compile('train', lambda: step.lower(state, batch), limit,
                               _bytes_on_chip((state.params, state.opt_state)))
   accum = int(c.train.grad_accum_steps)
   report = PhaseReport(phase, int(c.train.batch_size), accum, bool(c.model.remat),
-                       len(setup.devices), chips.by_device_kind(setup.devices[0].device_kind),
+                       len(target.devices), chips.by_device_kind(target.devices[0].device_kind),
                        train_program,
-                       formula_flops=setup.objective.flops_per_sequence(phase)
+                       formula_flops=target.objective.flops_per_sequence(phase)
                        * int(c.train.batch_size))
   if with_eval:
-    eval_step = train.make_eval_step(c, setup.objective, mesh, setup.shards.params, phase)
+    eval_step = pretraining.make_eval_step(c, target.objective, mesh,
+                                           target.pieces.shards.params, phase)
     index = jax.ShapeDtypeStruct((), jnp.int32)
     report.eval, _ = _compile('eval', lambda: eval_step.lower(state.params, batch, index),
                               limit, _bytes_on_chip(state.params))
   if with_flops and train_program.fits:
     start = time.perf_counter()
     report.xla_flops, report.xla_bytes = (
-        x * accum for x in unrolled_cost(setup, phase, kernels=train_program.kernels > 0))
+        x * accum for x in unrolled_cost(target, phase, kernels=train_program.kernels > 0))
     report.flops_compile_s = time.perf_counter() - start
   return report
 
@@ -359,22 +362,22 @@ def scanned_layers_as(kind: str | None):
     attention_lib.per_layer = real
 
 
-def _unrolled(setup: Setup, phase: length_phases.Phase, num_layers: int,
+def _unrolled(target: Target, phase: length_phases.Phase, num_layers: int,
               attention: str | None = None, scanned: str | None = None) -> tuple[float, float]:
   """(FLOPs, bytes accessed) a chip of one micro-batch's train step with ``num_layers``
   layers, every layer unrolled (``model.scan_unroll=0``), compiled for the slice; with
   ``attention``, that ``model.attention_implementation`` instead of the config's; with
   ``scanned`` ('global' or 'local'), the layer scan's layers all of that kind
   (:func:`scanned_layers_as`)."""
-  c = setup.config
+  c = target.config
   micro = int(c.train.batch_size) // int(c.train.grad_accum_steps)
   changes = {'model.scan_unroll': 0, 'model.num_layers': num_layers,
              'train.batch_size': micro, 'train.grad_accum_steps': 1}
   if attention is not None:
     changes['model.attention_implementation'] = attention
   flat = _with(c, **changes)
-  s = build(flat, setup.devices)
-  step = train.make_train_step(flat, s.objective, s.tx, s.schedule_fn, s.mesh, s.shards, phase)
+  s = build(flat, target.devices)
+  step = s.pieces.train_step(phase)
   with scanned_layers_as(scanned):
     lowered = step.lower(s.state, abstract_batch(flat, s.mesh, phase.seq_len))
   cost = _tpu_compile(lowered).cost_analysis()
@@ -417,7 +420,7 @@ class LayerCosts:
                  for f, g, l in zip(self.fixed, self.global_layer, self.local_layer))
 
 
-def layer_costs(setup: Setup, count) -> LayerCosts:
+def layer_costs(target: Target, count) -> LayerCosts:
   """``count(num_layers, scanned)`` (figures linear in the scanned layers, see
   :func:`unrolled_cost`) split into the fixed part and one scanned layer of each kind.
 
@@ -430,7 +433,7 @@ def layer_costs(setup: Setup, count) -> LayerCosts:
   fixed part, and all global at ``n`` the global layer (the global programs hold the most
   memory: only the shallower one is compiled).
   """
-  c = setup.config
+  c = target.config
   total = int(c.model.num_layers)
   if not has_local_layers(c):
     n = 2 if total >= 3 else total
@@ -452,7 +455,7 @@ def layer_costs(setup: Setup, count) -> LayerCosts:
   return LayerCosts(fixed, per_global, per_local)
 
 
-def unrolled_cost(setup: Setup, phase: length_phases.Phase,
+def unrolled_cost(target: Target, phase: length_phases.Phase,
                   kernels: bool = True) -> tuple[float, float]:
   """XLA's (FLOPs, bytes accessed) a chip of one micro-batch's train step, every layer
   counted (``cost_analysis`` counts a loop's body once).
@@ -473,11 +476,11 @@ def unrolled_cost(setup: Setup, phase: length_phases.Phase,
   arithmetic, counted), and the bytes the program's own. When that step does not fit the
   chip (or a counted program does not), the figure is 0 (unknown).
   """
-  kinds = layer_kinds(setup.config)
+  kinds = layer_kinds(target.config)
 
   def counted(attention=None) -> tuple[float, float]:
     try:
-      costs = layer_costs(setup, lambda n, scanned: _unrolled(setup, phase, n, attention,
+      costs = layer_costs(target, lambda n, scanned: _unrolled(target, phase, n, attention,
                                                              scanned))
     except Exception as e:  # pylint: disable=broad-except
       if _refusal(e) is None:
@@ -492,9 +495,9 @@ def unrolled_cost(setup: Setup, phase: length_phases.Phase,
 def compile_config(config: ml_collections.ConfigDict, devices, *, phases=None,
                    with_eval: bool = True, with_flops: bool = True) -> list[PhaseReport]:
   """:func:`compile_phase` for every phase of ``config`` (or the indices in ``phases``)."""
-  setup = build(config, devices)
-  wanted = range(len(setup.phases)) if phases is None else phases
-  return [compile_phase(setup, setup.phases[i], with_eval=with_eval, with_flops=with_flops)
+  target = build(config, devices)
+  wanted = range(len(target.phases)) if phases is None else phases
+  return [compile_phase(target, target.phases[i], with_eval=with_eval, with_flops=with_flops)
           for i in wanted]
 
 
@@ -529,8 +532,8 @@ def fit(config: ml_collections.ConfigDict, devices, phase_index: int,
     while lo <= hi:
       mid = (lo + hi) // 2
       candidate = _with(config, **{'train.grad_accum_steps': choices[mid], 'model.remat': remat})
-      setup = build(candidate, devices)
-      report = compile_phase(setup, setup.phases[phase_index], with_eval=False,
+      target = build(candidate, devices)
+      report = compile_phase(target, target.phases[phase_index], with_eval=False,
                              with_flops=False)
       tried.append((choices[mid], remat, report.train.fits, report.train.total))
       if report.train.fits:

@@ -298,7 +298,7 @@ def _check_a_garbled_newest_checkpoint_is_set_aside(trained):
     blob.upload_from_string(b'')
   c = _config(prepared)
   ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
-  step = ckpt.restore(train.abstract_state(c, sharding.make_mesh(c.mesh)))[3]
+  step = ckpt.restore(train.pieces(c, sharding.make_mesh(c.mesh)).abstract_state())[3]
   ckpt.close()
   assert step == 8 and [s for s, _, _ in ckpt.set_aside] == [12]
   names = set(_objects(workdir))

@@ -11,6 +11,8 @@ import pytest
 import torch
 import transformers
 
+from encoder_jax.api import pretrain
+
 from encoder_jax.run import checkpointing
 from encoder_jax.config import schema as config_base
 from encoder_jax import convert
@@ -129,14 +131,13 @@ def test_restores_onto_a_sharded_mesh(imported):
 
 @pytest.mark.slow  # ~20 s: prepares a corpus and compiles a train step.
 def test_main_continues_pretraining_from_the_import(imported, tmp_path):
-  """train_and_evaluate (what main runs) resumes from the imported step 0."""
-  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
+  """pretrain.run (what main runs) resumes from the imported step 0."""
   _, workdir, _ = imported
   run = str(tmp_path / 'run')
   shutil.copytree(workdir, run)
   corpus = hf_fixtures.write_corpus(str(tmp_path / 'corpus.txt'))
   config = hf_fixtures.tiny_run_config(run, corpus, str(tmp_path / 'prepared'))
-  metrics = train.train_and_evaluate(config, run)
+  metrics = pretrain.run(config, run).metrics
   assert metrics['mlm_predictions'] > 0 and np.isfinite(metrics['loss'])
   assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['0', '1', '2']
   before = loading.load_workdir(run, config, step=0, with_tokenizer=False).params

@@ -20,6 +20,7 @@ import torch
 import transformers
 
 import encoder_jax
+from encoder_jax.api import pretrain
 from encoder_jax import convert
 from encoder_jax.loading import loaded as loading
 from encoder_jax.data import builders
@@ -332,7 +333,6 @@ def test_command_lines_on_the_directories(kind, root, tmp_path, capsys):
 @pytest.mark.slow  # ~30 s each: prepares a corpus with the imported tokenizer and trains.
 @pytest.mark.parametrize('kind', ['xlnet', 'deberta_v2'])
 def test_pretraining_continues_from_the_import(kind, root, tmp_path):
-  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
   path, _, _ = built(kind, root)
   workdir = str(tmp_path / 'workdir')
   convert.hf_to_workdir(path, workdir)
@@ -345,7 +345,7 @@ def test_pretraining_continues_from_the_import(kind, root, tmp_path):
                       max_predictions=(6,))
   config.optim.update(learning_rate=3e-3, warmup_steps=1)
   config.checkpoint.update(every_steps=100)
-  train.train_and_evaluate(config, workdir)
+  pretrain.run(config, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
     losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r and r.get('step', 0) > 0]
   print(f"{kind} continued pretraining losses: {np.round(losses, 3).tolist()}")

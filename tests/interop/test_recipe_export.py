@@ -13,9 +13,9 @@ import pytest
 import transformers
 
 import encoder_jax
+from encoder_jax.api import pretrain
 from encoder_jax.config import schema as config_base
 from encoder_jax import convert
-from encoder_jax.run import pretraining as train
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 
@@ -54,7 +54,7 @@ def contrastive_run(prepared_dir, tmp_path_factory):
   config.optim.warmup_steps = 1
   config.checkpoint.update(every_steps=2, async_save=False)
   workdir = str(root / 'workdir')
-  train.train_and_evaluate(config, workdir)
+  pretrain.run(config, workdir)
   return workdir
 
 

@@ -14,11 +14,12 @@ import pytest
 import torch
 import transformers
 
+from encoder_jax.api import pretrain
+
 from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax.loading import inference
 from encoder_jax.loading import loaded as loading
-from encoder_jax.run import pretraining as train
 from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf_import
 from encoder_jax.models import bert
@@ -48,7 +49,7 @@ def run(tmp_path_factory):
                       eval_every_steps=2, eval_batches=2)
   config.checkpoint.update(every_steps=2, async_save=False)
   workdir = str(root / 'workdir')
-  train.train_and_evaluate(config, workdir)
+  pretrain.run(config, workdir)
   return workdir, config, prepared
 
 

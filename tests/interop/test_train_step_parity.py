@@ -12,8 +12,8 @@ our objective drew on device, recorded from inside ``loss_fn``), with dropout of
 * every gradient equals torch's, named through the export table (tied tensors, the MLM
   decoder and ELECTRA's embeddings shared by both networks, are one torch ``Parameter``
   here as they are one leaf in our tree, so both sides sum the same terms);
-* the params after **our real training step** (``train.make_train_step`` with
-  ``optimizer.make``: global-norm clipping, then AdamW with the LayerNorm/bias decay mask)
+* the params after **our real training step** (``pretraining.pieces(...).train_step`` with
+  ``optimizer.build``: global-norm clipping, then AdamW with the LayerNorm/bias decay mask)
   equal torch's after ``clip_grad_norm_`` + ``torch.optim.AdamW`` with two param groups
   (decay off for LayerNorm and bias parameters, by HF name, independently of our mask).
 
@@ -214,21 +214,20 @@ def _grad_keeping(tx: optax.GradientTransformation) -> optax.GradientTransformat
 
 
 def _ours(setup, monkeypatch):
-  """One real training step (``train.make_train_step``, ``optimizer.make``) from perturbed
+  """One real training step (``pretraining.pieces``, ``optimizer.build``) from perturbed
   initial params: the params before and after, the step's metrics, and what the step drew
   and differentiated (one compiled program, the step itself)."""
   c = _config(setup)
   objective = objectives.build(c, _tables(setup))
   _record_draws(objective, monkeypatch)
-  tx = _grad_keeping(optimizer.make(c))
+  tx = _grad_keeping(optimizer.build(optimizer.of_pretraining(c.optim), int(c.train.num_steps)))
   phase = length_phases.phases(c.train)[0]
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   params = _perturbed(jax.jit(lambda key: nn.unbox(objective.init(key)))(jax.random.key(1)))
   batch = _batch(setup)
-  schedule_fn = optimizer.learning_rate_schedule(c.optim, int(c.train.num_steps))
-  _, shards = train.state_shardings(c, mesh, objective, tx)
-  state = train.create_train_state(c, mesh, params=params, setup=objective, tx=tx)
-  step = train.make_train_step(c, objective, tx, schedule_fn, mesh, shards, phase)
+  pieces = train.pieces(c, mesh, objective, tx)
+  state = pieces.create_state(params=params)
+  step = pieces.train_step(phase)
   new_state, metrics = jax.device_get(
       step(state, feeding.to_global(batch, sharding.batch_sharding(mesh))))
   drawn = {k.split('/', 1)[1]: metrics.pop(k) for k in list(metrics) if k.startswith('drawn/')}

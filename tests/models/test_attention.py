@@ -25,12 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from encoder_jax.api import pretrain
+
 from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
 from encoder_jax.run import feeding
 from encoder_jax.core import length_phases
 from encoder_jax import objectives
-from encoder_jax.core import optimizer
 from encoder_jax.core import sharding
 from encoder_jax.run import pretraining as train
 from encoder_jax.config import validation
@@ -435,14 +436,12 @@ def test_the_steps_lower_for_a_tpu_with_the_kernel_placed_by_shard_map(prepared_
   mesh = sharding.make_mesh(c.mesh)
   batch = feeding.to_global(next(data_lib.make_train_iterator(c, prepared, 0, 1)),
                             sharding.batch_sharding(mesh))
-  tx = optimizer.make(c)
   objective = objectives.build(c, train.vocab_tables(c, prepared))
-  _, shards = train.state_shardings(c, mesh, objective, tx)
-  state = jax.eval_shape(lambda: train.create_train_state(c, mesh))
+  pieces = train.pieces(c, mesh, objective)
+  state = pieces.abstract_state()
   phase = length_phases.phases(c.train)[0]
-  step = train.make_train_step(c, objective, tx, optimizer.learning_rate_schedule(
-      c.optim, c.train.num_steps), mesh, shards, phase)
-  evaluate = train.make_eval_step(c, objective, mesh, shards.params, phase)
+  step = pieces.train_step(phase)
+  evaluate = train.make_eval_step(c, objective, mesh, pieces.shards.params, phase)
   for program, calls in ((step.trace(state, batch), 3),
                          (evaluate.trace(state.params, batch, 0), 1)):
     text = program.lower(lowering_platforms=('tpu',)).as_text()
@@ -466,7 +465,7 @@ def test_a_short_training_run_with_splash_logs_the_losses_of_xla(prepared_dir, t
   logged = {}
   for implementation in ('xla', 'splash'):
     workdir = tmp_path / implementation
-    train.train_and_evaluate(_tiny_run_config(prepared_dir, implementation), str(workdir))
+    pretrain.run(_tiny_run_config(prepared_dir, implementation), str(workdir))
     with open(workdir / 'metrics.jsonl', encoding='utf-8') as f:
       logged[implementation] = [r for r in map(json.loads, f) if r['split'] == 'train']
   assert [r['step'] for r in logged['splash']] == [1, 2, 3]
