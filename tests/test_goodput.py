@@ -1,4 +1,5 @@
-"""Goodput on a pod: the persistent compilation cache of every run, and the profiler window."""
+"""The persistent compilation cache of every run (``run/compilation_cache.py``) and the
+profiler window (``run/profiler.py``)."""
 
 import logging
 import os
@@ -7,11 +8,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from encoder_jax.api import pretrain
 
-from encoder_jax.run import goodput
+from encoder_jax.run import compilation_cache
+from encoder_jax.run import profiler
 from encoder_jax.config import schema as config_base
 from encoder_jax.run import console as console_lib
 from encoder_jax.config import validation
@@ -78,7 +80,7 @@ def jax_config():
   yield update
   for name, value in saved.items():
     jax.config.update(name, value)
-  compilation_cache.reset_cache()  # JAX reopens the suite's cache at the next compile.
+  jax_cache.reset_cache()  # JAX reopens the suite's cache at the next compile.
 
 
 @pytest.mark.slow  # A training run, profiled.
@@ -89,7 +91,7 @@ def test_a_run_caches_its_programs_in_its_workdir_and_traces_its_window(
   pretrain.run(_config(prepared_dir, profile_first_step=2, profile_steps=2),
                            str(workdir))
   out = capsys.readouterr().out
-  cache = workdir / goodput.COMPILATION_CACHE
+  cache = workdir / compilation_cache.SUBDIR
   assert f'compiled programs cached in {cache}' in out
   assert _entries(cache), 'the run wrote no compiled program into its workdir'
   assert jax.config.jax_compilation_cache_dir is None  # The process's own setting, back.
@@ -106,17 +108,17 @@ def test_cache_setting_precedence_off_reuse_and_restore(tmp_path, monkeypatch, j
   environment = jax.config.jax_compilation_cache_dir  # conftest: JAX_COMPILATION_CACHE_DIR.
   assert environment
   workdir = str(tmp_path / 'w')
-  assert goodput.compilation_cache_dir('auto', workdir) == environment
-  assert goodput.compilation_cache_dir('', workdir) is None
-  assert goodput.compilation_cache_dir('gs://b/x', workdir) == 'gs://b/x'
+  assert compilation_cache.directory('auto', workdir) == environment
+  assert compilation_cache.directory('', workdir) is None
+  assert compilation_cache.directory('gs://b/x', workdir) == 'gs://b/x'
   monkeypatch.chdir(tmp_path)
-  assert goodput.compilation_cache_dir('rel', workdir) == str(tmp_path / 'rel')
+  assert compilation_cache.directory('rel', workdir) == str(tmp_path / 'rel')
   jax_config('jax_persistent_cache_min_compile_time_secs', 0.0)  # Cache even tiny programs.
   mine = tmp_path / 'mine'
-  with goodput.compilation_cache(str(mine), workdir) as used:
+  with compilation_cache.use(str(mine), workdir) as used:
     assert used == str(mine)
-    with goodput.compilation_cache('', workdir) as off:
-      assert off is None and goodput.cache_in_use() is None  # pylint: disable=protected-access
+    with compilation_cache.use('', workdir) as off:
+      assert off is None and compilation_cache.in_use() is None  # pylint: disable=protected-access
       _compile_new(1.75)
     assert _entries(mine) == []  # Off: nothing written.
     _compile_new(2.75)
@@ -124,15 +126,15 @@ def test_cache_setting_precedence_off_reuse_and_restore(tmp_path, monkeypatch, j
     with _CacheHits() as hits:  # The same program again, as a restarted process compiles it.
       _compile_new(2.75)
     assert len(hits.names) == 1
-  assert goodput.cache_in_use() == environment  # pylint: disable=protected-access
+  assert compilation_cache.in_use() == environment  # pylint: disable=protected-access
   # Without a cache from the environment, 'auto' is the workdir's (local or gs://).
   jax_config('jax_compilation_cache_dir', None)
-  assert goodput.compilation_cache_dir('auto', workdir) == os.path.join(workdir,
-                                                                      goodput.COMPILATION_CACHE)
-  assert goodput.compilation_cache_dir('auto', 'gs://b/run') == 'gs://b/run/compilation_cache'
-  assert goodput.compilation_cache_dir('auto', None) is None
+  assert compilation_cache.directory('auto', workdir) == os.path.join(workdir,
+                                                                      compilation_cache.SUBDIR)
+  assert compilation_cache.directory('auto', 'gs://b/run') == 'gs://b/run/compilation_cache'
+  assert compilation_cache.directory('auto', None) is None
   jax_config('jax_enable_compilation_cache', False)  # JAX_ENABLE_COMPILATION_CACHE=false
-  assert goodput.compilation_cache_dir('auto', workdir) is None
+  assert compilation_cache.directory('auto', workdir) is None
 
 
 class _Lines(console_lib.Console):
@@ -147,7 +149,7 @@ class _Lines(console_lib.Console):
 def test_window_skips_the_compile_and_stops_when_the_loop_ends_early(tmp_path):
   step = jax.jit(lambda v: v + 1)
   console = _Lines()
-  window = goodput.ProfileWindow(first=1, count=3, workdir=str(tmp_path), console=console)
+  window = profiler.ProfileWindow(first=1, count=3, workdir=str(tmp_path), console=console)
   window.before(1, compiled=False)  # Step 1 compiles the program: not traced.
   x = step(jnp.zeros(2))
   assert not window.after(1, x) and window.start_step is None
@@ -161,7 +163,7 @@ def test_window_skips_the_compile_and_stops_when_the_loop_ends_early(tmp_path):
   window.before(3, compiled=True)  # One trace per session.
   assert window.start_step is None
   # A session that starts after the window's first step (a resume) traces nothing.
-  late = goodput.ProfileWindow(first=5, count=2, workdir=str(tmp_path / 'late'), console=console)
+  late = profiler.ProfileWindow(first=5, count=2, workdir=str(tmp_path / 'late'), console=console)
   late.before(6, compiled=True)
   assert late.start_step is None and not (tmp_path / 'late').exists()
 
@@ -192,12 +194,12 @@ def test_a_resume_may_change_the_cache_and_the_window(tmp_path):
 def test_on_a_bucket_the_cache_and_the_trace_are_written_there(bucket, jax_config):
   from etils import epath  # pylint: disable=g-import-not-at-top
   jax_config('jax_persistent_cache_min_compile_time_secs', 0.0)
-  with goodput.compilation_cache(f'{bucket}/xla', None) as used:
+  with compilation_cache.use(f'{bucket}/xla', None) as used:
     assert used == f'{bucket}/xla'
     _compile_new(3.75)
   assert [p.name for p in epath.Path(f'{bucket}/xla').glob('*-cache')]
   console = _Lines()
-  window = goodput.ProfileWindow(first=1, count=1, workdir=f'{bucket}/run', console=console)
+  window = profiler.ProfileWindow(first=1, count=1, workdir=f'{bucket}/run', console=console)
   window.before(1, compiled=True)
   assert window.after(1, _compile_new(3.75))
   traces = list(epath.Path(f'{bucket}/run/profile/plugins/profile').glob('*/*.xplane.pb'))

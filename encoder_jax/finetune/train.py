@@ -27,7 +27,7 @@ from encoder_jax.run import console as console_lib
 from encoder_jax.run import engine
 from encoder_jax.run import steps
 from encoder_jax.run import feeding
-from encoder_jax.run import goodput
+from encoder_jax.run import compilation_cache
 from encoder_jax.loading import loaded as loading
 from encoder_jax.core import optimizer as optimizer_lib
 from encoder_jax.core import sharding
@@ -84,7 +84,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | None = None, log=
     workdir_lib.check_workdir_writable(workdir)
   # Pretraining's persistent compilation cache, set before the first compile ('auto' in
   # memory: the environment's, if any).
-  with goodput.compilation_cache(config.get('compilation_cache_dir', 'auto'), workdir):
+  with compilation_cache.use(config.get('compilation_cache_dir', 'auto'), workdir):
     pretrained = pretrained or load_pretrained(config)
     max_len = min(int(config.data.max_len), pretrained.max_length)
     prepared = entry.prepare(config, pretrained.tokenizer, max_len, workdir, log)

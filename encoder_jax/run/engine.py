@@ -29,7 +29,8 @@ from absl import logging
 from encoder_jax.run import checkpointing
 from encoder_jax.run import console as console_lib
 from encoder_jax.run import feeding
-from encoder_jax.run import goodput
+from encoder_jax.run import compilation_cache
+from encoder_jax.run import profiler
 from encoder_jax.core import length_phases
 from encoder_jax.run import metrics_log as metrics_lib
 from encoder_jax.core import sharding
@@ -239,7 +240,7 @@ def run(spec: steps.RunSpec, workdir: str | None, job_for: Callable[[jax.shardin
   if workdir:
     workdir_lib.check_workdir_writable(workdir)
   lock = workdir_lib.run_lock(workdir) if workdir else contextlib.nullcontext()
-  with lock as held, Preempted() as preempted, goodput.compilation_cache(
+  with lock as held, Preempted() as preempted, compilation_cache.use(
       spec.compilation_cache_dir, workdir):
     mesh = sharding.make_mesh(spec.mesh)
     steps.check_batch(spec, mesh)  # Before the job prepares its data.
@@ -344,7 +345,7 @@ class _Session:
                       self.shards.params)
       profile = None
       if spec.profile_steps and self.lead and self.workdir:  # One host's trace.
-        profile = goodput.ProfileWindow(spec.profile_first_step, spec.profile_steps,
+        profile = profiler.ProfileWindow(spec.profile_first_step, spec.profile_steps,
                                         self.workdir, job.console)
       try:
         state, preempted, position = _loop(self, state, flusher, out, profile)

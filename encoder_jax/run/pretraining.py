@@ -32,7 +32,7 @@ from encoder_jax.run import console as console_lib
 from encoder_jax import data as data_lib
 from encoder_jax.run import engine
 from encoder_jax.run import feeding
-from encoder_jax.run import goodput
+from encoder_jax.run import compilation_cache
 from encoder_jax import objectives
 from encoder_jax.core import optimizer as optimizer_lib
 from encoder_jax.core import length_phases
@@ -257,7 +257,7 @@ class _Adapter:
     out.say(f'  data {prepared.directory}: {train_split["documents"]:,} documents, '
             f'{train_split["tokens"]:,} tokens; {prepared.tokenizer.kind} tokenizer, '
             f'{prepared.tokenizer.vocab_size:,} pieces')
-    cache = goodput.cache_in_use()
+    cache = compilation_cache.in_use()
     out.say(f'  compiled programs cached in {cache}' if cache else
             '  no compilation cache (config.train.compilation_cache_dir)')
     for step_aside, reason, where in start.set_aside:
