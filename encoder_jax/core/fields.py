@@ -1,14 +1,15 @@
 """Config fields declared once, where they are read: name, default, allowed range, meaning.
 
-Every config value is a :class:`Field`. A registry entry (a model kind in
-``models.registry``, an objective in ``objectives``) declares the fields it reads next to
-its code; the sections no registry owns are declared beside the code that reads them
+Every config value is a :class:`Field`. A registry entry (an objective in ``objectives``,
+a fine-tuning task) declares the fields it reads next to its code; ``config.model``'s are the
+typed fields of :class:`models.config.EncoderConfig`, which records one :class:`Field` per
+attribute; the sections no registry owns are declared beside the code that reads them
 (``config_base``: ``train``, ``optim``, ``mesh``, ``checkpoint``, the top level;
 ``data.config``: ``data`` and ``tokenizer``). A *schema* maps each section name ('' for the
 top level) to its fields (:func:`section`), and everything else derives from it: the config
 at its defaults (:func:`defaults`), every range check (:func:`problems`, run by
-``validation``), the table of every field (:func:`table`), :class:`models.config.EncoderConfig`
-(its attributes and the checks run when it is built) and the objectives' recipes. Another
+``validation``, and when an ``EncoderConfig`` is built), the table of every field
+(:func:`table`) and the objectives' recipes. Another
 config (fine-tuning's) declares its sections the same way and is checked by the same code.
 
 The check builders (:func:`integer`, :func:`number`, :func:`one_of`, :func:`names`...)

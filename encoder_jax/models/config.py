@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import flax.linen as nn
 import jax
@@ -47,90 +47,85 @@ ACTIVATIONS = {
 }
 SHARE_LAYERS = ('none', 'all', 'attention', 'ffn')
 
-F = fields_lib.Field
-# Options of the Transformer block that several kinds share (one implementation, in
-# ``trunk``'s blocks). A kind lists the ones it implements in ``ModelKind.block_options``;
-# ``models.registry.make_config`` refuses a non-default value of any other, so an option
-# is never silently ignored. Their defaults are BERT's.
-BLOCK_OPTIONS: tuple[fields_lib.Field, ...] = (
-    F('pre_norm', False, fields_lib.boolean(),
-      'Pre-LN blocks: x + f(LayerNorm(x)) for attention and feed-forward, and a final '
-      'LayerNorm after the last layer (Cramming, ModernBERT); False = post-LN (BERT).'),
-    F('gated_ffn', False, fields_lib.boolean(),
-      'GLU feed-forward: d -> 2 x d_ff (value, gate), activation(value) * gate, d_ff -> d '
-      '(GeGLU with gelu, SwiGLU with silu); False = dense, activation, dense.'),
-    F('dense_bias', True, fields_lib.boolean(),
-      "Biases in the encoder's dense layers (attention, feed-forward, factorized embedding "
-      "projection, the MLM head's transform); False = bias-free (Cramming, ModernBERT)."),
-    F('norm_bias', True, fields_lib.boolean(),
-      'A bias (shift) in every LayerNorm of the encoder and MLM head; False = scale only.'),
-    F('rotary', False, fields_lib.boolean(),
-      'Rotary position embeddings (RoPE) on the queries and keys of every layer, and no '
-      'absolute position table (RoFormer, ModernBERT); False = learned absolute positions.'),
-    F('rope_theta', 10000.0, fields_lib.number(1.0),
-      'RoPE base: frequencies theta^(-2i/d) of the head dimension d (of the global layers '
-      'when some layers are local: ModernBERT 160,000).'),
-    F('local_attention', 0, fields_lib.integer(0),
-      'Sliding-window attention, in tokens (ModernBERT: 128): on the local layers (see '
-      'global_attn_every_n_layers) a token attends to the tokens at most local_attention // 2 '
-      'positions away, computed band by band (memory linear in the length); 0 = every '
-      'layer attends globally.'),
-    F('global_attn_every_n_layers', 1, fields_lib.integer(1),
-      'With local_attention: layer i (from 0) is global when i % n == 0, the others local '
-      '(ModernBERT: 3, so layers 0, 3, 6, ... global).'),
-    F('local_rope_theta', 0.0, fields_lib.number(0.0),
-      'RoPE base of the local layers (ModernBERT: 10,000); 0 = rope_theta.'),
-    F('first_attention_norm', True, fields_lib.boolean(),
-      "With pre_norm: False = the first layer's attention reads its input without a "
-      'LayerNorm (ModernBERT: the embedding LayerNorm has just normalised it; the stacked '
-      "parameter's first slot is unused)."),
-    F('fused_qkv', False, fields_lib.boolean(),
-      'One query/key/value projection, kernel [embed, 3, heads, head_dim] (ModernBERT\'s '
-      'Wqkv; one matmul instead of three); False = separate query, key, value.'),
-)
-BLOCK_OPTION_NAMES = tuple(f.name for f in BLOCK_OPTIONS)
-# The fields every kind reads (the trunk and its options); BERT-base defaults. The 'kind'
-# field is the registry's (``models.registry.KIND``), and a kind with fields of its own
-# declares them on its entry (``ModelKind.fields``), e.g. XLNet's memory.
-FIELDS: tuple[fields_lib.Field, ...] = (
-    F('vocab_size', 30522, fields_lib.integer(1),
-      'Also the size of the tokenizer trained by prepare; checked at start-up.'),
-    F('hidden_size', 768, fields_lib.integer(1), 'd_model.'),
-    F('num_layers', 12, fields_lib.integer(1), 'Transformer layers.'),
-    F('num_heads', 12, fields_lib.integer(1),
-      'Attention heads per layer (hidden_size must be a multiple).'),
-    F('intermediate_size', 3072, fields_lib.integer(1), 'd_ff of the feed-forward block.'),
-    F('max_position_embeddings', 512, fields_lib.integer(1), 'Learned absolute positions.'),
-    F('type_vocab_size', 2, fields_lib.integer(0),
-      'Segment (A/B) embeddings; 0 = none (the released DeBERTa models).'),
-    F('hidden_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True),
-      'Dropout on the embeddings and on each block\'s output, while training.'),
-    F('attention_dropout_rate', 0.1, fields_lib.number(0, 1, hi_open=True),
-      'Dropout on the attention probabilities, while training.'),
-    F('layer_norm_eps', 1e-12, fields_lib.number(0, lo_open=True),
-      'Epsilon of every LayerNorm (BERT 1e-12, RoBERTa 1e-5).'),
-    F('initializer_range', 0.02, fields_lib.number(0, lo_open=True),
-      'Std of the truncated-normal init.'),
-    F('attention_kind', 'dot_product',
-      fields_lib.names(lambda: attention_kinds.REGISTRY, 'an attention kind'),
-      'Name in models.attention_kinds.REGISTRY.'),
-    F('dtype', 'float32', fields_lib.one_of(*DTYPES),
-      "Activation dtype: 'float32' or 'bfloat16' (params stay float32)."),
-    F('remat', False, fields_lib.boolean(),
-      'Rematerialise each layer in the backward pass (saves activation memory).'),
-    F('scan_unroll', 1, fields_lib.integer(0),
+T = TypeVar('T')
+# Which part of the encoder reads a field (``_field``'s group): the kind's name, the trunk
+# and its shared options, or one kind's own network (DeBERTa's relative positions, XLNet's
+# memory), whose entry lists its group in ``ModelKind.fields`` (:func:`kind_fields`).
+KIND_GROUP, SHARED, BLOCK, DEBERTA, XLNET = 'kind', 'shared', 'block', 'deberta', 'xlnet'
+
+
+def _field(default: T, spec: fields_lib.Check, doc: str, group: str = SHARED) -> T:
+  """One ``config.model`` field of :class:`EncoderConfig`: its default, allowed range and
+  meaning; its name and type are the attribute's. Typed as its default, so a type checker
+  reads ``hidden_size: int = _field(768, ...)`` as an int field with a default."""
+  return dataclasses.field(default=default, metadata={'spec': spec, 'doc': doc, 'group': group})
+
+
+def _block_option(default: T, spec: fields_lib.Check, doc: str) -> T:
+  return _field(default, spec, doc, BLOCK)
+
+
+F, B = _field, _block_option
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderConfig:
+  """Shapes and options of a Transformer encoder: the values of ``config.model``.
+
+  Every field is declared here, typed, with its default, range and meaning, so that code
+  below the kinds (the trunk, attention, layers) and a type checker see one class; a kind
+  with fields of its own names their group on its entry (``ModelKind.fields``). Each value
+  is range-checked when the config is built (``__post_init__``, also on ``replace``), so a
+  bad value is named here whichever way the config was made. Frozen and hashable (a static
+  argument of jit and a Flax module attribute), equal by value, picklable.
+  """
+  # The kind's name; ``models.registry.KIND`` checks it is one (the registry knows them).
+  kind: str = F('bert', fields_lib.string(non_empty=True),
+                "Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ...",
+                group=KIND_GROUP)
+  # The fields every kind reads (the trunk); BERT-base defaults.
+  vocab_size: int = F(30522, fields_lib.integer(1),
+                      'Also the size of the tokenizer trained by prepare; checked at start-up.')
+  hidden_size: int = F(768, fields_lib.integer(1), 'd_model.')
+  num_layers: int = F(12, fields_lib.integer(1), 'Transformer layers.')
+  num_heads: int = F(12, fields_lib.integer(1),
+                     'Attention heads per layer (hidden_size must be a multiple).')
+  intermediate_size: int = F(3072, fields_lib.integer(1), 'd_ff of the feed-forward block.')
+  max_position_embeddings: int = F(512, fields_lib.integer(1), 'Learned absolute positions.')
+  type_vocab_size: int = F(2, fields_lib.integer(0),
+                           'Segment (A/B) embeddings; 0 = none (the released DeBERTa models).')
+  hidden_dropout_rate: float = F(
+      0.1, fields_lib.number(0, 1, hi_open=True),
+      'Dropout on the embeddings and on each block\'s output, while training.')
+  attention_dropout_rate: float = F(0.1, fields_lib.number(0, 1, hi_open=True),
+                                    'Dropout on the attention probabilities, while training.')
+  layer_norm_eps: float = F(1e-12, fields_lib.number(0, lo_open=True),
+                            'Epsilon of every LayerNorm (BERT 1e-12, RoBERTa 1e-5).')
+  initializer_range: float = F(0.02, fields_lib.number(0, lo_open=True),
+                               'Std of the truncated-normal init.')
+  attention_kind: str = F('dot_product',
+                          fields_lib.names(lambda: attention_kinds.REGISTRY, 'an attention kind'),
+                          'Name in models.attention_kinds.REGISTRY.')
+  dtype: str = F('float32', fields_lib.one_of(*DTYPES),
+                 "Activation dtype: 'float32' or 'bfloat16' (params stay float32).")
+  remat: bool = F(False, fields_lib.boolean(),
+                  'Rematerialise each layer in the backward pass (saves activation memory).')
+  scan_unroll: int = F(
+      1, fields_lib.integer(0),
       'Layers per iteration of the layer scan: 1 = a loop (shortest compile), 0 = every '
       'layer (straight-line code, no per-layer stacking of saved activations: 13-15% faster '
-      'steps on CPU, longer compiles). The parameters are the same either way.'),
-    F('activation', 'gelu', fields_lib.one_of(*ACTIVATIONS),
-      "Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh), 'relu'."),
-    F('embedding_size', 0, fields_lib.integer(0),
-      'Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).'),
-    F('share_layers', 'none', fields_lib.one_of(*SHARE_LAYERS),
-      "Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'."),
-    F('position_offset', 0, fields_lib.integer(0),
-      'First position id (RoBERTa: padding id + 1 = 2).'),
-    F('attention_implementation', None, fields_lib.one_of(*attention_lib.IMPLEMENTATIONS),
+      'steps on CPU, longer compiles). The parameters are the same either way.')
+  activation: str = F(
+      'gelu', fields_lib.one_of(*ACTIVATIONS),
+      "Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh), 'relu'.")
+  embedding_size: int = F(0, fields_lib.integer(0),
+                          'Token embedding width E; 0 = hidden_size (ALBERT: 128, projected).')
+  share_layers: str = F('none', fields_lib.one_of(*SHARE_LAYERS),
+                        "Cross-layer sharing: 'none', 'all' (ALBERT), 'attention', 'ffn'.")
+  position_offset: int = F(0, fields_lib.integer(0),
+                           'First position id (RoBERTa: padding id + 1 = 2).')
+  attention_implementation: str | None = F(
+      None, fields_lib.one_of(*attention_lib.IMPLEMENTATIONS),
       "Dot-product attention backend: 'xla', 'cudnn' (jax.nn.dot_product_attention's fused "
       "flash attention; bf16, right-padded masks given as key lengths), 'splash' (the Pallas "
       'TPU splash-attention kernel: padding and packed documents as segment ids, local '
@@ -138,49 +133,92 @@ FIELDS: tuple[fields_lib.Field, ...] = (
       'cuDNN on GPUs in bf16, else XLA. Training with attention_dropout_rate > 0 always runs '
       "the explicit XLA softmax, as does XLNet's attention (a log line says so where splash was "
       "chosen) and queries at some rows (the last layer at the predicted ones); DeBERTa's "
-      'disentangled attention runs its own Pallas kernel where splash is chosen.'),
-) + BLOCK_OPTIONS
+      'disentangled attention runs its own Pallas kernel where splash is chosen.')
+  # Options of the Transformer block that several kinds share (one implementation, in
+  # ``trunk``'s blocks). A kind lists the ones it implements in ``ModelKind.block_options``;
+  # ``models.registry.make_config`` refuses a non-default value of any other, so an option
+  # is never silently ignored. Their defaults are BERT's.
+  pre_norm: bool = B(
+      False, fields_lib.boolean(),
+      'Pre-LN blocks: x + f(LayerNorm(x)) for attention and feed-forward, and a final '
+      'LayerNorm after the last layer (Cramming, ModernBERT); False = post-LN (BERT).')
+  gated_ffn: bool = B(
+      False, fields_lib.boolean(),
+      'GLU feed-forward: d -> 2 x d_ff (value, gate), activation(value) * gate, d_ff -> d '
+      '(GeGLU with gelu, SwiGLU with silu); False = dense, activation, dense.')
+  dense_bias: bool = B(
+      True, fields_lib.boolean(),
+      "Biases in the encoder's dense layers (attention, feed-forward, factorized embedding "
+      "projection, the MLM head's transform); False = bias-free (Cramming, ModernBERT).")
+  norm_bias: bool = B(
+      True, fields_lib.boolean(),
+      'A bias (shift) in every LayerNorm of the encoder and MLM head; False = scale only.')
+  rotary: bool = B(
+      False, fields_lib.boolean(),
+      'Rotary position embeddings (RoPE) on the queries and keys of every layer, and no '
+      'absolute position table (RoFormer, ModernBERT); False = learned absolute positions.')
+  rope_theta: float = B(
+      10000.0, fields_lib.number(1.0),
+      'RoPE base: frequencies theta^(-2i/d) of the head dimension d (of the global layers '
+      'when some layers are local: ModernBERT 160,000).')
+  local_attention: int = B(
+      0, fields_lib.integer(0),
+      'Sliding-window attention, in tokens (ModernBERT: 128): on the local layers (see '
+      'global_attn_every_n_layers) a token attends to the tokens at most local_attention // 2 '
+      'positions away, computed band by band (memory linear in the length); 0 = every '
+      'layer attends globally.')
+  global_attn_every_n_layers: int = B(
+      1, fields_lib.integer(1),
+      'With local_attention: layer i (from 0) is global when i % n == 0, the others local '
+      '(ModernBERT: 3, so layers 0, 3, 6, ... global).')
+  local_rope_theta: float = B(
+      0.0, fields_lib.number(0.0),
+      'RoPE base of the local layers (ModernBERT: 10,000); 0 = rope_theta.')
+  first_attention_norm: bool = B(
+      True, fields_lib.boolean(),
+      "With pre_norm: False = the first layer's attention reads its input without a "
+      'LayerNorm (ModernBERT: the embedding LayerNorm has just normalised it; the stacked '
+      "parameter's first slot is unused).")
+  fused_qkv: bool = B(
+      False, fields_lib.boolean(),
+      'One query/key/value projection, kernel [embed, 3, heads, head_dim] (ModernBERT\'s '
+      'Wqkv; one matmul instead of three); False = separate query, key, value.')
+  # DeBERTa's own (models/deberta.py, and the 'disentangled' attention kind).
+  position_biased_input: bool = F(
+      True, fields_lib.boolean(),
+      'Absolute positions added to the input embeddings (DeBERTa: False, with the EMD).',
+      group=DEBERTA)
+  max_relative_positions: int = F(
+      -1, fields_lib.integer(-1),
+      'Relative span k (distances clipped at k); < 1 = max_position_embeddings.', group=DEBERTA)
+  position_buckets: int = F(
+      0, fields_lib.integer(0),
+      'deberta_v2: log buckets of relative positions (v2/v3: 256); 0 = off.', group=DEBERTA)
+  share_att_key: bool = F(
+      False, fields_lib.boolean(),
+      'deberta_v2: position keys/queries use the content projections.', group=DEBERTA)
+  norm_rel_ebd: bool = F(
+      False, fields_lib.boolean(),
+      'deberta_v2: LayerNorm on the relative-position embeddings.', group=DEBERTA)
+  pos_att_type: str = F(
+      'c2p|p2c', fields_lib.one_of('c2p|p2c', 'p2c|c2p', 'c2p', 'p2c', ''),
+      "Disentangled terms beside c2c: 'c2p|p2c', 'c2p', 'p2c' or ''.", group=DEBERTA)
+  emd_layers: int = F(
+      0, fields_lib.integer(0),
+      'Enhanced mask decoder: layers sharing the last layer\'s weights (2); 0 = off.',
+      group=DEBERTA)
+  # XLNet's own (models/xlnet.py).
+  mem_len: int = F(
+      0, fields_lib.integer(0),
+      'Transformer-XL memory: cached states per layer, carried across steps in the training '
+      'state (0 = none).', group=XLNET)
+  clamp_len: int = F(-1, fields_lib.integer(1, also=(-1,)),
+                     'Relative distances clipped to +-clamp_len (-1 = no clipping).', group=XLNET)
 
-# Every config.model field by name (the registry's 'kind', FIELDS, each kind's own): the
-# model registry, which imports every kind, sets it at its import (``use_fields``), so this
-# module never imports the registry and a kind's fields are declared only on its entry.
-_FIELDS: dict[str, fields_lib.Field] = {}
-
-
-def use_fields(declared: Mapping[str, fields_lib.Field]) -> None:
-  """Sets the fields every EncoderConfig has (``models.registry.model_fields()``)."""
-  _FIELDS.clear()
-  _FIELDS.update(declared)
-
-
-def _fields() -> dict[str, fields_lib.Field]:
-  if not _FIELDS:
-    raise RuntimeError('EncoderConfig reads its fields from the model registry: import '
-                       'encoder_jax.models.registry before building one')
-  return _FIELDS
-
-
-class EncoderConfig:
-  """Shapes and options of a Transformer encoder: the values of ``config.model``.
-
-  Its attributes are the declared fields (``models.registry.model_fields()``), each
-  defaulted and range-checked when the config is built, so a bad value is named here
-  whichever way the config was made. Immutable and hashable (a static argument of jit and
-  a Flax module attribute).
-  """
-  __slots__ = ('_values',)
-
-  def __init__(self, **values):
-    declared = _fields()
-    unknown = sorted(set(values) - set(declared))
-    if unknown:
-      raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(declared)}')
-    full = {name: f.default for name, f in declared.items()}
-    full.update(values)
-    found = fields_lib.problems({'model': full}, {'model': declared})
+  def __post_init__(self):
+    found = fields_lib.problems({'model': self.to_dict()}, {'model': _RECORDS})
     if found:
       raise ValueError(found[0])
-    object.__setattr__(self, '_values', full)
     self._cross_check()
 
   def _cross_check(self) -> None:
@@ -195,38 +233,19 @@ class EncoderConfig:
       raise ValueError('config.model.first_attention_norm=False needs pre_norm=True (a post-LN '
                        "block's LayerNorm comes after the residual)")
 
-  def __getattr__(self, name: str):
-    try:
-      return object.__getattribute__(self, '_values')[name]
-    except KeyError:
-      raise AttributeError(f'config.model has no field {name!r} (declared: '
-                           f'{sorted(_FIELDS)})') from None
-
-  def __setattr__(self, name, value):
-    raise AttributeError(f'EncoderConfig is immutable; use .replace({name}=...)')
-
-  def __eq__(self, other):
-    return isinstance(other, EncoderConfig) and self._values == other._values
-
-  def __hash__(self):
-    return hash(tuple(sorted((k, v) for k, v in self._values.items())))
-
-  def __repr__(self):
-    return 'EncoderConfig(' + ', '.join(f'{k}={v!r}' for k, v in self._values.items()) + ')'
-
-  def __reduce__(self):
-    return _rebuild, (dict(self._values),)
-
   @classmethod
-  def from_config(cls, model_config: ml_collections.ConfigDict | dict) -> 'EncoderConfig':
+  def from_config(cls, model_config: ml_collections.ConfigDict | Mapping[str, Any]
+                  ) -> EncoderConfig:
     values = dict(model_config.to_dict() if hasattr(model_config, 'to_dict') else model_config)
+    _refuse_unknown(values)
     return cls(**values)
 
   def to_dict(self) -> dict[str, Any]:
-    return dict(self._values)
+    return {name: getattr(self, name) for name in _RECORDS}
 
-  def replace(self, **kw) -> 'EncoderConfig':
-    return EncoderConfig(**{**self._values, **kw})
+  def replace(self, **kw: Any) -> EncoderConfig:
+    _refuse_unknown(kw)
+    return dataclasses.replace(self, **kw)
 
   @property
   def head_dim(self) -> int:
@@ -286,11 +305,40 @@ class EncoderConfig:
     return min(seq_len, 2 * self.half_window + 1)
 
 
-def _rebuild(values: dict[str, Any]) -> EncoderConfig:
-  """Unpickling: the values were checked when the config was built."""
-  out = object.__new__(EncoderConfig)
-  object.__setattr__(out, '_values', values)
-  return out
+def _record(f: dataclasses.Field) -> fields_lib.Field:
+  return fields_lib.Field(f.name, f.default, f.metadata['spec'], f.metadata['doc'])
+
+
+# Every config.model field's record (name, default, range, meaning), in declaration order.
+_RECORDS: dict[str, fields_lib.Field] = {
+    f.name: _record(f) for f in dataclasses.fields(EncoderConfig)}
+_GROUPS: dict[str, str] = {f.name: f.metadata['group'] for f in dataclasses.fields(EncoderConfig)}
+
+
+def _group(*groups: str) -> tuple[fields_lib.Field, ...]:
+  return tuple(r for name, r in _RECORDS.items() if _GROUPS[name] in groups)
+
+
+KIND_FIELD = _RECORDS['kind']
+BLOCK_OPTIONS: tuple[fields_lib.Field, ...] = _group(BLOCK)
+BLOCK_OPTION_NAMES = tuple(f.name for f in BLOCK_OPTIONS)
+# The fields every kind reads (the trunk and its options).
+FIELDS: tuple[fields_lib.Field, ...] = _group(SHARED, BLOCK)
+
+
+def kind_fields(group: str) -> tuple[fields_lib.Field, ...]:
+  """The records of one kind's own fields (``ModelKind.fields``), e.g. ``'xlnet'``."""
+  found = _group(group)
+  if group in (KIND_GROUP, SHARED, BLOCK) or not found:
+    raise ValueError(f'no kind declares fields of group {group!r}; the kinds\' groups: '
+                     f'{sorted(set(_GROUPS.values()) - {KIND_GROUP, SHARED, BLOCK})}')
+  return found
+
+
+def _refuse_unknown(values: Mapping[str, Any]) -> None:
+  unknown = sorted(set(values) - set(_RECORDS))
+  if unknown:
+    raise ValueError(f'config.model has unknown fields {unknown}; expected {sorted(_RECORDS)}')
 
 
 def encoder_flops_per_token(c: EncoderConfig, seq_len: int) -> float:
@@ -357,7 +405,8 @@ class ModelKind:
   # default: config.objective.names and config.data.pair_kind.
   import_objectives: tuple[str, ...] = ('mlm',)
   import_pair_kind: str = 'full_sentences'
-  # The kind's own config.model fields (beside FIELDS): declared here only.
+  # The records of the kind's own config.model fields (beside FIELDS): ``kind_fields`` of
+  # its group of ``EncoderConfig``'s fields.
   fields: tuple[fields_lib.Field, ...] = ()
   # A kind trained beside a second network (ELECTRA's discriminator): the second network's
   # config from this one's and (hidden fraction, layers fraction), and the parameter

@@ -42,7 +42,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import disentangled_attention as da
 from encoder_jax.models import layers
@@ -289,24 +288,9 @@ def row_flops(c: config_lib.EncoderConfig, seq_len: int) -> float:
   return config_lib.encoder_row_flops(c, seq_len) + 6 * c2p * (2 * seq_len - 1) * c.hidden_size
 
 
-F = fields_lib.Field
-# DeBERTa's own config.model fields (read here and by the 'disentangled' attention kind).
-FIELDS: tuple[fields_lib.Field, ...] = (
-    F('position_biased_input', True, fields_lib.boolean(),
-      'Absolute positions added to the input embeddings (DeBERTa: False, with the EMD).'),
-    F('max_relative_positions', -1, fields_lib.integer(-1),
-      'Relative span k (distances clipped at k); < 1 = max_position_embeddings.'),
-    F('position_buckets', 0, fields_lib.integer(0),
-      'deberta_v2: log buckets of relative positions (v2/v3: 256); 0 = off.'),
-    F('share_att_key', False, fields_lib.boolean(),
-      'deberta_v2: position keys/queries use the content projections.'),
-    F('norm_rel_ebd', False, fields_lib.boolean(),
-      'deberta_v2: LayerNorm on the relative-position embeddings.'),
-    F('pos_att_type', 'c2p|p2c', fields_lib.one_of('c2p|p2c', 'p2c|c2p', 'c2p', 'p2c', ''),
-      "Disentangled terms beside c2c: 'c2p|p2c', 'c2p', 'p2c' or ''."),
-    F('emd_layers', 0, fields_lib.integer(0),
-      'Enhanced mask decoder: layers sharing the last layer\'s weights (2); 0 = off.'),
-)
+# DeBERTa's own config.model fields (read here and by the 'disentangled' attention kind),
+# declared with the others on EncoderConfig.
+FIELDS = config_lib.kind_fields(config_lib.DEBERTA)
 
 
 def _check(c: config_lib.EncoderConfig) -> None:

@@ -2,12 +2,11 @@
 
 Everything outside ``models/`` builds networks through :func:`network` (or :func:`get`),
 never by importing a concrete model module, so a new kind is a file plus a line here
-(plus its Hugging Face table in ``interop.registry``). A kind's own config fields are
-declared on its entry (``ModelKind.fields``); ``config.model`` is :func:`model_fields`: the
-``kind`` field (:data:`KIND`, declared here, where the kinds are known), the fields every
-kind reads (``config.FIELDS``) and each kind's own. This module hands them to
-``EncoderConfig`` when it is imported (``config.use_fields``): ``models/config.py`` never
-imports the registry.
+(plus its Hugging Face table in ``interop.registry``). ``config.model`` is
+:func:`model_fields`: every field of ``EncoderConfig`` (declared, typed, in
+``models/config.py``), in its order: ``kind`` (:data:`KIND`, whose range is checked here,
+where the kinds are known), the fields every kind reads (``config.FIELDS``) and each kind's
+own (``ModelKind.fields``).
 """
 
 from __future__ import annotations
@@ -45,13 +44,11 @@ KINDS: dict[str, ModelKind] = {
 }
 
 
-KIND = fields_lib.Field(
-    'kind', 'bert', fields_lib.names(lambda: KINDS, 'a model kind'),
-    "Name in models.registry.KINDS: 'bert', 'roberta', 'albert', 'electra', ...")
+KIND = dataclasses.replace(config_lib.KIND_FIELD,
+                           spec=fields_lib.names(lambda: KINDS, 'a model kind'))
 
 _MODEL_FIELDS = fields_lib.merge(
     [(KIND,), config_lib.FIELDS, *(k.fields for k in KINDS.values())], 'model')
-config_lib.use_fields(_MODEL_FIELDS)
 
 
 def model_fields() -> dict[str, fields_lib.Field]:
@@ -97,6 +94,9 @@ def make_config(model_config: ml_collections.ConfigDict | dict | EncoderConfig) 
   """The validated EncoderConfig of ``config.model`` (kind-specific checks included)."""
   c = (model_config if isinstance(model_config, EncoderConfig)
        else EncoderConfig.from_config(model_config))
+  problem = KIND.problem('model', c.kind)
+  if problem:
+    raise ValueError(problem)
   kind = get(c.kind)
   check_block_options(c, kind.block_options, f'config.model.kind={c.kind!r}')
   wrong = {k: getattr(c, k) for k, v in kind.requires.items() if getattr(c, k) != v}

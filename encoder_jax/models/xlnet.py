@@ -66,7 +66,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from encoder_jax.core import fields as fields_lib
 from encoder_jax.models import attention
 from encoder_jax.models import config as config_lib
 from encoder_jax.models import layers
@@ -545,14 +544,8 @@ def flops_per_token(c: config_lib.EncoderConfig, seq_len: int) -> float:
   return float(3 * n_layers * forward)
 
 
-# XLNet's own config.model fields.
-FIELDS: tuple[fields_lib.Field, ...] = (
-    fields_lib.Field('mem_len', 0, fields_lib.integer(0),
-                     'Transformer-XL memory: cached states per layer, carried across steps in the '
-                     'training state (0 = none).'),
-    fields_lib.Field('clamp_len', -1, fields_lib.integer(1, also=(-1,)),
-                     'Relative distances clipped to +-clamp_len (-1 = no clipping).'),
-)
+# XLNet's own config.model fields, declared with the others on EncoderConfig.
+FIELDS = config_lib.kind_fields(config_lib.XLNET)
 
 
 def _check(c: config_lib.EncoderConfig) -> None:
