@@ -34,6 +34,8 @@ from encoder_jax.models import packing
 # config.model.attention_implementation: None = per backend (Pallas splash attention on a
 # TPU, cuDNN on a CUDA GPU in bf16/fp16, XLA elsewhere), or one forced.
 IMPLEMENTATIONS = (None, 'xla', 'cudnn', 'splash')
+# config.model.scanned_attention: how the layer scan's layers choose their attention.
+SCANNED_ATTENTION = ('by_layer', 'global', 'local')
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _warned: set[str] = set()
 # Splash attention: sequences padded to a multiple of the TPU's 128 lanes (the kernel's
@@ -422,7 +424,8 @@ def per_layer(c, layer, core: Callable[..., Any], *operands):
   ``layer`` is a Python int where the caller knows it (a loop over layers, the last layer
   at some rows), or the traced index of the layer scan: there both variants are compiled
   once and ``jax.lax.cond`` runs the layer's (one scan body for alternating layers, the
-  stacked parameters unchanged).
+  stacked parameters unchanged), unless ``c.scanned_attention`` names one kind for every
+  scanned layer (a cost count's program: no conditional).
   """
   if not c.has_local_layers:
     return core(False, *operands)
@@ -431,6 +434,8 @@ def per_layer(c, layer, core: Callable[..., Any], *operands):
                      "layer index (context['layer']), so it cannot tell local from global")
   if isinstance(layer, int):
     return core(not c.layer_is_global(layer), *operands)
+  if c.scanned_attention != 'by_layer':
+    return core(c.scanned_attention == 'local', *operands)
   return jax.lax.cond(c.layer_is_global(layer), functools.partial(core, False),
                       functools.partial(core, True), *operands)
 

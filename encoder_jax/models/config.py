@@ -134,6 +134,13 @@ class EncoderConfig:
       "the explicit XLA softmax, as does XLNet's attention (a log line says so where splash was "
       "chosen) and queries at some rows (the last layer at the predicted ones); DeBERTa's "
       'disentangled attention runs its own Pallas kernel where splash is chosen.')
+  scanned_attention: str = F(
+      'by_layer', fields_lib.one_of(*attention_lib.SCANNED_ATTENTION),
+      "With local_attention: 'by_layer' = each layer of the layer scan attends as its index "
+      "says (a lax.cond on it); 'global' / 'local' = every scanned layer attends so, with no "
+      'conditional (the last layer, outside the scan, keeps its own). For counting what each '
+      "kind of layer costs (the compile command: XLA counts a conditional as its costliest "
+      "branch); a run keeps 'by_layer'.")
   # Options of the Transformer block that several kinds share (one implementation, in
   # ``trunk``'s blocks). A kind lists the ones it implements in ``ModelKind.block_options``;
   # ``models.registry.make_config`` refuses a non-default value of any other, so an option

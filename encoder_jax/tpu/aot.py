@@ -38,7 +38,6 @@ and whether ``model.remat`` is needed for each phase to fit.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import math
@@ -62,7 +61,7 @@ from encoder_jax.run import pretraining
 from encoder_jax.run import steps
 from encoder_jax.config import validation
 from encoder_jax.data import builders
-from encoder_jax.models import attention as attention_lib
+from encoder_jax.models import config as model_config_lib
 from encoder_jax.objectives import masking
 
 GIB = 2.0 ** 30
@@ -330,80 +329,51 @@ def compile_phase(target: Target, phase: length_phases.Phase, *, with_eval: bool
   return report
 
 
-@contextlib.contextmanager
-def scanned_layers_as(kind: str | None):
-  """Within it, every layer of a layer scan traces its attention as ``kind`` ('global' or
-  'local'), where the run selects it by a ``lax.cond`` on the scanned layer index; a
-  layer whose index is a Python int (the last layer at the predicted rows) keeps its own.
-  None changes nothing.
-
-  For XLA's FLOP count only: ``cost_analysis()`` counts a conditional as its costliest
-  branch, so the run's program counts every local layer as a global one (ModernBERT-base
-  at 8,192 tokens: 1.86x its formula). A program with one kind in the scan has no
-  conditional, and its count is what each of those layers computes. Not thread-safe
-  (it swaps ``models.attention.per_layer`` while the step is traced).
-  """
-  if kind is None:
-    yield
-    return
-  if kind not in ('global', 'local'):
-    raise ValueError(f"scanned_layers_as: expected 'global', 'local' or None; got {kind!r}")
-  real = attention_lib.per_layer
-
-  def per_layer(c, layer, core, *operands):
-    if layer is None or isinstance(layer, int) or not c.has_local_layers:
-      return real(c, layer, core, *operands)
-    return core(kind == 'local', *operands)
-
-  attention_lib.per_layer = per_layer
-  try:
-    yield
-  finally:
-    attention_lib.per_layer = real
-
-
 def _unrolled(target: Target, phase: length_phases.Phase, num_layers: int,
               attention: str | None = None, scanned: str | None = None) -> tuple[float, float]:
   """(FLOPs, bytes accessed) a chip of one micro-batch's train step with ``num_layers``
   layers, every layer unrolled (``model.scan_unroll=0``), compiled for the slice; with
   ``attention``, that ``model.attention_implementation`` instead of the config's; with
   ``scanned`` ('global' or 'local'), the layer scan's layers all of that kind
-  (:func:`scanned_layers_as`)."""
+  (``model.scanned_attention``: no conditional, whose cost XLA counts as its costliest
+  branch's)."""
   c = target.config
   micro = int(c.train.batch_size) // int(c.train.grad_accum_steps)
   changes = {'model.scan_unroll': 0, 'model.num_layers': num_layers,
              'train.batch_size': micro, 'train.grad_accum_steps': 1}
   if attention is not None:
     changes['model.attention_implementation'] = attention
+  if scanned is not None:
+    changes['model.scanned_attention'] = scanned
   flat = _with(c, **changes)
   s = build(flat, target.devices)
-  step = s.pieces.train_step(phase)
-  with scanned_layers_as(scanned):
-    lowered = step.lower(s.state, abstract_batch(flat, s.mesh, phase.seq_len))
+  lowered = s.pieces.train_step(phase).lower(s.state, abstract_batch(flat, s.mesh, phase.seq_len))
   cost = _tpu_compile(lowered).cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost.get('flops', 0.0)), float(cost.get('bytes accessed', 0.0))
 
 
+def _network(config: ml_collections.ConfigDict) -> model_config_lib.EncoderConfig:
+  return model_config_lib.EncoderConfig.from_config(config.model)
+
+
 def layer_period(config: ml_collections.ConfigDict) -> int:
   """Layers after which the stack repeats: 1, or ModernBERT's global-every-n pattern."""
-  m = config.model
-  return int(m.get('global_attn_every_n_layers', 1)) if m.get('local_attention', 0) else 1
+  c = _network(config)
+  return c.global_attn_every_n_layers if c.local_attention > 0 else 1
 
 
 def has_local_layers(config: ml_collections.ConfigDict) -> bool:
-  """Whether some layer of the stack attends within a sliding window (the config's
-  ``EncoderConfig.has_local_layers``)."""
-  period = layer_period(config)
-  return any(i % period for i in range(int(config.model.num_layers)))
+  """Whether some layer of the stack attends within a sliding window."""
+  return _network(config).has_local_layers
 
 
 def layer_kinds(config: ml_collections.ConfigDict) -> tuple[int, int]:
   """(global, local) layers among the layer scan's (all but the last, which runs apart at
   the predicted rows): (num_layers - 1, 0) without local attention."""
-  n, period = int(config.model.num_layers), layer_period(config)
-  global_layers = sum(1 for i in range(n - 1) if i % period == 0)
-  return global_layers, n - 1 - global_layers
+  c = _network(config)
+  global_layers = sum(1 for i in range(c.num_layers - 1) if c.layer_is_global(i))
+  return global_layers, c.num_layers - 1 - global_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,7 +438,7 @@ def unrolled_cost(target: Target, phase: length_phases.Phase,
   With two kinds, each layer is counted as its own kind: the run selects a layer's
   attention by a ``lax.cond`` on its traced index, which ``cost_analysis`` counts as its
   costliest branch (global attention for every layer), so the counted programs have one
-  kind throughout the scan (:func:`scanned_layers_as`), weighted by the stack's layers of
+  kind throughout the scan (``model.scanned_attention``), weighted by the stack's layers of
   each kind (:func:`layer_kinds`).
 
   A Pallas kernel (splash attention) is opaque to XLA's FLOP count, so where the program
