@@ -10,7 +10,7 @@ Rules, in order:
   * A "sentence" longer than ``max_chars`` characters (tables, code, unpunctuated text) is cut
     at whitespace into pieces of at most ``max_chars``; the number of cuts is reported.
 
-This is not a linguistic parser (Punkt, spaCy); it is ~30x faster, deterministic and has no
+This is not a linguistic parser (Punkt, spaCy); it is much faster, deterministic and has no
 data files, and the pretraining recipes only need approximate sentence boundaries (NSP pairs
 and packing work on "sentences" that are any contiguous span of text).
 """

@@ -30,8 +30,7 @@ def gelu(x: jax.Array) -> jax.Array:
   Hugging Face's formula, computed in float32 whatever the input dtype (``1 + erf`` cancels
   for negative x, which bfloat16 could not resolve) and cast back. In float32,
   ``nn.gelu(approximate=False)`` (through ``erfc``) gives the same values within 1e-6 and
-  is slower on XLA:CPU (``benchmarks/bench_ops.py``: a [4096, 1024] activation
-  2.2 -> 1.0 ms forward, 1.24x forward + backward).
+  is slower on XLA:CPU (``benchmarks/bench_ops.py`` times both).
   """
   x32 = x.astype(jnp.float32)
   return (x32 * (0.5 * (1.0 + jax.lax.erf(x32 * 0.7071067811865476)))).astype(x.dtype)
@@ -113,8 +112,8 @@ class EncoderConfig:
   scan_unroll: int = F(
       1, fields_lib.integer(0),
       'Layers per iteration of the layer scan: 1 = a loop (shortest compile), 0 = every '
-      'layer (straight-line code, no per-layer stacking of saved activations: 13-15% faster '
-      'steps on CPU, longer compiles). The parameters are the same either way.')
+      'layer (straight-line code, no per-layer stacking of saved activations: faster '
+      'steps, longer compiles). The parameters are the same either way.')
   activation: str = F(
       'gelu', fields_lib.one_of(*ACTIVATIONS),
       "Feed-forward/MLM-head activation: 'gelu' (erf), 'gelu_new' (tanh), 'relu'.")

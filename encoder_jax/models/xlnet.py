@@ -37,9 +37,8 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   layer's input). The permutation objective passes ``content_output=False``: layers
   1..N-1 run as a scan over the stacked parameters (sliced), and layer N on its own
   without its content stream, forward and backward; its keys and values, which the query
-  stream reads, are still computed. A 4-layer step
-  (``benchmarks/bench_train.py --kind=xlnet``, 2 CPU cores): 1,160 -> 1,014 ms with the
-  stream under a ``lax.cond`` in every layer, 970 -> 935 ms without the conditional.
+  stream reads, are still computed (apart, not under a ``lax.cond`` in every layer: the
+  conditional costs more than it saves; ``benchmarks/bench_train.py --kind=xlnet``).
 * **LM head** (``XLNetLMHeadModel.lm_loss``): tied to the word embedding, with a bias.
 * **Memory** (``mem_len`` > 0): each layer's input content states are cached (the last
   ``mem_len`` of memory + current, ``stop_gradient``) and prepended to that layer's keys
