@@ -13,6 +13,7 @@ import time
 import pytest
 
 from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
 
 pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
 
@@ -257,7 +258,7 @@ def test_a_heartbeat_adopts_its_own_write_whose_reply_was_lost(tmp_path):
   lock = _lock(tmp_path, heartbeat_s=0.05, on_lost=lost.append)
   assert lock.try_acquire()
   landed = dataclasses.replace(lock.info, heartbeat=time.time() + 1)
-  locks.write_atomically(str(tmp_path / 'x.lock'), landed.to_text())
+  storage.write_atomically(str(tmp_path / 'x.lock'), landed.to_text())
   assert _until(lambda: lock.read().info.heartbeat not in (landed.heartbeat,))
   assert lock.read().info.token == lock.info.token and not lost
   assert lock.release() and not (tmp_path / 'x.lock').exists()

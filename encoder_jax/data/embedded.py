@@ -27,7 +27,7 @@ import sys
 import sysconfig
 import tempfile
 
-from encoder_jax.storage import locks
+from encoder_jax.storage import paths as storage
 from encoder_jax.data import sentences as sentences_lib
 
 _SKIP_DIRS = frozenset({'site-packages', 'dist-packages', 'test', 'tests', 'idle_test',
@@ -153,7 +153,7 @@ def _corpus() -> tuple[tuple[str, ...], ...]:
   if cache:
     try:  # Written whole then renamed, so a concurrent reader never sees a partial file.
       os.makedirs(os.path.dirname(cache), exist_ok=True)
-      locks.write_atomically(cache, json.dumps(documents))
+      storage.write_atomically(cache, json.dumps(documents))
     except OSError:  # A read-only temp dir: the corpus still works, uncached.
       pass
   return documents

@@ -55,22 +55,7 @@ def path(workdir: str, *parts: str) -> epath.Path:
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes ``config.json`` atomically: a run killed mid-write leaves the old file whole."""
   path(workdir).mkdir(parents=True, exist_ok=True)
-  _write_atomically(path(workdir, CONFIG_JSON), config.to_json_best_effort(indent=2))
-
-
-def _write_atomically(target: epath.Path, text: str) -> None:
-  """A temporary file next to ``target``, renamed over it (atomic on local file systems:
-  ``locks.write_atomically``; a bucket renames by copying)."""
-  if '://' not in str(target):
-    locks.write_atomically(str(target), text)
-    return
-  tmp = target.with_name(locks.beside(target.name, 'tmp'))
-  try:
-    tmp.write_text(text)
-    tmp.replace(target)
-  finally:
-    if tmp.exists():
-      tmp.unlink()
+  storage.write_atomically(path(workdir, CONFIG_JSON), config.to_json_best_effort(indent=2))
 
 
 class WorkdirError(ValueError):
@@ -135,8 +120,16 @@ LOCK_FILE = '.lock'
 HEARTBEAT_S = 60.0  # The holder rewrites the lock this often...
 STALE_AFTER_S = 15 * 60.0  # ...so a lock from another machine not rewritten for this long is
 # taken over: that run is dead (or hung). On the same machine the pid is checked instead.
-WAIT_S = STALE_AFTER_S + 3 * HEARTBEAT_S  # A restart waits this long for a lock that may be
-# a dead run's: long enough for a hard-killed run's lock to go stale.
+
+
+def wait_for_stale(stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S
+                   ) -> float:
+  """How long a restart waits for a lock that may be a dead run's: long enough for a
+  hard-killed run's lock to go stale."""
+  return stale_after_s + 3 * heartbeat_s
+
+
+WAIT_S = wait_for_stale()
 WAIT_ENV = 'ENCODER_JAX_LOCK_WAIT_S'  # Sets that wait (seconds; 0: refuse at once).
 
 LockInfo = locks.LockInfo  # Who holds a workdir: written as JSON into <workdir>/.lock.
@@ -167,7 +160,7 @@ class WorkdirLock:
     self.workdir = workdir
     self.enabled = enabled
     self.path = path(workdir, LOCK_FILE)
-    self.wait_s = (stale_after_s + 3 * heartbeat_s) if wait_s is None else wait_s
+    self.wait_s = wait_for_stale(stale_after_s, heartbeat_s) if wait_s is None else wait_s
     self._lock = locks.Lock(str(self.path), heartbeat_s=heartbeat_s, horizon_s=stale_after_s,
                             on_lost=self._lost)
 

@@ -19,8 +19,7 @@ Its users:
   encoder_jax.data.preparation      its ``.partial-<host>-<pid>-<start>`` directories, whose
                                     owner ``pid_running`` judges (the one "is this process
                                     alive" of the package)
-``write_atomically`` is the package's one writer of a local file replaced whole (the file
-store's heartbeat, workdir files, the embedded-corpus cache).
+A file lock's heartbeat replaces the file whole (``paths.write_atomically``).
 
 The lock holds JSON (``LockInfo``): host, boot id, pid, the process's start time (Linux,
 from /proc: tells a reused pid from its first owner), a random token (ours or a
@@ -279,11 +278,11 @@ class _FileStore:
     now = self.read()
     if now is None or now.text != version:
       return None
-    write_atomically(self.path, text)
+    storage.write_atomically(self.path, text)
     return text
 
   def remove_if(self, version: object) -> bool:
-    aside = beside(self.path, 'old')
+    aside = storage.beside(self.path, 'old')
     try:
       os.rename(self.path, aside)
     except FileNotFoundError:
@@ -577,23 +576,3 @@ class _Acquisition:
         seen.text != holder.text):
       return 'it was refreshed while this process waited: that run is alive'
     return None
-
-
-def beside(path: str, what: str) -> str:
-  """A fresh hidden name next to ``path``: ``.<name>.<what>-<pid>-<random>``."""
-  head, name = os.path.split(path)
-  return os.path.join(head, f'.{name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}')
-
-
-def write_atomically(path: str, text: str) -> None:
-  """Writes ``text`` to a temporary file next to ``path``, renamed over it: a reader (or a
-  process killed mid-write) sees the old file or the new one whole, never a part. The one
-  such writer of the package (local paths; ``workdir`` adds ``gs://``)."""
-  tmp = beside(path, 'tmp')
-  try:
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.write(text)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)

@@ -242,3 +242,35 @@ def check_access(url: str) -> None:
   finally:
     if generation is not None:
       probe.delete(if_generation=generation)  # storage.objects.delete
+
+
+def beside(path: str, what: str) -> str:
+  """A fresh hidden name next to ``path``: ``.<name>.<what>-<pid>-<random>``."""
+  head, name = os.path.split(str(path))
+  return os.path.join(head, f'.{name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+
+
+def write_atomically(path, text: str) -> None:
+  """Writes ``text`` to a temporary file next to ``path``, renamed over it: a reader (or a
+  process killed mid-write) sees the old file or the new one whole, never a part (on a
+  bucket the rename is a copy of the whole object). The package's one writer of a file
+  replaced whole: a lock file's heartbeat, the workdir's files, the embedded-corpus cache."""
+  if '://' in str(path):
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    target = epath.Path(str(path))
+    tmp = target.with_name(os.path.basename(beside(target.name, 'tmp')))
+    try:
+      tmp.write_text(text)
+      tmp.replace(target)
+    finally:
+      if tmp.exists():
+        tmp.unlink()
+    return
+  tmp = beside(path, 'tmp')
+  try:
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from etils import epath
 
 from encoder_jax.storage import paths as storage
 from encoder_jax.storage import appends as storage_appends
@@ -29,6 +30,18 @@ def test_storage_emulator_host_alone_points_every_layer_at_the_endpoint():
   production = {}
   storage_client.configure_environment(production)
   assert production == {'EPATH_USE_TF': 'false'}
+
+
+def test_a_file_is_replaced_whole_on_disk_and_on_a_bucket(bucket, tmp_path):
+  """``write_atomically`` leaves the new text and nothing beside it, wherever the file is."""
+  for where, listing in ((str(tmp_path), lambda: sorted(os.listdir(tmp_path))),
+                         (bucket, lambda: [b.name for b in storage_client.client().list_blobs(
+                             storage.split(bucket)[0])])):
+    target = f'{where}/config.json'
+    storage.write_atomically(target, '{"a": 1}')
+    storage.write_atomically(target, '{"a": 2}')
+    assert epath.Path(target).read_text() == '{"a": 2}', where
+    assert listing() == ['config.json'], where
 
 
 def test_appends_compose_and_a_concurrent_writer_is_an_error(bucket):
