@@ -12,10 +12,11 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     'benchmarks', 'bench_train.py')
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
+
+_PATH = os.path.join(support.ROOT, 'benchmarks', 'bench_train.py')
 
 
 def _bench():
