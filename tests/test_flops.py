@@ -7,8 +7,6 @@ the compiled count here, without the seconds of compiling each)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 
 import pytest
 
@@ -16,14 +14,9 @@ import support
 
 pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
-_PATH = os.path.join(support.ROOT, 'benchmarks', 'bench_train.py')
-
 
 def _bench():
-  spec = importlib.util.spec_from_file_location('bench_train', _PATH)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return support.benchmark('bench_train')
 
 
 def _args(**kw):

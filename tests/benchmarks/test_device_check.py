@@ -4,7 +4,6 @@ accelerator machine has neither tensorflow nor tensorflow-datasets)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,11 +20,7 @@ SCRIPT = os.path.join(ROOT, 'benchmarks', 'device_check.py')
 
 
 def _device_check():
-  spec = importlib.util.spec_from_file_location('device_check', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules['device_check'] = module  # Its dataclasses look their module up.
-  spec.loader.exec_module(module)
-  return module
+  return support.benchmark('device_check')
 
 
 def _env() -> dict:

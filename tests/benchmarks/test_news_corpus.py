@@ -5,10 +5,8 @@ News, from the probe's package), one without text and one repeated."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
-import os
 import zipfile
 
 import pytest
@@ -19,15 +17,8 @@ import support
 
 pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
-ROOT = support.ROOT
-
-
 def _script():
-  spec = importlib.util.spec_from_file_location(
-      'news_corpus', os.path.join(ROOT, 'benchmarks', 'news_corpus.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return support.benchmark('news_corpus')
 
 
 def _wheel(path, rows) -> str:

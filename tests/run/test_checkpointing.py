@@ -2,7 +2,8 @@
 
 Each case damages the newest of two real checkpoints the way the fault matrix of issue 10
 did, restores (falling back to the older one), then saves the damaged step again: before
-the set-aside that save died with Orbax's StepAlreadyExistsError on every rerun.
+the set-aside that save died with Orbax's StepAlreadyExistsError on every rerun. A run
+resuming past its damaged newest checkpoint: tests/run/test_pretraining_faults.py.
 """
 
 import glob

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -75,17 +74,6 @@ def test_run_goes_through_both_phases_and_logs_everything(uninterrupted):
   assert json.load(open(os.path.join(workdir, 'config.json')))['model']['hidden_size'] == 32
 
 
-def _wait_for(predicate, proc, timeout=300):
-  end = time.time() + timeout
-  while not predicate():
-    if proc.poll() is not None:
-      raise AssertionError(f'main exited early ({proc.returncode}):\n{proc.stdout.read()}')
-    if time.time() > end:
-      proc.kill()
-      raise AssertionError('timed out')
-    time.sleep(0.2)
-
-
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits(prepared_dir, tmp_path):
   """A real SIGTERM to ``main`` mid-run (the tiny config, as the in-process runs, so its
@@ -97,7 +85,7 @@ def test_sigterm_saves_a_checkpoint_and_exits(prepared_dir, tmp_path):
        f'--config={support.TINY_CONFIG}:prepared_dir={prepared_dir}',
        f'--workdir={workdir}'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
-  _wait_for(lambda: os.path.exists(marker), proc)
+  held_run.wait_for(lambda: os.path.exists(marker), proc)
   proc.send_signal(signal.SIGTERM)
   out = proc.communicate(timeout=300)[0]
   assert proc.returncode == 0, out
@@ -210,23 +198,6 @@ def test_stop_policy_names_the_step_and_last_good_checkpoint(prepared_dir, tmp_p
   c.train.log_every_steps = 3
   with pytest.raises(FloatingPointError, match=r'at step \d+ .*No checkpoint was saved yet'):
     train.train_and_evaluate(c, str(tmp_path / 'nan'))
-
-
-@pytest.mark.slow  # The module's training run (uninterrupted).
-def test_unreadable_checkpoint_falls_back_to_the_previous_one(prepared_dir, uninterrupted,
-                                                               tmp_path):
-  workdir = str(tmp_path / 'copy')
-  shutil.copytree(uninterrupted[0], workdir)
-  params_dir = os.path.join(checkpointing.checkpoint_dir(workdir), '12', 'params')
-  for root, _, files in os.walk(params_dir):  # Truncate every file of the newest params.
-    for f in files:
-      open(os.path.join(root, f), 'wb').close()
-  c = _config(prepared_dir)
-  mesh = sharding.make_mesh(c.mesh)
-  ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
-  _, _, data_state, step = ckpt.restore(train.abstract_state(c, mesh))
-  ckpt.close()
-  assert step == 8 and data_state
 
 
 @pytest.mark.slow  # The module's training run (uninterrupted).

@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -38,6 +37,7 @@ from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import prepare_once
 
 import support
+from support import held_run
 from support import tiny_config
 
 ROOT = support.ROOT
@@ -134,17 +134,6 @@ def _rerun(prepared_dir, workdir, capsys, caplog) -> str:
   return capsys.readouterr().out + caplog.text
 
 
-def _wait_for(predicate, proc, timeout=300):
-  end = time.time() + timeout
-  while not predicate():
-    if proc.poll() is not None:
-      raise AssertionError(f'main exited early ({proc.returncode}):\n{proc.stdout.read()}')
-    if time.time() > end:
-      proc.kill()
-      raise AssertionError('timed out')
-    time.sleep(0.1)
-
-
 def _lines(workdir, name='metrics.jsonl'):
   with open(os.path.join(workdir, name), encoding='utf-8') as f:
     return [json.loads(line) for line in f]
@@ -225,7 +214,7 @@ def test_kill_during_a_save_then_rerun_is_bit_exact_and_a_second_run_is_refused(
   proc = _main(prepared_dir, workdir, env, '--config.train.eval_every_steps=0',
                inject=[str(tmp_path / 'inject.py'), '8', marker])
   try:
-    _wait_for(lambda: os.path.exists(marker), proc)
+    held_run.wait_for(lambda: os.path.exists(marker), proc)
     # Caught inside the save of step 8: written to a temporary directory, not committed.
     assert os.path.isdir(open(marker).read())
     assert sorted(os.listdir(checkpointing.checkpoint_dir(workdir)))[0] == '4'

@@ -1,6 +1,5 @@
 """The workdir's guards: writability, one run at a time, refused resumes that change nothing."""
 
-import dataclasses
 import json
 import os
 import socket
@@ -305,12 +304,6 @@ def test_of_runs_started_together_exactly_one_gets_the_lock(tmp_path):
   outputs = [r.communicate(timeout=120)[0] for r in racers]
   assert sorted(o.split()[0] for o in outputs) == ['got', 'refused', 'refused'], outputs
   assert not (workdir / workdir_lib.LOCK_FILE).exists()
-
-
-def test_lock_info_round_trips():
-  info = workdir_lib.LockInfo.new()
-  text = json.dumps(dataclasses.asdict(info))
-  assert workdir_lib.LockInfo.from_text(text) == info
 
 
 def test_run_lock_is_taken_once_per_run_and_every_process_learns_a_refusal(tmp_path,

@@ -1,5 +1,4 @@
-"""encoder_jax.storage.client: one variable points every layer at an endpoint;
-encoder_jax.storage.appends: appends compose."""
+"""encoder_jax.storage.client: one variable points every layer at an endpoint."""
 
 import os
 import subprocess
@@ -7,8 +6,6 @@ import sys
 
 import pytest
 
-from encoder_jax.storage import paths as storage
-from encoder_jax.storage import appends as storage_appends
 from encoder_jax.storage import client as storage_client
 
 import support
@@ -33,35 +30,12 @@ def test_storage_emulator_host_alone_points_every_layer_at_the_endpoint():
   assert production == {'EPATH_USE_TF': 'false'}
 
 
-def test_appends_compose_and_a_concurrent_writer_is_an_error(bucket):
-  url = f'{bucket}/metrics.jsonl'
-  with storage_appends.open_append(url) as first:
-    first.write('1\n')
-    first.flush()
-    first.writelines(['2\n', '3\n'])
-  with storage_appends.open_append(url) as second:
-    second.write(b'4\n')
-  assert storage.Blob(url).read().text == '1\n2\n3\n4\n'
-  names = [b.name for b in storage_client.client().list_blobs(storage.split(bucket)[0])]
-  assert names == ['metrics.jsonl']  # The parts are gone.
-  writer = storage_appends.open_append(url)
-  writer.write('5\n')
-  writer.flush()
-  other = storage.Blob(url).read()
-  assert storage.Blob(url).write(other.text + 'x\n', if_generation=other.generation)
-  writer.write('6\n')
-  with pytest.raises(storage.StorageError, match='changed by another writer'):
-    writer.flush()
-
-
 _IMPORT_EVERYTHING = '''
 import os, sys
 import jax  # Sets TPU_* variables itself: not the package's doing.
 before = dict(os.environ)
 import encoder_jax, encoder_jax.main, encoder_jax.api, encoder_jax.storage_emulator
 from encoder_jax import cli
-from encoder_jax.storage import paths as storage
-from encoder_jax.storage import appends as storage_appends
 from encoder_jax.storage import client as storage_client
 from encoder_jax.run import workdir
 from encoder_jax.run import metrics_log
