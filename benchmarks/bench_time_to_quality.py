@@ -21,8 +21,9 @@ embedded corpus, all from one prepared directory (one tokenizer):
   of the same config; a checksum of every batch is compared at the end) and the same masked
   positions and replacements, drawn on the host by the objective's own ``corrupt`` with the
   key the train step derives for that step (``fold_in(fold_in(key(seed), TRAIN), step)``,
-  split as ``Composite.loss_fn`` splits it; ``tests/test_bench_time_to_quality.py`` checks
-  them against what the compiled train step draws). torch ``AdamW`` with the same betas,
+  split as ``Composite.loss_fn`` splits it;
+  ``tests/benchmarks/test_bench_time_to_quality.py`` checks them against what the compiled
+  train step draws). torch ``AdamW`` with the same betas,
   eps and weight decay (none on LayerNorm parameters and biases), ``clip_grad_norm_``, and
   a ``LambdaLR`` that replays the run's schedule (``optimizer.schedule``).
 
@@ -78,7 +79,7 @@ DESCRIPTIONS = {
 # every run whatever it trains with.
 HELD_OUT_MASK_SEED = 20240607
 HELD_OUT_MASK_RATE = 0.15
-# --tiny: the tests' network and corpus (tests/tiny_config.py), one short length.
+# --tiny: the tests' network and corpus (tests/support/tiny_config.py), one short length.
 TINY = dict(model=dict(vocab_size=1000, hidden_size=32, num_layers=2, num_heads=2,
                        intermediate_size=64, max_position_embeddings=32),
             sources='embedded;max_documents=300', batch_size=8, seq_len=32,

@@ -55,7 +55,7 @@ a note, if that XLA refuses the flag), so that two runs can agree bit for bit.
 ``--dry_run`` runs every part on the CPU backend at tiny shapes (the 'tiny' preset, bf16,
 torch on the CPU, one timed step of it; the BERT parts one program, set up once; the
 training run 12 steps of a 2 x 32 model on 100 documents, killed after step 7 with
-checkpoint 6): ``tests/test_device_check.py`` runs it. The report
+checkpoint 6): ``tests/benchmarks/test_device_check.py`` runs it. The report
 gives the training command (``python -m encoder_jax.main --config=configs/bert_small.py``
 and its overrides) to rerun a training run by hand. How to run the check on an accelerator
 machine (the install, the wheels for one without network, the call): docs/benchmarks.md.

@@ -5,7 +5,6 @@ the tiny config's prepared data (``prepared_dir``), prepared once per test proce
 import dataclasses
 import gc
 import os
-import sys
 
 import pytest
 
@@ -22,15 +21,14 @@ gc.set_threshold(10_000, 10, 10)
 # code generation differs, so two differently compiled programs may round differently in
 # the last bit (bit-exact comparisons in the tests are between runs of one program, as
 # resume is).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-pytest.register_assert_rewrite('device_workers')
-import device_workers  # pylint: disable=g-import-not-at-top,wrong-import-position
+pytest.register_assert_rewrite('support.device_workers')
+from support import device_workers  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
                       '--xla_backend_optimization_level=0 '
                       '--xla_llvm_disable_expensive_passes=true '
                       '--xla_cpu_use_fusion_emitters=false')
-# 8 simulated devices; 1 in every other pytest-xdist worker (tests/device_workers.py). A
+# 8 simulated devices; 1 in every other pytest-xdist worker (tests/support/device_workers.py). A
 # worker inherits the flags the controller's conftest set.
 os.environ['XLA_FLAGS'] = device_workers.with_worker_devices(os.environ['XLA_FLAGS'])
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -51,7 +49,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 
 # The Cloud Storage emulator fixtures (gcs_emulator, bucket, faulty_proxy): one emulator per
 # pytest worker, started by the first test that asks for it, shared by every gs:// test.
-pytest_plugins = ('gcs_emulator', 'device_workers')
+pytest_plugins = ('support.gcs_emulator', 'support.device_workers')
 
 
 @pytest.hookimpl(wrapper=True)
@@ -64,12 +62,12 @@ def pytest_collection_modifyitems(config, items):
   worker appends ``@<group>`` to each marked test's id for the scheduler to read, by setting
   ``item._nodeid``, which pytest 9 no longer reads (an item's id is ``item._id``). Here the
   id the worker reports carries the suffix again, so the tests that read one shared run
-  (tests/family.py) run in one worker.
+  (tests/support/family.py) run in one worker.
 
   The tests of a module that use one of its module-scoped fixtures (a training run, a
   converted checkpoint) get a group of their module, unless they have a group: a worker
   builds such a fixture for itself, so two workers sharing the module's tests built it
-  twice (the two-process run of tests/test_multihost.py: 33 s of setup in each worker)."""
+  twice (the two-process run of tests/run/test_distributed.py: 33 s of setup in each worker)."""
   del config
   for item in items:
     info = getattr(item, '_fixtureinfo', None)
@@ -99,9 +97,8 @@ def one_device_env():
 
 @pytest.fixture(scope='session')
 def prepared_dir(tmp_path_factory):
-  """tests/tiny_config.py's corpus, prepared once per test process (read-only)."""
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import tiny_config  # pylint: disable=g-import-not-at-top
+  """tests/support/tiny_config.py's corpus, prepared once per test process (read-only)."""
+  from support import tiny_config  # pylint: disable=g-import-not-at-top
   from encoder_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   d = str(tmp_path_factory.mktemp('prepared'))
   data_lib.load_or_prepare(tiny_config.get_config(f'prepared_dir={d}'))
@@ -110,5 +107,5 @@ def prepared_dir(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def family_root(tmp_path_factory):
-  """Where tests/family.py's rows prepare their data and train, once per test process."""
+  """Where tests/support/family.py's rows prepare their data and train, once per test process."""
   return str(tmp_path_factory.mktemp('family'))

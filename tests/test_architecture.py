@@ -14,9 +14,11 @@ import sys
 import grimp
 import pytest
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
+
+ROOT = support.ROOT
 PACKAGE = 'encoder_jax'
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 
 import jax
 import pytest
@@ -29,10 +28,12 @@ from encoder_jax.core import chips
 from encoder_jax.tpu import hlo
 from encoder_jax.models import modernbert
 
-import in_process
+import support
+from support import in_process
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(REPO, 'tests', 'tiny_config.py')
+
+REPO = support.ROOT
+TINY = support.TINY_CONFIG
 SLICE = 'v5e:2x2'  # The smallest v5e slice libtpu lays out here (its host bounds are 2x2).
 
 pytestmark = [

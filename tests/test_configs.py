@@ -16,7 +16,9 @@ from encoder_jax.core import length_phases
 from encoder_jax.core import sharding
 from encoder_jax.run import pretraining as train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import support
+
+ROOT = support.ROOT
 PRETRAIN_CONFIGS = sorted(p for kind in ('bert', 'roberta', 'albert', 'xlnet', 'deberta',
                                                'spanbert', 'electra', 'modernbert', 'crammed')
                           for p in glob.glob(os.path.join(ROOT, 'configs', f'{kind}_*.py')))
@@ -54,7 +56,7 @@ def test_runlocal_variant_prepares_the_embedded_corpus(name, tmp_path):
   c = _load(os.path.join(ROOT, 'configs', name), 'runlocal=True')
   c.data.prepared_dir = str(tmp_path / 'prepared')
   # Tokenized in this process: a pool of spawned workers (each a Python start) would give the
-  # same shards (tests/data/test_data_prepare.py::test_workers_give_identical_shards).
+  # same shards (tests/data/test_preparation.py::test_workers_give_identical_shards).
   c.data.num_workers = 1
   prepared = data_lib.load_or_prepare(c)
   assert prepared.tokenizer.vocab_size == c.model.vocab_size

@@ -23,9 +23,11 @@ import re
 
 import pytest
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
+
+REPO = pathlib.Path(support.ROOT)
 README_MAX_LINES = 250
 TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -n 2 tests"
 DOCS = ([REPO / 'README.md', REPO / 'data' / 'README.md', REPO / 'launch' / 'README.md']

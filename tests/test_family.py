@@ -11,7 +11,6 @@ end-to-end tests of the kinds and objectives read as well.)
 
 import os
 import shutil
-import sys
 
 import jax
 import ml_collections
@@ -28,9 +27,8 @@ from encoder_jax.run import train_state
 from encoder_jax.config import validation
 from encoder_jax.models import registry as models
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import family  # pylint: disable=wrong-import-position
-from family import FAMILY, family_config  # pylint: disable=wrong-import-position
+from support import family
+from support.family import FAMILY, family_config
 
 
 def test_every_kind_is_registered_in_the_family_table():

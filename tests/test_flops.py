@@ -7,22 +7,16 @@ the compiled count here, without the seconds of compiling each)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 
 import pytest
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     'benchmarks', 'bench_train.py')
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 
 def _bench():
-  spec = importlib.util.spec_from_file_location('bench_train', _PATH)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return support.benchmark('bench_train')
 
 
 def _args(**kw):

@@ -9,9 +9,10 @@ import pytest
 from encoder_jax.run import metrics_log as metrics_lib
 from encoder_jax import plot
 
-import in_process
+from support import in_process
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 
 def _log(workdir, steps, resume_step=None, scale=1.0, eval_every=4):

@@ -42,7 +42,7 @@ import importlib.util
 import types
 
 # extra -> (what it is for, the import names it makes importable). setup.cfg lists the pip
-# distributions; tests/test_extras.py checks that the two agree.
+# distributions; tests/core/test_extras.py checks that the two agree.
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     'tfds': ('TensorFlow Datasets sources', ('tensorflow', 'tensorflow_datasets')),
     'gcs': ('gs:// paths', ('gcsfs', 'tensorflow')),

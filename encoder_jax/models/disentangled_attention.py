@@ -44,7 +44,7 @@ above stays the reference and serves CPU and GPU, 'xla', queries at some rows (t
 mask decoder and the last layer at the rows a loss reads), a mask with a row per query,
 attention dropout in training (the kernel has none; one log line), position tables too
 large for VMEM (``KERNEL_TABLE_BYTES``; one log line) and a trace on several TPU devices
-without the mesh in context. ``tests/models/test_deberta_kernel.py`` checks the kernel (Pallas
+without the mesh in context. ``tests/models/test_disentangled_kernel.py`` checks the kernel (Pallas
 interpret mode) against the XLA path, values and gradients.
 
 Parameter layouts follow the two Hugging Face models so their tables are one-to-one:

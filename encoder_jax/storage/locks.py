@@ -14,7 +14,8 @@ Two parts:
 Its users:
   encoder_jax.run.workdir.WorkdirLock   one training run per workdir (``<workdir>/.lock``)
   encoder_jax.data.prepare_once     one preparer per prepared-data directory
-                                    (``<directory>.lock``); tests/test_faults.py shares its
+                                    (``<directory>.lock``);
+                                    tests/run/test_pretraining_faults.py shares its
                                     session fixtures between pytest-xdist workers with it
   encoder_jax.data.preparation      its ``.partial-<host>-<pid>-<start>`` directories, whose
                                     owner ``pid_running`` judges (the one "is this process

@@ -19,9 +19,11 @@ from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import words
 from encoder_jax.objectives import masking
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-SEEDS = os.path.join(os.path.dirname(__file__), '..', '..', '..', 'shared', 'seeds')
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
+
+SEEDS = os.path.join(support.ROOT, '..', 'shared', 'seeds')
 SENTENCE = '然而，一旦我们在注意力机制中移除了因果掩码，这种语言建模任务就变得毫无意义。'
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -13,10 +12,10 @@ import pytest
 from encoder_jax.finetune import glue
 from encoder_jax.finetune import scores as metrics
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
-import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
+from support import hf_fixtures
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 
 def test_matthews_correlation_by_its_definition():

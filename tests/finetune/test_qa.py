@@ -5,8 +5,6 @@ a short fine-tune through the engine."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -15,10 +13,10 @@ from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.finetune import qa
 from encoder_jax.interop import hf_import
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
-import hf_tokenizer_dirs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from support import hf_tokenizer_dirs
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 CONTEXT = (
     'Zürich is the largest city in Switzerland and the capital of the canton of Zürich. It '

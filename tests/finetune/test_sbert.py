@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +17,10 @@ from encoder_jax.loading import inference
 from encoder_jax.finetune import sbert
 from encoder_jax.finetune.tasks import sentence_embedding
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
-import hf_tokenizer_dirs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from support import hf_tokenizer_dirs
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 NLI = [  # (premise, hypothesis, label)
     ('A man is playing a guitar on stage.', 'A man is performing music.', 'entailment'),

@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import re
-import sys
 
 import jax
 import numpy as np
@@ -24,10 +23,11 @@ from encoder_jax.finetune import config as finetune_config
 from encoder_jax.finetune import tasks
 from encoder_jax.finetune import train
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'interop'))
-import hf_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
+import support
+from support import hf_fixtures
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 GOOD = ['the film was good.', 'a great movie!', 'it was great.', 'good, good, good.']
 BAD = ['the film was bad.', 'a terrible movie!', 'it was terrible.', 'bad, bad, bad.']
@@ -148,7 +148,7 @@ def test_an_unknown_task_names_the_registered_ones():
 def test_no_task_name_branches_outside_the_registry():
   """What differs per task is declared by its entry: no code outside ``finetune/tasks``
   compares a task's or an objective's name."""
-  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'encoder_jax')
+  root = os.path.join(support.ROOT, 'encoder_jax')
   compares = re.compile(r"""\b\w*(task|objective)\w*\s*(==|!=)\s*['"]""")
   names = re.compile(r"""(==|!=)\s*['"](%s)['"]""" % '|'.join(tasks.REGISTRY))
   offenders = []

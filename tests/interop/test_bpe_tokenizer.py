@@ -18,7 +18,7 @@ from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.data import tokenizer_training
 from encoder_jax.interop import tokenizer as tokenizer_io
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 VOCAB = 600
 TEXTS = [

@@ -30,10 +30,11 @@ from encoder_jax.loading import loaded as loading
 from encoder_jax.data import tokenizer as tokenizer_lib
 from encoder_jax.interop import tokenizer as tokenizer_io
 
-import chinese_bert_dirs as dirs
-import hf_fixtures
+from support import chinese_bert_dirs as dirs
+from support import hf_fixtures
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 ATOL = 1e-5  # As tests/interop/test_hf_parity.py.
 FILL = '巴黎是法国的[MASK]都。'

@@ -23,9 +23,10 @@ from encoder_jax.config import schema as config_base
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 
-import hf_fixtures
+from support import hf_fixtures
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 ATOL = 1e-5
 # ModernBERT: GeGLU, rotary and pre-LN on random weights of std 0.2 give larger activations

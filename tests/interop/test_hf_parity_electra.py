@@ -22,9 +22,10 @@ import transformers
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 
-import hf_fixtures
+from support import hf_fixtures
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 ATOL = 1e-5
 KINDS = {'electra': transformers.ElectraForPreTraining,

@@ -29,11 +29,12 @@ from encoder_jax.data import tokenizer_kinds
 from encoder_jax.interop import tokenizer as tokenizer_io
 from encoder_jax.models import registry as models
 
-import hf_fixtures
-import hf_tokenizer_dirs as dirs
-import in_process
+from support import hf_fixtures
+from support import hf_tokenizer_dirs as dirs
+from support import in_process
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 KINDS = dirs.KINDS
 # (kind, what) -> mismatching rows, printed after the module (pytest -s): the id comparison.
@@ -327,7 +328,7 @@ def test_command_lines_on_the_directories(kind, root, tmp_path, capsys):
   expected = [auto.convert_ids_to_tokens(i) if i < len(auto) else f'<unused:{i}>' for i in top]
   assert line.split()[2::2] == expected, line
   # The convert round trip of these directories: test_workdir_to_hf_round_trip (in process,
-  # every kind); the convert command line itself: tests/gcs/test_gcs_end_to_end.py.
+  # every kind); the convert command line itself: tests/storage/test_end_to_end.py.
 
 
 @pytest.mark.slow  # ~30 s each: prepares a corpus with the imported tokenizer and trains.

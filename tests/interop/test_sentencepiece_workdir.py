@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import types
 
 import jax
@@ -24,12 +23,13 @@ from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf_import
 from encoder_jax.models import bert
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
-import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+import support
+from support import tiny_config
+
+ROOT = support.ROOT
 
 pytestmark = [pytest.mark.slow,  # Every test reads the module's training run (``run``).
-              pytest.mark.any_device_count]  # tests/device_workers.py
+              pytest.mark.any_device_count]  # tests/support/device_workers.py
 
 SENTENCES = [
     'The quick brown fox jumps over the lazy dog.',

@@ -61,9 +61,10 @@ from encoder_jax.objectives import base
 from encoder_jax.objectives import electra as electra_lib
 from encoder_jax.objectives import masking
 
-import hf_fixtures
+from support import hf_fixtures
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 VOCAB, BATCH, LENGTH, MAX_PREDICTIONS = 101, 4, 16, 5
 ROW_LENGTHS = (16, 13, 10, 7)  # Real tokens per row; the rest is padding.

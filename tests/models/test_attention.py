@@ -16,9 +16,7 @@ one log line says why.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +40,8 @@ from encoder_jax.models import layers
 from encoder_jax.models import modernbert
 from encoder_jax.models import registry
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from support import tiny_config
+
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=40,
             max_position_embeddings=32)
@@ -411,9 +409,8 @@ def test_splash_in_a_model_with_local_layers_and_packed_rows_equals_xla():
     np.testing.assert_allclose(a, b, atol=2e-5)
 
 
-
 def _tiny_run_config(prepared_dir, implementation):
-  """tests/tiny_config.py at 32 tokens, attention dropout 0, on a 2 x 2 x 2 mesh."""
+  """tests/support/tiny_config.py at 32 tokens, attention dropout 0, on a 2 x 2 x 2 mesh."""
   c = tiny_config.get_config(f'prepared_dir={prepared_dir}')
   c.model.update(attention_implementation=implementation, attention_dropout_rate=0.0)
   c.mesh.update(data=2, fsdp=2, tensor=2)
@@ -451,8 +448,8 @@ def test_the_steps_lower_for_a_tpu_with_the_kernel_placed_by_shard_map(prepared_
 @pytest.mark.slow  # About 35 s on 2 cores with a cold compilation cache.
 def test_a_short_training_run_with_splash_logs_the_losses_of_xla(prepared_dir, tmp_path,
                                                                   monkeypatch):
-  """tests/tiny_config.py (as tests/test_train.py's runs), 3 steps at 32 tokens on a
-  data=2, fsdp=2, tensor=2 mesh (the step traced under it: the kernel in a shard_map),
+  """tests/support/tiny_config.py (as tests/run/test_pretraining.py's runs), 3 steps at 32
+  tokens on a data=2, fsdp=2, tensor=2 mesh (the step traced under it: the kernel in a shard_map),
   attention dropout 0: the logged losses and gradient norms equal XLA's run's."""
   meshes = []
   kernel = attention.splash_dot_product
@@ -490,7 +487,7 @@ def test_where_splash_cannot_serve_one_line_says_so(kind, monkeypatch):
   """Attention dropout in training, XLNet's two streams, a trace on several TPU devices
   without the mesh in context (the Mosaic kernel cannot be placed): XLA's attention, and one
   log line (per reason) naming it. Traced only. (DeBERTa's attention has a kernel of its own:
-  tests/models/test_deberta_kernel.py.)"""
+  tests/models/test_disentangled_kernel.py.)"""
   lines = _warnings(monkeypatch)
   small = dict(vocab_size=61, hidden_size=24, num_layers=2, num_heads=2, intermediate_size=40,
                max_position_embeddings=32, attention_implementation='splash')

@@ -10,7 +10,7 @@ from encoder_jax.core import sharding
 from encoder_jax.models import attention
 from encoder_jax.models import bert
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 TINY = dict(vocab_size=97, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40,
             max_position_embeddings=32)

@@ -16,7 +16,7 @@ from encoder_jax.models import config as config_lib
 from encoder_jax.models import registry
 from encoder_jax.models import trunk
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 TINY = dict(vocab_size=97, hidden_size=24, num_layers=2, num_heads=3, intermediate_size=40,
             max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)

@@ -6,8 +6,6 @@ kind checks and the parameter count of deberta-base (tiny shapes elsewhere)."""
 from __future__ import annotations
 
 import functools
-import os
-import sys
 
 import flax.linen as nn
 import jax
@@ -21,10 +19,10 @@ from encoder_jax.models import disentangled_attention as da
 from encoder_jax.models import registry
 from encoder_jax.models import trunk
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import family  # pylint: disable=wrong-import-position
+from support import family
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 
 def tiny(kind='deberta', **kw):
@@ -431,7 +429,7 @@ def test_flops_count_the_relative_terms_and_the_emd():
 ROW = 'deberta_v2_mlm_sop'
 
 
-@pytest.mark.slow  # The family's DeBERTa-v2 row (tests/family.py), shared with test_family.py.
+@pytest.mark.slow  # The family's DeBERTa-v2 row (support/family.py), shared with test_family.py.
 @pytest.mark.xdist_group(family.group(ROW))
 def test_short_run_loss_falls_then_loads_and_exports(family_root, tmp_path):
   """DeBERTa-v2 (v3's options) with EMD and whole-word masking on the embedded corpus, 12

@@ -7,7 +7,7 @@ import pytest
 
 from encoder_jax.models import layers
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 
 # (x shape, kernel shape, n_in, in_first): one input axis into (heads, kv) as Q/K/V do,

@@ -15,7 +15,7 @@ from encoder_jax.core import sharding
 from encoder_jax.models import registry
 from encoder_jax.models import trunk
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 # ------------------------------------------------------------ full-size parameter counts
 

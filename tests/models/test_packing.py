@@ -15,7 +15,7 @@ from encoder_jax.models import packing
 from encoder_jax.models import registry
 from encoder_jax.objectives import base
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 TINY = dict(vocab_size=97, hidden_size=24, num_layers=3, num_heads=2, intermediate_size=40,
             max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)

@@ -17,7 +17,7 @@ from encoder_jax.core import sharding
 from encoder_jax.models import registry
 from encoder_jax.models import xlnet
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 TINY = dict(kind='xlnet', vocab_size=61, hidden_size=24, num_layers=2, num_heads=3,
             intermediate_size=40, max_position_embeddings=32, type_vocab_size=3)

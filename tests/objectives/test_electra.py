@@ -22,9 +22,11 @@ from encoder_jax.models import registry as models
 from encoder_jax.objectives import electra
 from encoder_jax.objectives import masking
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
+
+ROOT = support.ROOT
 V = 60
 
 

@@ -1,14 +1,13 @@
-"""ELECTRA end to end on the embedded corpus: the family's ELECTRA row (tests/family.py:
+"""ELECTRA end to end on the embedded corpus: the family's ELECTRA row (tests/support/family.py:
 configs/electra_small.py's recipe at tiny size, on 8 simulated devices) trains and its loss
 falls; held-out evaluation reports every metric; the workdir exports to Hugging Face
 (discriminator at OUT, generator at OUT/generator) with the logits ours computes; the export
 loads back (generator included) and as ``ElectraModel``. (Fine-tuning the discriminator from
-an ELECTRA workdir: tests/finetune/test_probe_bakeoff.py's end-to-end run, whose probes
+an ELECTRA workdir: tests/test_bakeoff.py's end-to-end run, whose probes
 fine-tune its ELECTRA row's checkpoints.)"""
 
 import json
 import os
-import sys
 
 import jax
 import numpy as np
@@ -21,8 +20,8 @@ from encoder_jax import evaluate
 from encoder_jax.loading import loaded as loading
 from encoder_jax.interop import hf_import
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import family  # pylint: disable=wrong-import-position
+from support import family
+
 
 ATOL = 1e-5
 

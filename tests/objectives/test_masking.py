@@ -10,7 +10,7 @@ import pytest
 
 from encoder_jax.objectives import masking
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 V = 500
 SPECIAL = np.array([0, 1, 2, 3, 4])  # [PAD] [UNK] [CLS] [SEP] [MASK]

@@ -12,7 +12,7 @@ from encoder_jax.models import registry as models
 from encoder_jax.models import trunk
 from encoder_jax.objectives import masking
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 TINY = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
             max_position_embeddings=20)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 
 import flax.linen as nn
 import jax
@@ -24,12 +23,13 @@ from encoder_jax.models import registry
 from encoder_jax.objectives import masking
 from encoder_jax.objectives import plm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
-import family  # pylint: disable=wrong-import-position
-import tiny_config  # pylint: disable=wrong-import-position
+import support
+from support import family
+from support import tiny_config
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+ROOT = support.ROOT
+
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 V, CLS, SEP, PAD = 50, 3, 4, 0
 SPECIAL_IDS = (0, 1, 2, 3, 4)
@@ -307,7 +307,7 @@ def test_checkpoints_hold_the_extra_state_only_when_there_is_one(tmp_path):
 ROW = 'xlnet_plm_memory'
 
 
-@pytest.mark.slow  # The family's XLNet row (tests/family.py), shared with tests/test_family.py.
+@pytest.mark.slow  # The family's XLNet row (support/family.py), shared with tests/test_family.py.
 @pytest.mark.xdist_group(family.group(ROW))
 def test_short_run_loss_falls(family_root):
   """12 steps at a high rate, memory carried, two micro-batches of 4 rows a step over data x

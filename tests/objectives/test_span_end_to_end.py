@@ -1,11 +1,9 @@
-"""SpanBERT end to end on the embedded corpus: the family's SpanBERT row (tests/family.py:
+"""SpanBERT end to end on the embedded corpus: the family's SpanBERT row (tests/support/family.py:
 configs/spanbert_base.py's recipe at tiny size, on 8 simulated devices) trains with span
 masking + SBO and its losses fall; held-out evaluation reports MLM and SBO; the workdir
 exports as ``BertForPreTraining`` (the SBO head, a pretraining-only part, left out) with the
 MLM logits ours computes."""
 
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,8 +14,8 @@ from encoder_jax import convert
 from encoder_jax import evaluate
 from encoder_jax.loading import loaded as loading
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import family  # pylint: disable=wrong-import-position
+from support import family
+
 
 ROW = 'spanbert_mlm_sbo'
 

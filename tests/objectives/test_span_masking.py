@@ -24,9 +24,11 @@ from encoder_jax.objectives import masking
 from encoder_jax.objectives import sbo
 from encoder_jax.objectives import span_masking
 
-pytestmark = pytest.mark.any_device_count  # tests/device_workers.py
+import support
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
+
+ROOT = support.ROOT
 V = 500
 SPECIAL = np.arange(5)  # [PAD] [UNK] [CLS] [SEP] [MASK]
 MASK_ID = 4

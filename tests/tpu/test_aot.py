@@ -1,20 +1,16 @@
 """``tpu.aot`` plans the very programs a run runs: its train and eval steps lower to the same
 text as the steps ``main``'s run (``api.pretrain.run``) trained and evaluated with."""
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tiny_config  # pylint: disable=wrong-import-position
+from encoder_jax import data as data_lib
+from encoder_jax.api import pretrain
+from encoder_jax.run import engine
+from encoder_jax.run import pretraining
+from encoder_jax.tpu import aot
 
-from encoder_jax import data as data_lib  # pylint: disable=wrong-import-position
-from encoder_jax.api import pretrain  # pylint: disable=wrong-import-position
-from encoder_jax.run import engine  # pylint: disable=wrong-import-position
-from encoder_jax.run import pretraining  # pylint: disable=wrong-import-position
-from encoder_jax.tpu import aot  # pylint: disable=wrong-import-position
+from support import tiny_config
 
 
 def test_compile_lowers_the_steps_main_runs(prepared_dir, tmp_path):
