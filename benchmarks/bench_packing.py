@@ -44,7 +44,7 @@ from encoder_jax import data as data_lib  # pylint: disable=wrong-import-positio
 from encoder_jax import objectives  # pylint: disable=wrong-import-position
 from encoder_jax.core import length_phases  # pylint: disable=wrong-import-position
 from encoder_jax.core import sharding  # pylint: disable=wrong-import-position
-from encoder_jax.run import pretraining as train  # pylint: disable=wrong-import-position
+from encoder_jax.run import pretraining  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import data as finetune_data  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import heads  # pylint: disable=wrong-import-position
 from encoder_jax.finetune import probe_data  # pylint: disable=wrong-import-position
@@ -112,7 +112,7 @@ def _report(title, variants, real_tokens, seconds, baseline: str) -> None:
           f'{rate / base:>17.2f}x')
 
 
-def pretraining(args, mesh) -> None:
+def pretraining_inputs(args, mesh) -> None:
   variants, real = {}, {}
   prepared = None
   for pair_kind in PRETRAINING_INPUTS:
@@ -121,7 +121,7 @@ def pretraining(args, mesh) -> None:
     it = data_lib.make_train_iterator(c, prepared)
     host = [next(it) for _ in range(args.steps)]
     real[pair_kind] = float(np.mean([b['input_mask'].sum() for b in host]))
-    pieces = train.pieces(c, mesh, objectives.build(c, train.vocab_tables(c, prepared)))
+    pieces = pretraining.pieces(c, mesh, objectives.build(c, pretraining.vocab_tables(c, prepared)))
     step = pieces.train_step(length_phases.phases(c.train)[0])
     batch_sharding = sharding.batch_sharding(mesh)
     batches = [{k: jax.device_put(v, batch_sharding) for k, v in b.items()} for b in host]
@@ -195,7 +195,7 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   mesh = sharding.make_mesh(config_base.base_config().mesh, jax.devices()[:1])
   print(f'{jax.devices()[0].platform} x 1, {os.cpu_count()} CPU cores')
-  prepared = pretraining(args, mesh)
+  prepared = pretraining_inputs(args, mesh)
   if not args.skip_finetuning:
     finetuning(args, prepared)
 

@@ -247,16 +247,16 @@ class JaxRun:
     from encoder_jax import objectives
     from encoder_jax.core import length_phases
     from encoder_jax.core import sharding
-    from encoder_jax.run import pretraining as train
+    from encoder_jax.run import pretraining
     from encoder_jax.config import validation
     validation.validate(config)
     self.name, self.config = name, config
     self.mesh = sharding.make_mesh(config.mesh, [device])
     (self.phase,) = length_phases.phases(config.train)
     self.batch_size = int(config.train.batch_size)
-    self.tables = train.vocab_tables(config, prepared)
+    self.tables = pretraining.vocab_tables(config, prepared)
     self.objective = _composite(objectives.build(config, self.tables))
-    self.pieces = train.pieces(config, self.mesh, self.objective)  # The batch checked too.
+    self.pieces = pretraining.pieces(config, self.mesh, self.objective)  # The batch checked too.
     self.schedule_fn = self.pieces.schedule
     self.state = self.pieces.create_state()
     self.iterator = data_lib.make_train_iterator(config, prepared, rows=(0, self.batch_size))
@@ -269,7 +269,7 @@ class JaxRun:
     self._scorer = _premasked_scorer(self.objective)
     self._eval_step = jax.jit(lambda p, b, i: self._scorer.loss_fn(
         p, b, jax.random.key(0), self.phase, False)[1])
-    self._jax, self._train = jax, train
+    self._jax, self._train = jax, pretraining
 
   def initial_network_params(self):
     """(EncoderConfig, numpy params) of the network before any step."""

@@ -160,7 +160,7 @@ def build(args, devices=None):
   from encoder_jax.config import schema as config_base
   from encoder_jax.core import length_phases
   from encoder_jax.core import sharding
-  from encoder_jax.run import pretraining as train
+  from encoder_jax.run import pretraining
   from encoder_jax.objectives import masking
 
   c = config_base.base_config()
@@ -185,7 +185,7 @@ def build(args, devices=None):
   special[:5] = True
   tables = masking.VocabTables(special, np.ones(v, bool), np.ones(v), mask_id=4)
   objective = objectives.build(c, tables)
-  pieces = train.pieces(c, mesh, objective)
+  pieces = pretraining.pieces(c, mesh, objective)
   return argparse.Namespace(config=c, mesh=mesh, objective=objective, phase=phase, tx=pieces.tx,
                             pieces=pieces, step_fn=pieces.train_step(phase))
 

@@ -87,7 +87,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   ``batch_size`` / ``eval_batches`` override ``config.train.batch_size`` / ``eval_batches``.
   """
   from encoder_jax import data  # pylint: disable=g-import-not-at-top
-  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   for name, value in (('batch_size', batch_size), ('eval_batches', eval_batches)):
     if value is not None:
@@ -106,13 +106,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   prepared = data.load_or_prepare(config)
   check_prepared_tokenizer(workdir, pinned, prepared)
   params, step, mesh = loading.restore_params(config, workdir, step, mesh)
-  tables = train.vocab_tables(config, prepared)
+  tables = pretraining.vocab_tables(config, prepared)
   objective = objectives.build(config, tables)
   phase = _phase(config, step, seq_len)
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   # The step the run evaluated with, when it ran in this process (or a checkpoint of the
   # same config was evaluated before): not traced and compiled again.
-  eval_step = train.reused_eval_step(config, tables, objective, mesh, param_shardings, phase)
+  eval_step = pretraining.reused_eval_step(config, tables, objective, mesh, param_shardings, phase)
 
   start = time.perf_counter()
   sequences = 0
@@ -124,7 +124,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
       yield batch
 
   rows = sharding.process_rows(mesh, int(config.train.batch_size))
-  m = train.evaluate(eval_step, params, counted(data.make_eval_iterator(
+  m = pretraining.evaluate(eval_step, params, counted(data.make_eval_iterator(
       config, prepared, phase.seq_len, rows=rows)), mesh, objective,
                      int(config.train.batch_size))
   out = {'step': int(step), 'seq_len': phase.seq_len, 'max_predictions': phase.max_predictions,

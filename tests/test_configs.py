@@ -14,7 +14,7 @@ from encoder_jax.config import schema as config_base
 from encoder_jax import data as data_lib
 from encoder_jax.core import length_phases
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 
 import support
 
@@ -42,7 +42,7 @@ VARIANTS = [(p, None) for p in PRETRAIN_CONFIGS] + [
 def test_config_builds_under_eval_shape(path, arg):
   c = _load(path, arg)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  state = train.pieces(c, mesh).abstract_state()  # The batch checked against the mesh too.
+  state = pretraining.pieces(c, mesh).abstract_state()  # The batch checked against the mesh too.
   n = sum(x.size for x in jax.tree.leaves(state.params))
   assert n > 0
   assert length_phases.phases(c.train)[-1].end_step == c.train.num_steps
@@ -212,4 +212,5 @@ def test_deberta_base_is_the_papers_recipe(arg):
   if 'runlocal' not in arg:
     assert (c.train.batch_size, c.train.num_steps, c.optim.learning_rate) == (2048, 1_000_000, 2e-4)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  assert sum(x.size for x in jax.tree.leaves(train.pieces(c, mesh).abstract_state().params)) > 0
+  params = pretraining.pieces(c, mesh).abstract_state().params
+  assert sum(x.size for x in jax.tree.leaves(params)) > 0

@@ -18,7 +18,7 @@ from encoder_jax import data as data_lib
 from encoder_jax.core import length_phases
 from encoder_jax import objectives
 from encoder_jax.api import pretrain
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.run import train_state
 from encoder_jax.config import validation
 from encoder_jax.objectives import masking
@@ -32,7 +32,7 @@ def first_batch_masks(config, rows: int | None = None) -> list[dict]:
   prepared = data_lib.load_or_prepare(config)
   batch = next(data_lib.make_train_iterator(config, prepared))
   phase = length_phases.phase_at(length_phases.phases(config.train), 0)
-  tables = train.vocab_tables(config, prepared)
+  tables = pretraining.vocab_tables(config, prepared)
   objective = objectives.build(config, tables)
   accum = int(config.train.grad_accum_steps)
   step_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(int(config.seed)),

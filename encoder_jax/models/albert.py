@@ -17,8 +17,9 @@ from encoder_jax.models import config as config_lib
 from encoder_jax.models import trunk
 
 
-def AlbertForPreTraining(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
-  return trunk.PreTraining(config, pooler=True, pair_head=True)
+def AlbertForPreTraining(  # pylint: disable=invalid-name
+    config: config_lib.EncoderConfig) -> trunk.EncoderWithHeads:
+  return trunk.EncoderWithHeads(config, pooler=True, pair_head=True)
 
 
 def AlbertModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name

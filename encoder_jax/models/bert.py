@@ -12,9 +12,10 @@ from encoder_jax.models import trunk
 BertConfig = config_lib.EncoderConfig  # The BERT kind's config (all kinds share the schema).
 
 
-def BertForPreTraining(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
+def BertForPreTraining(  # pylint: disable=invalid-name
+    config: config_lib.EncoderConfig) -> trunk.EncoderWithHeads:
   """Hugging Face's name for BERT's pretraining network."""
-  return trunk.PreTraining(config, pooler=True, pair_head=True)
+  return trunk.EncoderWithHeads(config, pooler=True, pair_head=True)
 
 
 def BertModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name

@@ -168,7 +168,7 @@ class EncoderOnly(nn.Module):
     return out
 
 
-class PreTraining(nn.Module):
+class EncoderWithHeads(nn.Module):
   """Encoder, enhanced mask decoder (``emd_layers`` > 0), MLM head, pooler and pair head.
 
   ``mlm_logits`` are computed at ``masked_positions_BxP`` only (all positions if None);
@@ -334,12 +334,13 @@ def _check_v1(c: config_lib.EncoderConfig) -> None:
 
 
 KIND = config_lib.ModelKind(
-    name='deberta', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
+    name='deberta', pretraining=EncoderWithHeads, encoder=EncoderOnly, encode=encode, pooler=True,
     pair_head=True, check=_check_v1, flops_per_token=flops_per_token, fields=FIELDS,
     last_layer_rows=last_layer_rows, row_flops=row_flops, block_options=('gated_ffn',),
     description='DeBERTa v1: disentangled attention (relative span k), enhanced mask decoder')
 KIND_V2 = config_lib.ModelKind(
-    name='deberta_v2', pretraining=PreTraining, encoder=EncoderOnly, encode=encode, pooler=True,
+    name='deberta_v2', pretraining=EncoderWithHeads, encoder=EncoderOnly, encode=encode,
+    pooler=True,
     pair_head=True, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
     last_layer_rows=last_layer_rows, row_flops=row_flops, block_options=('gated_ffn',),
     description='DeBERTa v2/v3: + log-bucketed positions, shared keys, normalised relative '

@@ -77,7 +77,7 @@ class Generator(nn.Module):
   """Encoder + MLM head with a GELU transform to E (``ElectraForMaskedLM``).
 
   ``masked_positions_BxP`` selects where the vocabulary logits are computed (all positions
-  when None), and the last layer then runs only there, as BERT's ``PreTraining``.
+  when None), and the last layer then runs only there, as BERT's ``EncoderWithHeads``.
   """
   config: config_lib.EncoderConfig
 
@@ -90,7 +90,7 @@ class Generator(nn.Module):
     rows_BxQ = None
     if masked_positions_BxP is None:
       masked_positions_BxP = jnp.broadcast_to(jnp.arange(length), input_ids_BxL.shape)
-    else:  # The last layer at the masked (and gathered) rows only, as BERT's PreTraining.
+    else:  # The last layer at the masked (and gathered) rows only, as BERT's EncoderWithHeads.
       rows_BxQ = trunk.last_layer_rows(length, [masked_positions_BxP, gather_positions_BxG],
                                       False, collect_hidden)
     out = trunk.encode(c, input_ids_BxL, segment_ids_BxL, input_mask_BxL,

@@ -51,8 +51,9 @@ PUBLISHED = dict(REQUIRED, kind='modernbert', type_vocab_size=0, rope_theta=160_
                  attention_dropout_rate=0.0)
 
 
-def ModernBertForMaskedLM(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
-  return trunk.PreTraining(config, pooler=False, pair_head=False)
+def ModernBertForMaskedLM(  # pylint: disable=invalid-name
+    config: config_lib.EncoderConfig) -> trunk.EncoderWithHeads:
+  return trunk.EncoderWithHeads(config, pooler=False, pair_head=False)
 
 
 def ModernBertModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name

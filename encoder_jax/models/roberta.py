@@ -15,8 +15,9 @@ from encoder_jax.models import config as config_lib
 from encoder_jax.models import trunk
 
 
-def RobertaForMaskedLM(config: config_lib.EncoderConfig) -> trunk.PreTraining:  # pylint: disable=invalid-name
-  return trunk.PreTraining(config, pooler=False, pair_head=False)
+def RobertaForMaskedLM(  # pylint: disable=invalid-name
+    config: config_lib.EncoderConfig) -> trunk.EncoderWithHeads:
+  return trunk.EncoderWithHeads(config, pooler=False, pair_head=False)
 
 
 def RobertaModel(config: config_lib.EncoderConfig) -> trunk.EncoderOnly:  # pylint: disable=invalid-name

@@ -448,7 +448,7 @@ class EncoderOnly(nn.Module):
     return out
 
 
-class PreTraining(nn.Module):
+class EncoderWithHeads(nn.Module):
   """Encoder + MLM head [+ pooler] [+ pair (NSP/SOP) head].
 
   ``masked_positions_BxP`` selects where the MLM head runs: vocabulary logits are computed

@@ -15,7 +15,7 @@ from encoder_jax.config import schema as config_base
 from encoder_jax.loading import loaded as loading
 from encoder_jax import objectives
 from encoder_jax.api import pretrain
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.run import train_state
 from encoder_jax.config import validation
 from encoder_jax.interop import hf_import
@@ -150,7 +150,7 @@ def test_a_run_from_a_workdir_starts_from_it_and_resumes_from_its_own_checkpoint
   n.init.workdir = src
   new = str(tmp_path / 'new')
   pretrain.run(n, new)
-  report = json.loads((tmp_path / 'new' / train.INIT_REPORT).read_text())
+  report = json.loads((tmp_path / 'new' / pretraining.INIT_REPORT).read_text())
   assert report['source'] == f'{src} step 2'
   assert report['taken'] == ['embeddings', 'encoder', 'mlm_head', 'pair_head', 'pooler']
   saved = loading.read_run_config(new)
@@ -197,7 +197,7 @@ def test_a_run_from_minilm_takes_its_encoder_and_initialises_the_mlm_head(tmp_pa
   c.mesh.update(data=1, fsdp=8)
   workdir = str(tmp_path / 'w')
   pretrain.run(c, workdir)
-  report = json.loads((tmp_path / 'w' / train.INIT_REPORT).read_text())
+  report = json.loads((tmp_path / 'w' / pretraining.INIT_REPORT).read_text())
   assert report['taken'] == ['embeddings', 'encoder', 'pooler']
   assert sorted(report['initialised']) == ['mlm_head', 'pair_head']
   assert 'BertModel has none' in report['initialised']['mlm_head']

@@ -90,7 +90,7 @@ _WITHOUT_TENSORFLOW = '''
 import sys
 from encoder_jax import main  # The training path.
 from encoder_jax.config import schema as config_base
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.config import validation
 from encoder_jax.data import preparation
 import importlib.util

@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from encoder_jax.config import schema as config_base
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 
 
 def _mesh(data=-1, fsdp=1, tensor=1):
@@ -63,7 +63,7 @@ def test_state_is_born_sharded():
   config_base.shrink_for_local_run(c)
   c.model.vocab_size = 512
   mesh = _mesh(data=2, fsdp=2, tensor=2)
-  pieces = train.pieces(c, mesh)
+  pieces = pretraining.pieces(c, mesh)
   state = pieces.create_state()
   kernel = state.params['encoder']['layers']['intermediate']['kernel']  # layers, embed, mlp
   assert kernel.sharding.spec == P(None, 'fsdp', 'tensor')

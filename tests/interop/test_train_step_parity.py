@@ -54,7 +54,7 @@ from encoder_jax import objectives
 from encoder_jax.core import optimizer
 from encoder_jax.core import length_phases
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.interop import hf
 from encoder_jax.interop import registry
 from encoder_jax.objectives import base
@@ -226,7 +226,7 @@ def _ours(setup, monkeypatch):
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   params = _perturbed(jax.jit(lambda key: nn.unbox(objective.init(key)))(jax.random.key(1)))
   batch = _batch(setup)
-  pieces = train.pieces(c, mesh, objective, tx)
+  pieces = pretraining.pieces(c, mesh, objective, tx)
   state = pieces.create_state(params=params)
   step = pieces.train_step(phase)
   new_state, metrics = jax.device_get(

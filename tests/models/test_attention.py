@@ -31,7 +31,7 @@ from encoder_jax.run import feeding
 from encoder_jax.core import length_phases
 from encoder_jax import objectives
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.config import validation
 from encoder_jax.models import attention
 from encoder_jax.models import attention_kinds
@@ -433,12 +433,12 @@ def test_the_steps_lower_for_a_tpu_with_the_kernel_placed_by_shard_map(prepared_
   mesh = sharding.make_mesh(c.mesh)
   batch = feeding.to_global(next(data_lib.make_train_iterator(c, prepared, 0, 1)),
                             sharding.batch_sharding(mesh))
-  objective = objectives.build(c, train.vocab_tables(c, prepared))
-  pieces = train.pieces(c, mesh, objective)
+  objective = objectives.build(c, pretraining.vocab_tables(c, prepared))
+  pieces = pretraining.pieces(c, mesh, objective)
   state = pieces.abstract_state()
   phase = length_phases.phases(c.train)[0]
   step = pieces.train_step(phase)
-  evaluate = train.make_eval_step(c, objective, mesh, pieces.shards.params, phase)
+  evaluate = pretraining.make_eval_step(c, objective, mesh, pieces.shards.params, phase)
   for program, calls in ((step.trace(state, batch), 3),
                          (evaluate.trace(state.params, batch, 0), 1)):
     text = program.lower(lowering_platforms=('tpu',)).as_text()

@@ -124,7 +124,7 @@ def test_one_half_never_sees_the_other_and_the_loss_trains():
   seen = []
 
   def record(next_fun, args, kwargs, context):
-    if context.method_name == '__call__' and type(context.module).__name__ == 'PreTraining':
+    if context.method_name == '__call__' and type(context.module).__name__ == 'EncoderWithHeads':
       seen.append(kwargs.get('document_ids_BxL'))
     return next_fun(*args, **kwargs)
 

@@ -34,7 +34,7 @@ from encoder_jax.run import distributed
 from encoder_jax.core import sharding
 from encoder_jax.storage import paths as storage
 from encoder_jax.storage import client as storage_client
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.data import prepare_once
 
 import support
@@ -169,7 +169,7 @@ def _objects(url):
 def _abstract_params(prepared_dir):
   """(config, abstract params on this process's mesh) of the tiny config: traced once."""
   config = tiny_config.get_config(tiny_config.one_phase(prepared_dir))
-  return config, train.pieces(config, sharding.make_mesh(config.mesh)).abstract_state().params
+  return config, pretraining.pieces(config, sharding.make_mesh(config.mesh)).abstract_state().params
 
 
 # Every workdir compared is finished when first read: the two-process run's (read by two

@@ -21,7 +21,7 @@ from encoder_jax.run import metrics_log as metrics_lib
 from encoder_jax import objectives
 from encoder_jax.core import length_phases
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.run import workdir as workdir_lib
 
 import support
@@ -101,7 +101,7 @@ def _batch(prepared_dir, c):
 
 
 def _one_step(c, mesh, batch, prepared, state=None):
-  pieces = train.pieces(c, mesh, objectives.build(c, train.vocab_tables(c, prepared)))
+  pieces = pretraining.pieces(c, mesh, objectives.build(c, pretraining.vocab_tables(c, prepared)))
   state = pieces.create_state() if state is None else jax.device_put(state, pieces.shards)
   step = pieces.train_step(length_phases.phases(c.train)[0])
   new, m = step(state, feeding.to_global(batch, sharding.batch_sharding(mesh)))
@@ -145,13 +145,13 @@ def test_evaluation_in_micro_batches_equals_the_whole_batch(prepared_dir):
   c.objective.names = ('nsp',)
   batch, prepared = _batch(prepared_dir, c)
   mesh = sharding.make_mesh(c.mesh)
-  objective = objectives.build(c, train.vocab_tables(c, prepared))
-  pieces = train.pieces(c, mesh, objective)
+  objective = objectives.build(c, pretraining.vocab_tables(c, prepared))
+  pieces = pretraining.pieces(c, mesh, objective)
   shards, params = pieces.shards, pieces.create_state().params
   phase = length_phases.phases(c.train)[0]
 
   def scores(config, host_batch):
-    step = train.make_eval_step(config, objective, mesh, shards.params, phase)
+    step = pretraining.make_eval_step(config, objective, mesh, shards.params, phase)
     return jax.device_get(step(params, feeding.to_global(
         host_batch, sharding.batch_sharding(mesh)), 0))
 
@@ -166,7 +166,7 @@ def test_evaluation_in_micro_batches_equals_the_whole_batch(prepared_dir):
 def test_combined_metrics_weigh_each_part_by_its_count():
   per = {'mlm_accuracy': jnp.array([1.0, 0.0]), 'mlm_count': jnp.array([3.0, 1.0]),
          'pair_loss': jnp.array([2.0, 4.0])}
-  out = train.combine_metrics(per, {'mlm_accuracy': 'mlm_count'})
+  out = pretraining.combine_metrics(per, {'mlm_accuracy': 'mlm_count'})
   assert float(out['mlm_accuracy']) == 0.75 and float(out['mlm_count']) == 4.0
   assert float(out['pair_loss']) == 3.0
 
@@ -175,7 +175,7 @@ def test_skip_policy_drops_a_nonfinite_update(prepared_dir):
   c = _config(prepared_dir, nonfinite_policy='skip')
   batch, prepared = _batch(prepared_dir, c)
   mesh = sharding.make_mesh(c.mesh)
-  state = jax.device_get(train.pieces(c, mesh).create_state())
+  state = jax.device_get(pretraining.pieces(c, mesh).create_state())
   params = jax.tree.map(np.array, state.params)
   params['pooler']['kernel'][0, 0] = np.nan
   state = state.replace(params=params)
@@ -202,10 +202,11 @@ def test_checkpoint_of_another_shape_is_reported_not_ignored(prepared_dir, unint
   mesh = sharding.make_mesh(c.mesh)
   ckpt = checkpointing.Checkpointer(uninterrupted[0], c.checkpoint)
   with pytest.raises(checkpointing.CheckpointError, match='No checkpoint .* could be restored'):
-    ckpt.restore(train.pieces(c, mesh).abstract_state())
+    ckpt.restore(pretraining.pieces(c, mesh).abstract_state())
   ckpt.close()
   with pytest.raises(checkpointing.CheckpointError, match='does not exist'):
-    checkpointing.restore_params(str(tmp_path / 'nowhere'), train.pieces(c, mesh).abstract_state().params)
+    checkpointing.restore_params(str(tmp_path / 'nowhere'),
+                                 pretraining.pieces(c, mesh).abstract_state().params)
 
 
 def test_data_states_of_the_processes_are_saved_as_one_global_state(monkeypatch):
@@ -259,7 +260,7 @@ def test_vocab_size_must_match_the_tokenizer(prepared_dir):
   prepared = data_lib.load_or_prepare(c)
   c.model.vocab_size = 1234
   with pytest.raises(ValueError, match='model.vocab_size=1234 but the tokenizer'):
-    train.vocab_tables(c, prepared)
+    pretraining.vocab_tables(c, prepared)
 
 
 @pytest.mark.slow  # A training run.
@@ -272,7 +273,7 @@ def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
   workdir = str(tmp_path / 'run')
   # The run's own lock, beating every 50 ms instead of every minute.
   monkeypatch.setattr(workdir_lib, 'run_lock', lambda w, wait_s=None: _quick_lock(w))
-  due = train._Adapter.due  # pylint: disable=protected-access
+  due = pretraining._Adapter.due  # pylint: disable=protected-access
 
   def taken_at_step_3(self, step, data_state):
     if step == 3:
@@ -282,7 +283,8 @@ def test_a_run_whose_lock_another_run_took_stops_before_it_writes_again(
       time.sleep(1.0)  # The next beats find it replaced.
     return due(self, step, data_state)
 
-  monkeypatch.setattr(train._Adapter, 'due', taken_at_step_3)  # pylint: disable=protected-access
+  monkeypatch.setattr(pretraining._Adapter, 'due',  # pylint: disable=protected-access
+                      taken_at_step_3)
   with pytest.raises(locks.LockLost, match='no longer ours'):
     pretrain.run(_config(prepared_dir), workdir)
   assert [r['step'] for r in _train_lines(workdir)] == [1, 2]

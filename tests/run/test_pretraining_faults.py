@@ -33,7 +33,7 @@ from encoder_jax.api import pretrain
 from encoder_jax.run import checkpointing
 from encoder_jax import data as data_lib
 from encoder_jax.core import sharding
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 from encoder_jax.config import validation
 from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.data import prepare_once
@@ -145,7 +145,7 @@ def _lines(workdir, name='metrics.jsonl'):
 def _abstract_state(prepared_dir):
   """The restore target of the tiny config on this process's mesh: traced once."""
   c = _config(prepared_dir)
-  return train.pieces(c, sharding.make_mesh(c.mesh)).abstract_state()
+  return pretraining.pieces(c, sharding.make_mesh(c.mesh)).abstract_state()
 
 
 def _final_state(prepared_dir, workdir):

@@ -292,14 +292,14 @@ def _check_a_garbled_newest_checkpoint_is_set_aside(trained):
   checkpoints_damaged/ on the bucket with its reason beside it."""
   from encoder_jax.run import checkpointing  # pylint: disable=g-import-not-at-top
   from encoder_jax.core import sharding  # pylint: disable=g-import-not-at-top
-  from encoder_jax.run import pretraining as train  # pylint: disable=g-import-not-at-top
+  from encoder_jax.run import pretraining  # pylint: disable=g-import-not-at-top
   workdir, prepared, _ = trained
   bucket, prefix = storage.split(workdir)
   for blob in storage_client.client().list_blobs(bucket, prefix=f'{prefix}/checkpoints/12/params/'):
     blob.upload_from_string(b'')
   c = _config(prepared)
   ckpt = checkpointing.Checkpointer(workdir, c.checkpoint)
-  step = ckpt.restore(train.pieces(c, sharding.make_mesh(c.mesh)).abstract_state())[3]
+  step = ckpt.restore(pretraining.pieces(c, sharding.make_mesh(c.mesh)).abstract_state())[3]
   ckpt.close()
   assert step == 8 and [s for s, _, _ in ckpt.set_aside] == [12]
   names = set(_objects(workdir))

@@ -13,7 +13,7 @@ import time
 _SCRIPT = '''
 import runpy, sys, time
 from encoder_jax.run import engine
-from encoder_jax.run import pretraining as train
+from encoder_jax.run import pretraining
 
 STEP, MARKER = int(sys.argv[1]), sys.argv[2]
 del sys.argv[1:3]
