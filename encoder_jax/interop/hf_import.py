@@ -22,7 +22,6 @@ from encoder_jax.config import schema as config_base
 from encoder_jax.loading import loaded as loading
 from encoder_jax import objectives
 from encoder_jax.storage import paths as storage
-from encoder_jax.run import pretraining
 from encoder_jax.run import train_state
 from encoder_jax.run import workdir as workdir_lib
 from encoder_jax.interop import hf
@@ -178,6 +177,9 @@ def _import(hf_dir: str, source: str, workdir: str,
     pinned = json.loads(workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR,
                                          workdir_lib.TOKENIZER_INFO).read_text())['file']
     config.tokenizer.path = str(workdir_lib.path(workdir, workdir_lib.TOKENIZER_DIR, pinned))
+  # The run's own pieces (its optimizer state too: a run resumes from this checkpoint),
+  # imported here: loading a model (which reads this module) never imports the loop.
+  from encoder_jax.run import pretraining  # pylint: disable=g-import-not-at-top
   mesh = loading.local_mesh(config)
   state = pretraining.pieces(config, mesh).create_state(train_state.init_rng(config.seed),
                                                         params)

@@ -15,11 +15,11 @@ from encoder_jax.api import pretrain
 from encoder_jax.run import compilation_cache
 from encoder_jax.run import profiler
 from encoder_jax.config import schema as config_base
-from encoder_jax.run import console as console_lib
 from encoder_jax.config import validation
 from encoder_jax.run import workdir as workdir_lib
 
 import support
+from support import consoles
 from support import tiny_config
 
 ROOT = support.ROOT
@@ -138,15 +138,6 @@ def test_cache_setting_precedence_off_reuse_and_restore(tmp_path, monkeypatch, j
   assert compilation_cache.directory('auto', workdir) is None
 
 
-class _Lines(console_lib.Console):
-  def __init__(self):
-    super().__init__()
-    self.lines = []
-
-  def say(self, text):
-    self.lines.append(text)
-
-
 def test_window_and_cache_fields_are_checked():
   c = config_base.base_config()
   c.train.update(num_steps=20, profile_steps=5, profile_first_step=17)
@@ -177,7 +168,7 @@ def test_on_a_bucket_the_cache_and_the_trace_are_written_there(bucket, jax_confi
     assert used == f'{bucket}/xla'
     _compile_new(3.75)
   assert [p.name for p in epath.Path(f'{bucket}/xla').glob('*-cache')]
-  console = _Lines()
+  console = consoles.Lines()
   window = profiler.ProfileWindow(first=1, count=1, workdir=f'{bucket}/run', console=console)
   window.before(1, compiled=True)
   assert window.after(1, _compile_new(3.75))

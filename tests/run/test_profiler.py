@@ -4,24 +4,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from encoder_jax.run import console as console_lib
 from encoder_jax.run import profiler
+
+from support import consoles
 
 pytestmark = pytest.mark.any_device_count  # tests/support/device_workers.py
 
 
-class _Lines(console_lib.Console):
-  def __init__(self):
-    super().__init__()
-    self.lines = []
-
-  def say(self, text):
-    self.lines.append(text)
-
-
 def test_window_skips_the_compile_and_stops_when_the_loop_ends_early(tmp_path):
   step = jax.jit(lambda v: v + 1)
-  console = _Lines()
+  console = consoles.Lines()
   window = profiler.ProfileWindow(first=1, count=3, workdir=str(tmp_path), console=console)
   window.before(1, compiled=False)  # Step 1 compiles the program: not traced.
   x = step(jnp.zeros(2))
