@@ -32,6 +32,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from encoder_jax.tpu import aot
+from encoder_jax.tpu import fitting
+from encoder_jax.tpu import programs
+from encoder_jax.tpu import summary
 from encoder_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
@@ -54,13 +57,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, topology = _CONFIG.value, _TOPOLOGY.value
-  devices = aot.topology_devices(topology, _SLICES.value)
+  devices = programs.topology_devices(topology, _SLICES.value)
   slices = f' x {_SLICES.value} slices' if _SLICES.value > 1 else ''
-  target = aot.build(config, devices)
+  target = programs.build(config, devices)
   print(f'{config.model.kind} ({config.model.num_layers} x {config.model.hidden_size}, '
         f'{config.model.dtype}) on {topology}{slices}: {len(devices)} x '
         f'{devices[0].device_kind}, mesh {dict(target.mesh.shape)}; HBM a chip '
-        f'{aot.gib(aot.hbm_limit(devices[0]))} (the compiler\'s limit)', flush=True)
+        f'{summary.gib(programs.hbm_limit(devices[0]))} (the compiler\'s limit)', flush=True)
   wanted = ([int(p) for p in _PHASES.value] if _PHASES.value
             else list(range(len(target.phases))))
   for i in wanted:
@@ -70,18 +73,18 @@ def main(argv):
   out, all_fit = [], True
   for i in wanted:
     if _FIT.value:
-      found = aot.fit(config, devices, i)
-      for line in aot.fit_lines(found):
+      found = fitting.fit(config, devices, i)
+      for line in summary.fit_lines(found):
         print(line, flush=True)
       all_fit &= found.best is not None
       out.append(dict(phase=i, tried=found.tried, best=found.best))
       continue
     report = aot.compile_phase(target, target.phases[i], with_eval=_EVAL.value,
                                with_flops=_FLOPS.value)
-    for line in aot.report_lines(report):
+    for line in summary.report_lines(report):
       print(line, flush=True)
     all_fit &= report.fits
-    out.append(aot.as_json(report))
+    out.append(summary.as_json(report))
   if _JSON.value:
     with open(_JSON.value, 'w', encoding='utf-8') as f:
       json.dump(dict(command=sys.argv[1:], topology=topology,

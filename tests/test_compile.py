@@ -24,6 +24,10 @@ import jax
 import pytest
 
 from encoder_jax.tpu import aot
+from encoder_jax.tpu import fitting
+from encoder_jax.tpu import flop_count
+from encoder_jax.tpu import programs
+from encoder_jax.tpu import summary
 from encoder_jax.core import chips
 from encoder_jax.tpu import hlo
 from encoder_jax.models import modernbert
@@ -63,7 +67,7 @@ def compiled_once():
   its ops, shapes, shardings and mesh) is not compiled again: ``one_slice``'s train step
   is also the whole unrolled stack of the FLOP test and --fit's first try. Failures are not
   kept (a refusal is compiled each time)."""
-  real, done = aot._tpu_compile, {}
+  real, done = programs.tpu_compile, {}
 
   def tpu_compile(lowered):
     key = lowered.as_text()
@@ -72,7 +76,7 @@ def compiled_once():
     return done[key]
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(aot, '_tpu_compile', tpu_compile)
+    patch.setattr(programs, 'tpu_compile', tpu_compile)
     yield done
 
 
@@ -81,10 +85,10 @@ def one_slice():
   """The tiny config's phase on one v5e:2x2 slice: train, eval and the unrolled program.
   Its layers are unrolled (``model.scan_unroll=0``): its train step is the whole unrolled
   stack whose FLOPs the count at 2 and 3 layers extends to (``compiled_once``)."""
-  devices = aot.topology_devices(SLICE)
+  devices = programs.topology_devices(SLICE)
   config = _tiny()
   config.model.update(num_layers=4, scan_unroll=0)  # FLOPs: 2 and 3 layers, extended to 4.
-  setup = aot.build(config, devices)
+  setup = programs.build(config, devices)
   return setup, aot.compile_phase(setup, setup.phases[0])
 
 
@@ -95,7 +99,7 @@ def test_a_tiny_config_compiles_for_a_v5e_slice_with_its_figures(one_slice):
   assert dict(setup.mesh.shape) == {'data': 4, 'fsdp': 1, 'tensor': 1}
   assert r.fits and r.train.fits and r.eval.fits
   # The compiler's own limit, a little under the 16 GB datasheet figure.
-  assert 15 * aot.GIB < r.train.hbm_limit < 16 * aot.GIB
+  assert 15 * programs.GIB < r.train.hbm_limit < 16 * programs.GIB
   assert 0 < r.train.temporaries < r.train.total < r.train.hbm_limit
   params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
       jax.eval_shape(setup.objective.init, jax.random.key(0))))
@@ -116,8 +120,8 @@ def test_a_tiny_config_compiles_for_a_v5e_slice_with_its_figures(one_slice):
 
 def test_the_flop_count_extended_by_layers_equals_the_whole_unrolled_stack(one_slice):
   setup, r = one_slice
-  assert aot.layer_period(setup.config) == 1
-  flops, accessed = aot._unrolled(setup, setup.phases[0], 4)  # All four layers compiled.
+  assert flop_count.layer_period(setup.config) == 1
+  flops, accessed = flop_count._unrolled(setup, setup.phases[0], 4)  # All four layers compiled.
   # The same program per layer; the compiler's fusion choices differ by a few ops.
   assert r.xla_flops == pytest.approx(flops, rel=1e-3)
   assert r.xla_bytes == pytest.approx(accessed, rel=1e-2)
@@ -128,7 +132,7 @@ def local_layers():
   """A tiny ModernBERT stack for the same slice: 4 layers, every other one global (the
   scan's layers 0 and 2 global, 1 local; the last, 3, local), a 16-token window at 128
   tokens, XLA attention (counted); with the unrolled programs' counts memoized."""
-  devices = aot.topology_devices(SLICE)
+  devices = programs.topology_devices(SLICE)
   config = _tiny()
   config.model.update(modernbert.PUBLISHED)
   config.model.update(num_layers=4, local_attention=16, global_attn_every_n_layers=2,
@@ -136,9 +140,9 @@ def local_layers():
   config.objective.names = ('mlm',)
   config.data.pair_kind = 'full_sentences'
   config.train.seq_lens = (128,)
-  setup = aot.build(config, devices)
+  setup = programs.build(config, devices)
   counts = {}
-  real = aot._unrolled
+  real = flop_count._unrolled
 
   def unrolled(s, phase, num_layers, attention=None, scanned=None):
     key = (num_layers, attention, scanned)  # One setup and phase here.
@@ -147,10 +151,10 @@ def local_layers():
     return counts[key]
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(aot, '_unrolled', unrolled)
-    flops, _ = aot.unrolled_cost(setup, setup.phases[0], kernels=False)
-    costs = aot.layer_costs(setup, lambda n, kind: unrolled(setup, setup.phases[0], n, None,
-                                                            kind))
+    patch.setattr(flop_count, '_unrolled', unrolled)
+    flops, _ = flop_count.unrolled_cost(setup, setup.phases[0], kernels=False)
+    costs = flop_count.layer_costs(
+        setup, lambda n, kind: unrolled(setup, setup.phases[0], n, None, kind))
   return setup, flops, costs, counts
 
 
@@ -163,10 +167,10 @@ def test_local_layers_are_counted_as_local_not_as_the_conditional(local_layers):
   loss and optimizer work the formula leaves out)."""
   setup, flops, costs, counts = local_layers
   phase, c = setup.phases[0], setup.config
-  assert aot.layer_kinds(c) == (2, 1) and aot.has_local_layers(c)
+  assert flop_count.layer_kinds(c) == (2, 1) and flop_count.has_local_layers(c)
   # The cause: the run's own program (the conditional) counts its local scanned layer
   # (layer 1 of 0-2) as a global one.
-  conditional, _ = aot._unrolled(setup, phase, 4)
+  conditional, _ = flop_count._unrolled(setup, phase, 4)
   assert conditional == pytest.approx(costs.total(3, 0)[0], rel=0.01)
   # A global layer costs more than a local one by the formula's attention difference:
   # 12 d (s - keys) FLOPs a token, keys = 17 in the window (XLA's bands compute 24).
@@ -180,12 +184,12 @@ def test_local_layers_are_counted_as_local_not_as_the_conditional(local_layers):
 
 
 def test_two_slices_put_the_data_axis_across_them():
-  devices = aot.topology_devices(SLICE, slices=2)
+  devices = programs.topology_devices(SLICE, slices=2)
   assert sorted({d.slice_index for d in devices}) == [0, 1]
   config = _tiny()
   config.mesh.update(data=-1, dcn_data=2)
   config.model.num_layers = 1  # The layout and the gradients' all-reduce: any depth.
-  setup = aot.build(config, devices)
+  setup = programs.build(config, devices)
   assert dict(setup.mesh.shape) == {'data': 8, 'fsdp': 1, 'tensor': 1}
   # Neighbours along the data axis inside a slice share it; the last half is slice 1.
   layout = setup.mesh.devices.reshape(-1)
@@ -202,10 +206,10 @@ def test_an_oversized_model_is_a_one_line_verdict():
   refuses the embedding at any depth, and a shallower program sooner.)"""
   config = _tiny()
   config.model.update(max_position_embeddings=40_000_000, num_layers=1)
-  big = aot.build(config, aot.topology_devices(SLICE))
+  big = programs.build(config, programs.topology_devices(SLICE))
   r = aot.compile_phase(big, big.phases[0], with_eval=False, with_flops=False)
   assert not r.fits and r.train.refusal and r.train.total > r.train.hbm_limit
-  lines = aot.report_lines(r)
+  lines = summary.report_lines(r)
   verdicts = [line for line in lines if 'train step:' in line]
   assert len(verdicts) == 1 and 'does not fit' in verdicts[0], lines
   assert 'exceeds available HBM' in verdicts[0], verdicts[0]
@@ -228,10 +232,10 @@ def test_fit_finds_the_smallest_accumulation_that_fits(one_slice, monkeypatch, c
   search lands on two micro-batches (the batch of 8 over 4 chips allows 1 or 2)."""
   setup, whole = one_slice
   config = setup.config
-  assert aot.accumulation_choices(config, setup.mesh) == [1, 2]
-  monkeypatch.setitem(aot._HBM_LIMITS, setup.devices[0].device_kind, whole.train.total - 1)
+  assert fitting.accumulation_choices(config, setup.mesh) == [1, 2]
+  monkeypatch.setitem(programs._HBM_LIMITS, setup.devices[0].device_kind, whole.train.total - 1)
   caplog.set_level(logging.DEBUG, logger='jax._src.compilation_cache')
-  found = aot.fit(config, setup.devices, 0, remats=(False,))
+  found = fitting.fit(config, setup.devices, 0, remats=(False,))
   # No TPU program is written to the persistent compilation cache (the suite's, every
   # program kept): this host could not read it back (each read an error warning).
   written = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Writing')]

@@ -1,6 +1,6 @@
 """What a compiled program's HLO text says that its cost and memory analyses do not: the
 collectives a step runs, by kind, with their bytes (a while loop's body counted its trip
-count times). ``aot`` reads every compiled TPU program through it.
+count times). ``programs`` reads every compiled TPU program through it.
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ for name in ('vocab.json', 'merges.txt', 'config.json'):
   open(os.path.join(TMP, name), 'w').close()
 tokenizer.hf_bundle(TMP)'''),
     'compiling for a TPU slice': ('tpu', '''
-from encoder_jax.tpu import aot
-aot.topology_devices('v5e:2x2')'''),
+from encoder_jax.tpu import programs
+programs.topology_devices('v5e:2x2')'''),
     'pytorch_model.bin': ('peers', '''
 from encoder_jax.interop import hf
 open(os.path.join(TMP, 'pytorch_model.bin'), 'wb').close()

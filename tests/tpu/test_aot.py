@@ -8,7 +8,7 @@ from encoder_jax import data as data_lib
 from encoder_jax.api import pretrain
 from encoder_jax.run import engine
 from encoder_jax.run import pretraining
-from encoder_jax.tpu import aot
+from encoder_jax.tpu import programs
 
 from support import tiny_config
 
@@ -28,9 +28,9 @@ def test_compile_lowers_the_steps_main_runs(prepared_dir, tmp_path):
   assert set(ran) == {'train', 'eval'}, sorted(ran)
 
   tables = pretraining.vocab_tables(c, data_lib.load_or_prepare(c))
-  target = aot.build(c, jax.devices(), tables)
+  target = programs.build(c, jax.devices(), tables)
   (phase,) = target.phases
-  batch = aot.abstract_batch(c, target.mesh, phase.seq_len)
+  batch = programs.abstract_batch(c, target.mesh, phase.seq_len)
   planned = target.pieces.train_step(phase)
   assert (planned.lower(target.state, batch).as_text()
           == ran['train'].lower(target.state, batch).as_text())
@@ -42,6 +42,6 @@ def test_compile_lowers_the_steps_main_runs(prepared_dir, tmp_path):
 
   # What the comparison can tell apart: another schedule is another program.
   c.optim.warmup_steps = 1
-  other = aot.build(c, jax.devices(), tables)
+  other = programs.build(c, jax.devices(), tables)
   assert (other.pieces.train_step(phase).lower(other.state, batch).as_text()
           != ran['train'].lower(target.state, batch).as_text())
