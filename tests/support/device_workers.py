@@ -65,7 +65,11 @@ def mark_groups(items) -> None:
   """Before pytest-xdist reads the groups: each marked test gets a group of its own that
   says so, joined with any group it has (xdist joins a test's group names, and a test's
   group is its unit of work). A group holding one test that is not marked is left for the
-  8-device workers whole: the tests of a group share a worker."""
+  8-device workers whole: the tests of a group share a worker. Nothing while off: a group
+  of its own would split the tests of a module-scoped fixture (a training run, a compile)
+  over the workers, and each would build the fixture again."""
+  if not ENABLED:
+    return
   groups_of = lambda item: {str(m.args[0] if m.args else m.kwargs.get('name', 'default'))
                             for m in item.iter_markers('xdist_group')}
   needs_many = {g for item in items if item.get_closest_marker(MARK) is None
