@@ -39,9 +39,13 @@ the three score terms a [block, block] tile at a time, the position products ske
 VMEM, an online softmax, never an [L, L] array in HBM, forward and backward. It takes the
 projected tables expanded to the 2P distances of the padded length (``kernel_rows``: the
 same static distance -> row map, so v1's clipping and v2's log buckets stay out of it) and
-the key padding mask, or packed rows' ``context['document_ids']``, as ids. The XLA path
-above stays the reference and serves CPU and GPU, 'xla', queries at some rows (the enhanced
-mask decoder and the last layer at the rows a loss reads), a mask with a row per query,
+the key padding mask, or packed rows' ``context['document_ids']``, as ids. Queries at some
+rows (the enhanced mask decoder, the last layer at the rows a loss reads) run at their
+positions among all S (``queries_at_positions``: zeros at the others) and their rows of
+the output are read back: S / Q times the attention's FLOPs, where the XLA path's
+position-to-content term moves a [B, heads, S, 2S] product through the shift for any Q
+(most of the bytes of those layers). The XLA path
+above stays the reference and serves CPU and GPU, 'xla', a mask with a row per query,
 attention dropout in training (the kernel has none; one log line), position tables too
 large for VMEM (``KERNEL_TABLE_BYTES``; one log line) and a trace on several TPU devices
 without the mesh in context. ``tests/models/test_disentangled_kernel.py`` checks the kernel (Pallas
@@ -196,6 +200,21 @@ def p2c_scores(p2c_BxHxSxU, positions_BxQ=None):
   return jnp.take_along_axis(p2c_BxHxSxS, positions_BxQ[:, None, :, None], axis=2)
 
 
+def queries_at_positions(q_BxQxHxD, positions_BxQ, keys: int):
+  """[B, S, H, D]: each query slot's vector at its position among the S keys, zeros at the
+  other positions (the kernel's queries are consecutive rows). Where slots share a position,
+  the first slot's vector is placed and the later ones read its output: exact where they
+  hold the same vector (the rows of one state: [CLS] and the padding slots that point at
+  it, the enhanced mask decoder's first layer; the masked positions are distinct)."""
+  b = q_BxQxHxD.shape[0]
+  pos_BxQ = positions_BxQ.astype(jnp.int32)
+  same_BxQxQ = pos_BxQ[:, :, None] == pos_BxQ[:, None, :]
+  earlier_BxQ = jnp.any(jnp.tril(same_BxQxQ, k=-1), axis=-1)  # An earlier slot is there.
+  target_BxQ = jnp.where(earlier_BxQ, keys, pos_BxQ)  # Out of range: dropped.
+  zeros = jnp.zeros((b, keys) + q_BxQxHxD.shape[2:], q_BxQxHxD.dtype)
+  return zeros.at[jnp.arange(b)[:, None], target_BxQ].set(q_BxQxHxD, mode='drop')
+
+
 class FusedQKV(nn.Module):
   """DeBERTa v1's ``in_proj``: one bias-free kernel [embed, heads, 3, d] (q, k, v per head,
   HF's row order); queries and keys/values may come from different states (EMD)."""
@@ -218,16 +237,15 @@ class DisentangledAttention(nn.Module):
 
   def _use_kernel(self, q_len: int, s_len: int, mask_Bx1x1xS, context) -> bool:
     """Whether this call runs the Pallas kernel (see the module doc): the implementation
-    resolves to splash, the queries are the keys' rows, the mask is key padding or packed
-    rows' documents, no attention dropout in training, the tables fit VMEM, and the kernel
+    resolves to splash, the mask is key padding or packed rows' documents, no attention dropout in training, the tables fit VMEM, and the kernel
     can be placed (``attention.splash_placeable``). One log line per reason it cannot."""
     c, dt = self.config, self.config.jnp_dtype
     if not (c.attention_implementation in (None, 'splash')
             and attention.resolve_implementation(c.attention_implementation, dt) == 'splash'):
       return False
-    if (context.get('query_positions') is not None or q_len != s_len
+    if ((context.get('query_positions') is None and q_len != s_len)
         or (context.get('document_ids') is None and mask_Bx1x1xS.shape[-2] != 1)):
-      return False  # Queries at some rows (the EMD, the last layer at the rows a loss reads).
+      return False  # A mask with a row per query.
     what = "DeBERTa's disentangled attention kernel"
     if not self.deterministic and c.attention_dropout_rate > 0:
       attention.warn_fallback(
@@ -246,9 +264,13 @@ class DisentangledAttention(nn.Module):
     return attention.splash_placeable()
 
   def _kernel(self, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD, mask_Bx1x1xS,
-              documents_BxS, scale: float):
-    """The Pallas kernel's attention [B, L, H, D] (``disentangled_kernel.attend``)."""
+              documents_BxS, scale: float, positions_BxQ=None):
+    """The Pallas kernel's attention [B, L, H, D] (``disentangled_kernel.attend``); queries
+    at ``positions_BxQ`` run at their positions among the keys (:func:`queries_at_positions`)
+    and their rows of the output are read back."""
     from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
+    if positions_BxQ is not None:
+      q_BxLxHxD = queries_at_positions(q_BxLxHxD, positions_BxQ, k_BxSxHxD.shape[1])
     b, length, h, _ = q_BxLxHxD.shape
     padded, block = kernel_block(length)
     pad = padded - length
@@ -269,7 +291,11 @@ class DisentangledAttention(nn.Module):
         table(kr_RxHxD, asc_T), table(qr_RxHxD, desc_T), q_ids_BxP, kv_ids_BxP, block=block,
         scale=scale, interpret=attention._backend() != 'tpu',  # pylint: disable=protected-access
         mesh_specs=attention._splash_mesh_specs(b, h))  # pylint: disable=protected-access
-    return a_BxHxPxD.transpose(0, 2, 1, 3)[:, :length]
+    a_BxLxHxD = a_BxHxPxD.transpose(0, 2, 1, 3)[:, :length]
+    if positions_BxQ is None:
+      return a_BxLxHxD
+    return jnp.take_along_axis(a_BxLxHxD, positions_BxQ[:, :, None, None].astype(jnp.int32),
+                               axis=1)
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_Bx1x1xS, context: dict[str, Any]):
@@ -313,7 +339,7 @@ class DisentangledAttention(nn.Module):
         qr_RxHxD = pos_query(rel_RxE)
     if use_kernel:
       a_BxLxHxD = self._kernel(q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD,
-                               mask_Bx1x1xS, documents_BxS, scale)
+                               mask_Bx1x1xS, documents_BxS, scale, positions_BxQ)
     else:
       if documents_BxS is not None:
         mask_Bx1x1xS = packing.same_document(packing.at_rows(documents_BxS, positions_BxQ),

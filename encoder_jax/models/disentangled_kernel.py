@@ -39,9 +39,10 @@ XLA path reads its S keys uniformly: nothing reads those rows. No attention drop
 caller runs the XLA path where it is asked for).
 
 Grids: forward (H, B, I, J), J innermost (the [bl, 128] running max and sum and the
-[bl, D] accumulator in VMEM); backward (H, B, J, I), I innermost: dk_J and dv_J accumulate
-over I in their output blocks, dq over (J, I) in a [P, D] float32 block resident for the
-row, the table gradients over (B, J, I) in [2P, D] float32 blocks resident for the head
+[bl, D] accumulator in VMEM; the log-sum-exp leaves as [8, P], a query per lane, as
+splash's); backward (H, B, J, I), I innermost: dk_J and dv_J accumulate over I in float32
+VMEM and are written once, in the operands' dtype, dq over (J, I) in a [P, D] float32
+VMEM block for the row, likewise, the table gradients over (B, J, I) in [2P, D] float32 blocks resident for the head
 (summed over the batch shards by the caller). The tables sit whole in VMEM, fetched once a
 head: ``vmem_table_bytes`` says what that costs; the caller keeps the XLA path for tables
 that would not fit. ``interpret=True`` runs the same kernels as XLA operations (CPU tests).
@@ -62,7 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-LANES = 128  # Lane width: the running max/sum and the log-sum-exp are [rows, LANES].
+LANES = 128  # Lane width: the running max and sum are [rows, LANES] in VMEM.
+SUBLANES = 8  # The log-sum-exp and dO . O in HBM: [SUBLANES, rows] (a row per query, lanes).
 MASK_VALUE = float(np.finfo(np.float32).min)  # As the XLA path's masked logits.
 
 
@@ -98,6 +100,17 @@ def _dot_tn(a, b):  # a [m, n]^T . b [m, d] -> [n, d], float32.
 def _dot(a, b, precision=None):  # a [m, n] . b [n, d] -> [m, d], float32.
   return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
                              preferred_element_type=jnp.float32)
+
+
+def _row_stat(x_RxLANES):
+  """[rows, LANES] (equal lanes) -> [SUBLANES, rows] (equal sublanes): a query per lane,
+  the layout the statistics take in HBM (a sixteenth of [rows, LANES])."""
+  return x_RxLANES.T[:SUBLANES]
+
+
+def _column_stat(x_SxR):
+  """[SUBLANES, rows] (equal sublanes) -> [rows, LANES] (equal lanes)."""
+  return jnp.broadcast_to(x_SxR[:1], (LANES, x_SxR.shape[1])).T
 
 
 def _to_lanes(x_RxLANES, n: int):
@@ -191,17 +204,19 @@ def _forward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
   def _done():
     l = r['l'][...]
     r['o'][...] = (r['acc'][...] / _to_lanes(l, d)).astype(r['o'].dtype)
-    r['lse'][...] = r['m'][...] + jnp.log(l)
+    r['lse'][...] = _row_stat(r['m'][...] + jnp.log(l))
 
 
 def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
   pl, _ = _pallas()
   r, rest = _split(refs, (('q', 1), ('k', 1), ('v', 1), ('do', 1), ('lse', 1), ('di', 1),
                           ('kr', c2p), ('kr_rev', c2p), ('qr', p2c), ('qr_rev', p2c),
-                          ('qid', packed), ('kvid', 1), ('dq', 1), ('dk', 1), ('dv', 1),
-                          ('dkr_rev', c2p), ('dqr_rev', p2c)))
+                          ('qid', packed), ('kvid', 1), ('dq_out', 1), ('dk_out', 1),
+                          ('dv_out', 1), ('dkr_rev', c2p), ('dqr_rev', p2c), ('dq', 1),
+                          ('dk', 1), ('dv', 1)))
   assert not rest
   b, j, i = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+  last_i, last_j = pl.num_programs(3) - 1, pl.num_programs(2) - 1
   tables = [t for t in (r['dkr_rev'], r['dqr_rev']) if t is not None]
 
   @pl.when((b == 0) & (j == 0) & (i == 0))
@@ -222,9 +237,9 @@ def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
   dt = q.dtype
   s = _scores(q, k, r['kr'], r['qr'], i, j, bl=bl, padded=padded, inv_scale=inv_scale)
   s = jnp.where(_allowed(r['qid'], r['kvid'], bl), s, MASK_VALUE)
-  p = jnp.exp(s - _to_lanes(r['lse'][...], bl))
+  p = jnp.exp(s - _to_lanes(_column_stat(r['lse'][...]), bl))
   dp = _dot_nt(do, v)
-  dr32 = p * (dp - _to_lanes(r['di'][...], bl)) * inv_scale  # d of the unscaled logits.
+  dr32 = p * (dp - _to_lanes(_column_stat(r['di'][...]), bl)) * inv_scale  # d of the logits.
   dr = dr32.astype(dt)
   r['dv'][...] += _dot_tn(p.astype(dt), do)
   rows = pl.ds(pl.multiple_of(i * bl, bl), bl)
@@ -245,6 +260,15 @@ def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
   r['dq'][rows, :] += dq
   r['dk'][...] += dk
 
+  @pl.when(i == last_i)
+  def _write_dkv():  # In the operands' dtype, from the float32 accumulators.
+    r['dk_out'][...] = r['dk'][...].astype(r['dk_out'].dtype)
+    r['dv_out'][...] = r['dv'][...].astype(r['dv_out'].dtype)
+
+  @pl.when((j == last_j) & (i == last_i))
+  def _write_dq():
+    r['dq_out'][...] = r['dq'][...].astype(r['dq_out'].dtype)
+
 
 def _specs(pl, names, bl, padded, d, order):
   """BlockSpecs by operand name; ``order`` 'fwd' (grid h, b, i, j) or 'bwd' (h, b, j, i)."""
@@ -256,8 +280,10 @@ def _specs(pl, names, bl, padded, d, order):
   row = lambda n: pl.BlockSpec((None, None, bl, n), qi(lambda h, b, i, j: (b, h, i, 0)))
   col = lambda n: pl.BlockSpec((None, None, bl, n), qi(lambda h, b, i, j: (b, h, j, 0)))
   table = lambda: pl.BlockSpec((None, 2 * padded, d), qi(lambda h, b, i, j: (h, 0, 0)))
+  stat = lambda: pl.BlockSpec((None, None, SUBLANES, bl), qi(lambda h, b, i, j: (b, h, 0, i)))
   spec = {
-      'q': row(d), 'do': row(d), 'o': row(d), 'lse': row(LANES), 'di': row(LANES),
+      'q': row(d), 'do': row(d), 'o': row(d),
+      'lse': stat(), 'di': stat(),
       'k': col(d), 'v': col(d), 'dk': col(d), 'dv': col(d),
       'kr': table(), 'qr': table(), 'kr_rev': table(), 'qr_rev': table(),
       'dkr_rev': table(), 'dqr_rev': table(),
@@ -274,7 +300,7 @@ def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, backward):
   steps = b * h * n * n
   terms = int(c2p) + int(p2c)
   seq = padded * d * isz  # One row's q (or k, v, o, do) for one head.
-  stats = padded * LANES * 4
+  stats = padded * SUBLANES * 4  # One row's log-sum-exp (or dO . O) for one head.
   # The key ids ([1, bl] int32) and the query ids ([bl, LANES] int32, packed rows only):
   # forward, the keys' every step and the queries' once per (b, h, i); backward the other
   # way round.
@@ -293,7 +319,7 @@ def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, backward):
   # gradients once a head (float32).
   read = (b * h * (n * (2 * seq + 2 * stats) + 2 * seq) + h * terms * 2 * 2 * padded * d * isz
           + kv_ids + n * q_ids)
-  write = b * h * 3 * padded * d * 4 + h * terms * 2 * padded * d * 4
+  write = b * h * 3 * seq + h * terms * 2 * padded * d * 4
   # Recomputed scores (1 + 2 per term), dP, dV, dQ, dK (4), and per term the flip (1), the
   # unskewed product against the table (2) and the table's gradient (2).
   flops = steps * block * (1 + 2 * terms + 4 + 5 * terms)
@@ -315,7 +341,7 @@ def _forward_call(q, k, v, kr, qr, q_ids, kv_ids, *, bl, inv_scale, interpret):
       in_specs=_specs(pl, names, bl, padded, d, 'fwd'),
       out_specs=_specs(pl, ['o', 'lse'], bl, padded, d, 'fwd'),
       out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, h, padded, LANES), jnp.float32)),
+                 jax.ShapeDtypeStruct((b, h, SUBLANES, padded), jnp.float32)),
       scratch_shapes=[pltpu.VMEM((bl, LANES), jnp.float32), pltpu.VMEM((bl, LANES), jnp.float32),
                       pltpu.VMEM((bl, d), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
@@ -345,7 +371,9 @@ def _backward_call(q, k, v, do, lse, di, kr, qr, q_ids, kv_ids, *, bl, inv_scale
       kernel, grid=(h, b, n, n),
       in_specs=_specs(pl, names, bl, padded, d, 'bwd'),
       out_specs=_specs(pl, out_names, bl, padded, d, 'bwd'),
-      out_shape=[jax.ShapeDtypeStruct(q.shape, jnp.float32)] * 3 + [table] * (c2p + p2c),
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [table] * (c2p + p2c),
+      scratch_shapes=[pltpu.VMEM((padded, d), jnp.float32), pltpu.VMEM((bl, d), jnp.float32),
+                      pltpu.VMEM((bl, d), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'arbitrary', 'arbitrary', 'arbitrary')),
       cost_estimate=_cost(pl, b=b, h=h, padded=padded, bl=bl, d=d, isz=q.dtype.itemsize,
@@ -434,7 +462,7 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
   def run_bwd(res, do):
     q, k, v, kr, qr, q_ids, kv_ids, o, lse = res
     di = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
-    di = jnp.broadcast_to(di[..., None], lse.shape)
+    di = jnp.broadcast_to(di[:, :, None, :], lse.shape)  # [B, H, SUBLANES, P]
     args = (q, k, v, do, lse, di, kr, qr, q_ids, kv_ids)
     in_kinds = ('seq',) * 6 + ('table', 'table', 'ids', 'ids')
     out_kinds = kinds((q, 'seq'), (k, 'seq'), (v, 'seq'), (kr, 'table'), (qr, 'table'))

@@ -126,6 +126,35 @@ def _direct(q, k, v, kr, qr, q_ids, kv_ids, scale):
   return jnp.einsum('bhij,bhjd->bhid', jax.nn.softmax(s, -1), v)
 
 
+@pytest.mark.parametrize('name', ['v1_k3_L11_padded', 'v2_b8_k20_L19_packed',
+                                  'v2_b6_shared_L17_padded'])
+def test_queries_at_rows_equal_the_xla_path_in_value_and_gradient(name):
+  """The EMD's and the last layer's calls: queries at some rows of the keys (a position
+  twice with the same vector, as [CLS] and the padding slots), through the kernel at their
+  positions, against the XLA path's shifts at the rows."""
+  c, s, mask_kind = CASES[name]
+  ours, xla, params, (x, mask, context) = _layer(c, s, mask_kind)
+  positions = jnp.asarray([[0, 3, s - 1, 0], [5, 1, 1, 2]], jnp.int32)
+  queries = jnp.take_along_axis(x, positions[..., None], axis=1)
+  rows = dict(context, kv_states=x, query_positions=positions)
+  weights = jnp.asarray(np.random.default_rng(5).standard_normal(queries.shape), jnp.float32)
+
+  def run(module):
+    def loss(p, x):
+      q = jnp.take_along_axis(x, positions[..., None], axis=1)
+      out = module.apply(p, q, mask, dict(rows, kv_states=x))
+      return jnp.sum(out * weights), out
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+
+  jaxpr = str(jax.make_jaxpr(lambda p, q: ours.apply(p, q, mask, rows))(params, queries))
+  assert jaxpr.count('pallas_call') == 1, 'the kernel path did not run'
+  (_, out), grads = run(ours)
+  (_, ref_out), ref_grads = run(xla)
+  np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+  for (path, g), ref in zip(jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(g, ref, atol=2e-5, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
 @pytest.mark.parametrize('terms', ['c2p_p2c', 'c2p', 'p2c'])
 @pytest.mark.parametrize('packed', [False, True], ids=['padded', 'packed'])
 def test_kernel_equals_the_direct_sum_over_its_tables(terms, packed):
@@ -173,8 +202,8 @@ def _warnings(monkeypatch):
 
 
 def test_which_calls_run_the_kernel(monkeypatch):
-  """Splash (or None on a TPU): the kernel; 'xla', queries at some rows (the EMD, the last
-  layer at the predicted rows), a caller's per-query mask: the XLA path, without a line;
+  """Splash (or None on a TPU): the kernel, queries at some rows (the EMD, the last layer at
+  the predicted rows) included; 'xla', a caller's per-query mask: the XLA path, without a line;
   attention dropout in training: the XLA path and one line naming the key."""
   lines = _warnings(monkeypatch)
   c, s, _ = CASES['v1_k3_L11_padded']
@@ -184,7 +213,7 @@ def test_which_calls_run_the_kernel(monkeypatch):
   assert 'pallas_call' in trace(ours, x, mask, context)
   assert 'pallas_call' not in trace(xla, x, mask, context)
   rows = dict(context, kv_states=x, query_positions=jnp.asarray([[0, 4, 9], [2, 2, 1]]))
-  assert 'pallas_call' not in trace(ours, x[:, :3], mask, rows)
+  assert 'pallas_call' in trace(ours, x[:, :3], mask, rows)
   per_query = jnp.broadcast_to(mask, (2, 1, s, s))
   assert 'pallas_call' not in trace(ours, x, per_query, context)
   assert lines == []
@@ -233,12 +262,15 @@ def test_the_tpu_compiler_lowers_a_layers_kernels():
   assert cost['flops'] > 20 * 2 * b * 2 * 256 * 256 * 64  # The kernels' estimates included.
 
 
-def test_a_network_with_the_kernel_in_its_layer_scan_equals_xla():
-  """The whole pretraining network (2 scanned layers, the last at the predicted rows and the
-  enhanced mask decoder on the XLA path): MLM logits and every parameter's gradient."""
+@pytest.mark.parametrize('emd_layers', [0, 2])
+def test_a_network_with_the_kernel_in_its_layer_scan_equals_xla(emd_layers):
+  """The whole pretraining network (2 scanned layers; the last at the predicted rows, or at
+  [CLS] with the enhanced mask decoder; every call through the kernel): MLM logits and every
+  parameter's gradient."""
   grads = {}
   for impl in ('splash', 'xla'):
-    c = tiny(num_layers=2, max_relative_positions=6, attention_implementation=impl)
+    c = tiny(num_layers=2, max_relative_positions=6, attention_implementation=impl,
+             emd_layers=emd_layers)
     net = registry.network(c)
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(5, c.vocab_size, (2, 13)), jnp.int32)
