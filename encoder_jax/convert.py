@@ -84,7 +84,7 @@ def workdir_to_hf(workdir: str, out: str, config=None, step: int | None = None) 
   # generator as ElectraForMaskedLM in OUT/generator), each with the tokenizer.
   lines = []
   with storage.staged(out) as local:  # gs://: written here, then uploaded.
-    for sub, (network, params) in loaded.setup.hf_exports(loaded.params).items():
+    for sub, (network, params) in loaded.trainable.hf_exports(loaded.params).items():
       where = os.path.join(local, sub) if sub else local
       hf.save_hf(where, network.config, loading.to_host(params), pad_token_id=tok.pad_id)
       written = tokenizer_io.export_hf_tokenizer(tok, where, loaded.max_length)

@@ -88,21 +88,21 @@ def one_slice():
   devices = programs.topology_devices(SLICE)
   config = _tiny()
   config.model.update(num_layers=4, scan_unroll=0)  # FLOPs: 2 and 3 layers, extended to 4.
-  setup = programs.build(config, devices)
-  return setup, aot.compile_phase(setup, setup.phases[0])
+  target = programs.build(config, devices)
+  return target, aot.compile_phase(target, target.phases[0])
 
 
 def test_a_tiny_config_compiles_for_a_v5e_slice_with_its_figures(one_slice):
-  setup, r = one_slice
-  assert len(setup.devices) == 4 and setup.devices[0].platform == 'tpu'
-  assert chips.by_device_kind(setup.devices[0].device_kind).name == 'v5e'
-  assert dict(setup.mesh.shape) == {'data': 4, 'fsdp': 1, 'tensor': 1}
+  target, r = one_slice
+  assert len(target.devices) == 4 and target.devices[0].platform == 'tpu'
+  assert chips.by_device_kind(target.devices[0].device_kind).name == 'v5e'
+  assert dict(target.mesh.shape) == {'data': 4, 'fsdp': 1, 'tensor': 1}
   assert r.fits and r.train.fits and r.eval.fits
   # The compiler's own limit, a little under the 16 GB datasheet figure.
   assert 15 * programs.GIB < r.train.hbm_limit < 16 * programs.GIB
   assert 0 < r.train.temporaries < r.train.total < r.train.hbm_limit
   params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
-      jax.eval_shape(setup.objective.init, jax.random.key(0))))
+      jax.eval_shape(target.objective.init, jax.random.key(0))))
   # State = params + two AdamW moments, replicated over data: 3x the params on every chip.
   assert r.train.state == pytest.approx(3 * params, rel=0.01)
   # Data parallelism: the gradients (at least the parameters' bytes) are all-reduced.
@@ -119,9 +119,9 @@ def test_a_tiny_config_compiles_for_a_v5e_slice_with_its_figures(one_slice):
 
 
 def test_the_flop_count_extended_by_layers_equals_the_whole_unrolled_stack(one_slice):
-  setup, r = one_slice
-  assert flop_count.layer_period(setup.config) == 1
-  flops, accessed = flop_count._unrolled(setup, setup.phases[0], 4)  # All four layers compiled.
+  target, r = one_slice
+  assert flop_count.layer_period(target.config) == 1
+  flops, accessed = flop_count._unrolled(target, target.phases[0], 4)  # All four layers compiled.
   # The same program per layer; the compiler's fusion choices differ by a few ops.
   assert r.xla_flops == pytest.approx(flops, rel=1e-3)
   assert r.xla_bytes == pytest.approx(accessed, rel=1e-2)
@@ -140,22 +140,22 @@ def local_layers():
   config.objective.names = ('mlm',)
   config.data.pair_kind = 'full_sentences'
   config.train.seq_lens = (128,)
-  setup = programs.build(config, devices)
+  target = programs.build(config, devices)
   counts = {}
   real = flop_count._unrolled
 
   def unrolled(s, phase, num_layers, attention=None, scanned=None):
-    key = (num_layers, attention, scanned)  # One setup and phase here.
+    key = (num_layers, attention, scanned)  # One target and phase here.
     if key not in counts:
       counts[key] = real(s, phase, num_layers, attention, scanned)
     return counts[key]
 
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(flop_count, '_unrolled', unrolled)
-    flops, _ = flop_count.unrolled_cost(setup, setup.phases[0], kernels=False)
+    flops, _ = flop_count.unrolled_cost(target, target.phases[0], kernels=False)
     costs = flop_count.layer_costs(
-        setup, lambda n, kind: unrolled(setup, setup.phases[0], n, None, kind))
-  return setup, flops, costs, counts
+        target, lambda n, kind: unrolled(target, target.phases[0], n, None, kind))
+  return target, flops, costs, counts
 
 
 @pytest.mark.slow  # TPU compiles of a ModernBERT stack: one per layer kind and depth.
@@ -165,21 +165,21 @@ def test_local_layers_are_counted_as_local_not_as_the_conditional(local_layers):
   from a scan of that kind alone, so the local layers save what the formula says, and the
   step's FLOPs are within the margin of the all-global tiny model (softmax, LayerNorm,
   loss and optimizer work the formula leaves out)."""
-  setup, flops, costs, counts = local_layers
-  phase, c = setup.phases[0], setup.config
+  target, flops, costs, counts = local_layers
+  phase, c = target.phases[0], target.config
   assert flop_count.layer_kinds(c) == (2, 1) and flop_count.has_local_layers(c)
   # The cause: the run's own program (the conditional) counts its local scanned layer
   # (layer 1 of 0-2) as a global one.
-  conditional, _ = flop_count._unrolled(setup, phase, 4)
+  conditional, _ = flop_count._unrolled(target, phase, 4)
   assert conditional == pytest.approx(costs.total(3, 0)[0], rel=0.01)
   # A global layer costs more than a local one by the formula's attention difference:
   # 12 d (s - keys) FLOPs a token, keys = 17 in the window (XLA's bands compute 24).
-  per_chip = int(c.train.batch_size) // len(setup.devices)
+  per_chip = int(c.train.batch_size) // len(target.devices)
   saved = 12 * c.model.hidden_size * (128 - 17) * 128 * per_chip
   assert costs.global_layer[0] - costs.local_layer[0] == pytest.approx(saved, rel=0.05)
   assert flops == pytest.approx(costs.total(2, 1)[0])
-  formula = setup.objective.flops_per_sequence(phase) * int(c.train.batch_size)
-  ratio = flops * len(setup.devices) / formula
+  formula = target.objective.flops_per_sequence(phase) * int(c.train.batch_size)
+  ratio = flops * len(target.devices) / formula
   assert 1.0 < ratio < 1.2, ratio  # 1.30 when the local layer is counted as global.
 
 
@@ -189,12 +189,12 @@ def test_two_slices_put_the_data_axis_across_them():
   config = _tiny()
   config.mesh.update(data=-1, dcn_data=2)
   config.model.num_layers = 1  # The layout and the gradients' all-reduce: any depth.
-  setup = programs.build(config, devices)
-  assert dict(setup.mesh.shape) == {'data': 8, 'fsdp': 1, 'tensor': 1}
+  target = programs.build(config, devices)
+  assert dict(target.mesh.shape) == {'data': 8, 'fsdp': 1, 'tensor': 1}
   # Neighbours along the data axis inside a slice share it; the last half is slice 1.
-  layout = setup.mesh.devices.reshape(-1)
+  layout = target.mesh.devices.reshape(-1)
   assert {d.slice_index for d in layout[:4]} == {0} and {d.slice_index for d in layout[4:]} == {1}
-  r = aot.compile_phase(setup, setup.phases[0], with_eval=False, with_flops=False)
+  r = aot.compile_phase(target, target.phases[0], with_eval=False, with_flops=False)
   assert r.train.fits and r.train.collectives['all-reduce'][0] >= 1
 
 
@@ -230,12 +230,12 @@ def test_a_slice_libtpu_refuses_is_one_error_line(capsys):
 def test_fit_finds_the_smallest_accumulation_that_fits(one_slice, monkeypatch, caplog):
   """With the compiler's limit lowered just under the whole batch's program, --fit's
   search lands on two micro-batches (the batch of 8 over 4 chips allows 1 or 2)."""
-  setup, whole = one_slice
-  config = setup.config
-  assert fitting.accumulation_choices(config, setup.mesh) == [1, 2]
-  monkeypatch.setitem(programs._HBM_LIMITS, setup.devices[0].device_kind, whole.train.total - 1)
+  target, whole = one_slice
+  config = target.config
+  assert fitting.accumulation_choices(config, target.mesh) == [1, 2]
+  monkeypatch.setitem(programs._HBM_LIMITS, target.devices[0].device_kind, whole.train.total - 1)
   caplog.set_level(logging.DEBUG, logger='jax._src.compilation_cache')
-  found = fitting.fit(config, setup.devices, 0, remats=(False,))
+  found = fitting.fit(config, target.devices, 0, remats=(False,))
   # No TPU program is written to the persistent compilation cache (the suite's, every
   # program kept): this host could not read it back (each read an error warning).
   written = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Writing')]

@@ -12,8 +12,8 @@
     m.config, m.tokenizer, m.params, m.kind, m.step
 
 The result is ``loading.Loaded``. Loading never imports the training loop
-or the input pipeline: the checkpoint's params tree is described by the pretraining
-setup of its config (``objectives.build``), restored onto this machine's devices.
+or the input pipeline: the checkpoint's params tree is described by what its config's
+pretraining trains (``objectives.build``), restored onto this machine's devices.
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ def frozen(init: dict, specs: dict[str, str], s: ProbeSettings, out_dir: str | N
     rng = jax.random.PRNGKey(int(s.seeds[0]) if s.seeds else 0)
     # One compiled program, not the init run op by op (each op dispatched and compiled on
     # its own: a tiny ELECTRA's took 6 s of CPU, jitted 3 s).
-    params = nn.unbox(jax.jit(model.setup.init)(rng))
+    params = nn.unbox(jax.jit(model.trainable.init)(rng))
     if all(isinstance(x, jax.Array) for x in jax.tree.leaves(model.params)):
       # Moved where the checkpoint's params are (its mesh and shardings): the features of
       # the random network then run the program compiled for the trained one's (the

@@ -100,7 +100,7 @@ def export_sentence_transformers(pretrained: loading.Loaded, params: dict, out: 
                                  pooling: str, normalize: bool, max_len: int) -> None:
   """The fine-tuned encoder (its parts replace the pretrained ones in the kind's export
   architecture) + tokenizer + sentence-transformers' module files."""
-  network, full = pretrained.setup.downstream(loading.to_host(pretrained.params))
+  network, full = pretrained.trainable.downstream(loading.to_host(pretrained.params))
   full = dict(full)
   for part, value in params.items():
     if part in full:

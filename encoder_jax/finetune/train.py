@@ -129,12 +129,12 @@ def run_task(config: ml_collections.ConfigDict, workdir: str | None, pretrained,
   epoch_steps = [batches.steps(e) for e in range(1, int(o.epochs) + 1)]
   run_spec = spec(config, sum(epoch_steps), max(epoch_steps))
 
-  def setup(mesh) -> engine.Job:
+  def job_for(mesh) -> engine.Job:
     sharding.check_batch(int(o.eval_batch_size), mesh, 'config.optim.eval_batch_size')
     return _FineTuning(config, workdir, mesh, pretrained, prepared, task, batches, max_len,
                        run_spec).job()
 
-  result = engine.run(run_spec, workdir, setup)
+  result = engine.run(run_spec, workdir, job_for)
   if result.preempted:
     return {'epoch': int(result.data_state['epoch']), 'step': result.step, 'preempted': True}
   return result.metrics

@@ -38,10 +38,10 @@ def load_hf_dir(hf_dir: str, seed: int = 0) -> loading.Loaded:
     raise ValueError(f'{hf_dir}: the tokenizer ({tok.path}) has {tok.vocab_size} pieces but '
                      f'config.json says vocab_size={model_config.vocab_size}')
   config = run_config_for(model_config, tok)
-  setup = objectives.build(config)
-  params = _around_downstream(setup, params, report, seed, hf_dir)
+  trainable = objectives.build(config)
+  params = _around_downstream(trainable, params, report, seed, hf_dir)
   return loading.Loaded(model_config, params, tok, hf_dir, run_config=config, report=report,
-                        setup=setup, sentence_settings=read_sentence_settings(hf_dir))
+                        trainable=trainable, sentence_settings=read_sentence_settings(hf_dir))
 
 
 def _pooling_mode(pooling_config: dict) -> str | None:
@@ -127,15 +127,15 @@ def run_config_for(model_config: model_config_lib.EncoderConfig, tok,
   return config
 
 
-def _around_downstream(setup, params, report: loading.ImportReport, seed: int, hf_dir: str):
-  """The setup's whole params tree around imported downstream params; the parts made
+def _around_downstream(trainable, params, report: loading.ImportReport, seed: int, hf_dir: str):
+  """The trainable's whole params tree around imported downstream params; the parts made
   fresh (an SBO head, ELECTRA's generator) are added to the report."""
   exported = {}
-  for sub in setup.hf_export_dirs:  # More of the setup's networks, exported beside it.
+  for sub in trainable.hf_export_dirs:  # More of its networks, exported beside it.
     if os.path.exists(os.path.join(hf_dir, sub, 'config.json')):
       config, sub_params, _ = hf.load_hf(os.path.join(hf_dir, sub))
       exported[sub] = (config, sub_params)
-  params, fresh = setup.from_downstream(params, jax.random.PRNGKey(seed), exported, hf_dir)
+  params, fresh = trainable.from_downstream(params, jax.random.PRNGKey(seed), exported, hf_dir)
   report.initialised_groups.extend(g for g in fresh if g not in report.initialised_groups)
   return params
 

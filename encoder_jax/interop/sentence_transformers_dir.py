@@ -77,7 +77,7 @@ def write_loaded(loaded: loading.Loaded, out: str, *, pooling: str | None = None
   """:func:`write` for a loaded model, with ``embed``'s defaults: the pooling, cut and
   normalisation it came with (a sentence-transformers import), else mean pooling at its
   position limit, L2-normalised (what the span contrastive objective trains)."""
-  network, params = loaded.setup.downstream(loading.to_host(loaded.params))
+  network, params = loaded.trainable.downstream(loading.to_host(loaded.params))
   settings = loaded.sentence_settings or {}
   if normalize is None:
     normalize = bool(settings.get('normalize', True)) if settings else True

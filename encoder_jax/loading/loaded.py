@@ -87,14 +87,14 @@ class Loaded:
   BERT, RoBERTa, ALBERT; ELECTRA's discriminator) and its params.
   """
   model_config: model_config_lib.EncoderConfig  # The downstream network's config.
-  params: Any  # Unboxed 'params' of the pretraining setup (objectives.build(config).init).
+  params: Any  # Unboxed 'params' of what pretraining trains (objectives.build(config).init).
   tokenizer: Any  # encoder_jax.data.tokenizer.Tokenizer
   source: str  # Human-readable: where the weights came from.
   step: int | None = None  # Checkpoint step (None for an HF directory).
   run_config: ml_collections.ConfigDict | None = None  # The workdir's config (or one made).
   mesh: jax.sharding.Mesh | None = None  # Where ``params`` live.
   report: ImportReport | None = None  # HF directory or imported workdir: heads initialised.
-  setup: Any = None  # objectives.base.Pretraining of run_config.
+  trainable: Any = None  # What run_config's pretraining trains (objectives.build).
   # sentence-transformers' settings of the model (see ``read_sentence_settings``), or None.
   sentence_settings: dict | None = None
   _warned_untrained_mlm: bool = dataclasses.field(default=False, repr=False, compare=False)
@@ -109,11 +109,11 @@ class Loaded:
 
   @property
   def network(self):
-    return self.setup.downstream(self.params)[0]
+    return self.trainable.downstream(self.params)[0]
 
   @property
   def encoder_params(self):
-    return self.setup.downstream(self.params)[1]
+    return self.trainable.downstream(self.params)[1]
 
   def hidden_states(self, input_ids, input_mask=None, segment_ids=None, *,
                     all_layers: bool = False) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -142,7 +142,7 @@ class Loaded:
     if positions is None:
       positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
     positions = np.asarray(positions, np.int32).reshape(ids.shape[0], -1)
-    network, params = self.setup.masked_lm(self.params)
+    network, params = self.trainable.masked_lm(self.params)
     return np.asarray(_mlm_apply(params, ids, seg, mask, positions, network=network))
 
   def encode(self, texts: list[str], pairs: list[str] | None = None,
@@ -177,7 +177,7 @@ class Loaded:
     if warn and 'mlm_head' in self.untrained_heads and not self._warned_untrained_mlm:
       self._warned_untrained_mlm = True
       logging.warning('%s', self.untrained_mlm_warning())
-    network, params = self.setup.masked_lm(self.params)
+    network, params = self.trainable.masked_lm(self.params)
     return inference.fill_mask(params, network.config, self.tokenizer, text, top_k)
 
   @property
@@ -326,7 +326,7 @@ def local_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 
 # The abstract params of the last few (config, mesh) pairs: a workdir loaded again in this
 # process (loaded, then exported or evaluated; one checkpoint after another) does not trace
-# its setup's init again. Shapes, dtypes and shardings only: nothing large is kept.
+# its trainable's init again. Shapes, dtypes and shardings only: nothing large is kept.
 _ABSTRACT: collections.OrderedDict = collections.OrderedDict()
 _ABSTRACT_KEPT = 8
 
@@ -412,9 +412,9 @@ def load_workdir(workdir: str, config: ml_collections.ConfigDict | None = None,
   step = checkpointing.resolve_step(workdir, step)
   tok = tokenizer_for_workdir(workdir, config) if with_tokenizer else None
   params, step, mesh = restore_params(config, workdir, step, mesh)
-  setup = objectives.build(config)
-  return Loaded(setup.downstream(params)[0].config, params, tok, f'{workdir} step {step}', step,
-                config, mesh, setup=setup, report=read_import_report(workdir),
+  trainable = objectives.build(config)
+  return Loaded(trainable.downstream(params)[0].config, params, tok, f'{workdir} step {step}', step,
+                config, mesh, trainable=trainable, report=read_import_report(workdir),
                 sentence_settings=read_workdir_sentence_settings(workdir))
 
 
