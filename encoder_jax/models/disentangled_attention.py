@@ -237,8 +237,9 @@ class DisentangledAttention(nn.Module):
 
   def _use_kernel(self, q_len: int, s_len: int, mask_Bx1x1xS, context) -> bool:
     """Whether this call runs the Pallas kernel (see the module doc): the implementation
-    resolves to splash, the mask is key padding or packed rows' documents, no attention dropout in training, the tables fit VMEM, and the kernel
-    can be placed (``attention.splash_placeable``). One log line per reason it cannot."""
+    resolves to splash, the mask is key padding or packed rows' documents, no attention
+    dropout in training, the tables fit VMEM, and the kernel can be placed
+    (``attention.splash_placeable``). One log line per reason it cannot."""
     c, dt = self.config, self.config.jnp_dtype
     if not (c.attention_implementation in (None, 'splash')
             and attention.resolve_implementation(c.attention_implementation, dt) == 'splash'):
