@@ -270,11 +270,11 @@ def splash_placeable() -> bool:
   On a TPU the kernel is a Mosaic custom call, which XLA cannot partition: under a jit over
   several devices it must sit in a ``shard_map``, which needs the mesh in context
   (``jax.sharding.get_abstract_mesh()``; the train step, ``steps.Pieces.train_step``, and
-  ``pretraining.make_eval_step`` trace their step under theirs). Without one, a process of one device calls the kernel
-  directly, and a process of several cannot (the jit may span them all), so False: that
-  call runs XLA's attention (one log line; e.g. the parameter initialisation, prediction
-  outside the training steps). In Pallas interpret mode (off a TPU) the kernel is ordinary
-  XLA operations, which XLA partitions itself: always True.
+  ``pretraining.make_eval_step`` trace their step under theirs). Without one, a process of
+  one device calls the kernel directly, and a process of several cannot (the jit may span
+  them all), so False: that call runs XLA's attention (one log line; e.g. the parameter
+  initialisation, prediction outside the training steps). In Pallas interpret mode (off a
+  TPU) the kernel is ordinary XLA operations, which XLA partitions itself: always True.
   """
   if _backend() != 'tpu' or not jax.sharding.get_abstract_mesh().empty:
     return True

@@ -340,8 +340,7 @@ KIND = config_lib.ModelKind(
     description='DeBERTa v1: disentangled attention (relative span k), enhanced mask decoder')
 KIND_V2 = config_lib.ModelKind(
     name='deberta_v2', pretraining=EncoderWithHeads, encoder=EncoderOnly, encode=encode,
-    pooler=True,
-    pair_head=True, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
+    pooler=True, pair_head=True, check=_check, flops_per_token=flops_per_token, fields=FIELDS,
     last_layer_rows=last_layer_rows, row_flops=row_flops, block_options=('gated_ffn',),
     description='DeBERTa v2/v3: + log-bucketed positions, shared keys, normalised relative '
                 'embeddings')

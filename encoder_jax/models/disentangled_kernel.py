@@ -42,10 +42,11 @@ Grids: forward (H, B, I, J), J innermost (the [bl, 128] running max and sum and 
 [bl, D] accumulator in VMEM; the log-sum-exp leaves as [8, P], a query per lane, as
 splash's); backward (H, B, J, I), I innermost: dk_J and dv_J accumulate over I in float32
 VMEM and are written once, in the operands' dtype, dq over (J, I) in a [P, D] float32
-VMEM block for the row, likewise, the table gradients over (B, J, I) in [2P, D] float32 blocks resident for the head
-(summed over the batch shards by the caller). The tables sit whole in VMEM, fetched once a
-head: ``vmem_table_bytes`` says what that costs; the caller keeps the XLA path for tables
-that would not fit. ``interpret=True`` runs the same kernels as XLA operations (CPU tests).
+VMEM block for the row, likewise, the table gradients over (B, J, I) in [2P, D] float32
+blocks resident for the head (summed over the batch shards by the caller). The tables sit
+whole in VMEM, fetched once a head: ``vmem_table_bytes`` says what that costs; the caller
+keeps the XLA path for tables that would not fit. ``interpret=True`` runs the same kernels
+as XLA operations (CPU tests).
 
 Cost estimates (XLA's cost analysis reads a Pallas call's bytes and FLOPs from its
 ``pl.CostEstimate``): the bytes are those of the blocks the grid's index maps fetch and

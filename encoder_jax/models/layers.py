@@ -220,8 +220,9 @@ tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 # xor-shifts, a bijection of uint32). It is a few integer operations per word that XLA
 # fuses into the op that applies the mask, so no [*, d/2] array of bits is generated,
 # written and read back: on XLA:CPU the generator (``jax.random.bits``, either key
-# implementation) was most of dropout's cost (``benchmarks/bench_ops.py``). The words depend on the key and on each element's global index only (past
-# 2**32 words too, see ``random_words``), so they are the same on any mesh and sharding.
+# implementation) was most of dropout's cost (``benchmarks/bench_ops.py``). The words
+# depend on the key and on each element's global index only (past 2**32 words too, see
+# ``random_words``), so they are the same on any mesh and sharding.
 # Statistics tested: kept share, both halves, no correlation between neighbours or between
 # two keys' masks (``tests/models/test_attention.py``).
 _DROP_RESOLUTION = 1 << 16

@@ -2,13 +2,14 @@
 
 :func:`run` owns everything a training run does around what it trains: the workdir lock,
 preemption (SIGTERM), the persistent compilation cache, the mesh, the pieces of the run
-(``steps.build``: optimizer, schedule, state shardings, train step), restore or start (from scratch, or from pretrained parts by one rule,
-``train_state.start_params``), the loop (train, log, evaluate, save), the checkpoints, the
-profiler window and the closing lines; it returns a :class:`Result`. What a run trains and
-reads is its adapter's (``run/pretraining.py``, ``finetune/train.py``: fine-tuning),
-handed over as a :class:`Job`; when it logs, evaluates and saves, and what an evaluation
-is, are the job's :class:`Hooks`. Its settings are one :class:`steps.RunSpec`, which each
-config schema makes (``pretraining.spec``, ``finetune.train.spec``).
+(``steps.build``: optimizer, schedule, state shardings, train step), restore or start
+(from scratch, or from pretrained parts by one rule, ``train_state.start_params``), the
+loop (train, log, evaluate, save), the checkpoints, the profiler window and the closing
+lines; it returns a :class:`Result`. What a run trains and reads is its adapter's
+(``run/pretraining.py``: pretraining, ``finetune/train.py``: fine-tuning), handed over as a
+:class:`Job`; when it logs, evaluates and saves, and what an evaluation is, are the job's
+:class:`Hooks`. Its settings are one :class:`steps.RunSpec`, which each config schema makes
+(``pretraining.spec``, ``finetune.train.spec``).
 """
 
 from __future__ import annotations

@@ -207,7 +207,8 @@ def _supersede_after(path, superseded_path, resume_step: int) -> int:
 def read_metrics(workdir: str) -> list[dict]:
   """The rows of ``<workdir>/metrics.jsonl``, one per (step, split), in step order.
 
-  A duplicated (step, split) keeps its last line, the one of the run that went on. Unparseable lines are skipped.
+  A duplicated (step, split) keeps its last line, the one of the run that went on.
+  Unparseable lines are skipped.
   """
   path = workdir_lib.path(workdir, METRICS_FILE)
   if not path.exists():

@@ -88,8 +88,8 @@ def compile_phase(target: programs.Target, phase: length_phases.Phase, *,
         programs.bytes_on_chip(state.params))
   if with_flops and train_program.fits:
     start = time.perf_counter()
-    report.xla_flops, report.xla_bytes = (
-        x * accum for x in flop_count.unrolled_cost(target, phase, kernels=train_program.kernels > 0))
+    counted = flop_count.unrolled_cost(target, phase, kernels=train_program.kernels > 0)
+    report.xla_flops, report.xla_bytes = (x * accum for x in counted)
     report.flops_compile_s = time.perf_counter() - start
   return report
 
