@@ -75,16 +75,6 @@ def warn_fallback(reason: str) -> None:
     logging.warning('%s; using XLA attention.', reason)
 
 
-def warn_no_splash(requested: str | None, dtype, what: str) -> None:
-  """For an attention with no splash kernel (``what``: DeBERTa's disentangled attention,
-  XLNet's two streams): where ``config.model.attention_implementation`` resolves to splash
-  (explicitly, or None on a TPU), one log line that it runs XLA's attention instead. Other
-  implementations are left as they were (those attentions never read them)."""
-  if requested in (None, 'splash') and resolve_implementation(requested, dtype) == 'splash':
-    warn_fallback(f'{what} has no splash-attention kernel (config.model.'
-                  f'attention_implementation={requested!r})')
-
-
 def resolve_implementation(requested: str | None, dtype) -> str:
   """'xla', 'cudnn' or 'splash' for ``config.model.attention_implementation`` here.
 

@@ -1,4 +1,5 @@
-"""A Pallas TPU kernel for DeBERTa's disentangled attention (c2c + c2p + p2c), flash-style.
+"""A Pallas TPU kernel for relative attention (DeBERTa's c2c + c2p + p2c, XLNet's two
+streams), flash-style.
 
 ``attend(q, k, v, kr, qr, ...)`` is softmax((q k^T + c2p + p2c) / scale) v over one
 sequence of P = n * bl positions (``bl`` the block), computed a [bl, bl] block of scores at
@@ -38,6 +39,12 @@ row of only masked keys (a row of padding) reads its block-padded keys uniformly
 XLA path reads its S keys uniformly: nothing reads those rows. No attention dropout (the
 caller runs the XLA path where it is asked for).
 
+XLNet's operands (``codes_BxPxP`` in place of the ids, a bias a key, a bias a query): the
+codes are an int8 [bl, bl] block a step; the key bias a [1, bl] row added to every query's
+logits, its gradient the column sums of dS (accumulated with dk); the query bias a
+[SUBLANES, bl] statistic added where the code's bit 0 says, its gradient the masked row
+sums of dS (accumulated with dq).
+
 Grids: forward (H, B, I, J), J innermost (the [bl, 128] running max and sum and the
 [bl, D] accumulator in VMEM; the log-sum-exp leaves as [8, P], a query per lane, as
 splash's); backward (H, B, J, I), I innermost: dk_J and dv_J accumulate over I in float32
@@ -67,6 +74,11 @@ import numpy as np
 LANES = 128  # Lane width: the running max and sum are [rows, LANES] in VMEM.
 SUBLANES = 8  # The log-sum-exp and dO . O in HBM: [SUBLANES, rows] (a row per query, lanes).
 MASK_VALUE = float(np.finfo(np.float32).min)  # As the XLA path's masked logits.
+# ``codes`` (a [P, P] int8 block input): what each (query, key) pair of scores does. Bit 0:
+# the query's row bias is added; MASKED: the pair is not read; FLAT: the logit reads 0 and
+# passes its gradient to the score (a row of XLNet's keys all hidden: ``score - 1e30`` is
+# -1e30 for each, a uniform softmax whose backward still reaches the scores).
+READ, READ_WITH_ROW_BIAS, MASKED, FLAT = 0, 1, 2, 4
 
 
 def _pallas():
@@ -147,9 +159,16 @@ def _window(ref, start, width: int, bl: int):
   return ref[pl.ds(pl.multiple_of(start, bl), width), :]
 
 
-def _scores(q, k, kr_ref, qr_ref, i, j, *, bl: int, padded: int, inv_scale: float):
-  """The [bl, bl] float32 logits of query block i against key block j, scaled."""
+def _scores(q, k, kr_ref, qr_ref, i, j, *, bl: int, padded: int, inv_scale: float,
+            cb_ref=None, rb_ref=None, code=None):
+  """The [bl, bl] float32 logits of query block i against key block j, scaled (the key
+  block's column bias and, where ``code`` says, the query's row bias added first)."""
   s = _dot_nt(q, k)
+  if cb_ref is not None:
+    s = s + cb_ref[...]  # [1, bl]: a bias a key.
+  if rb_ref is not None:
+    s = s + jnp.where((code & READ_WITH_ROW_BIAS) != 0,
+                      _to_lanes(_column_stat(rb_ref[...]), bl), 0.0)
   if kr_ref is not None:
     w0 = (j - i) * bl + padded - bl
     s = s + _skew(_dot_nt(q, _window(kr_ref, w0, 2 * bl, bl)), bl)
@@ -166,6 +185,19 @@ def _allowed(qid_ref, kvid_ref, bl: int):
   return _to_lanes(qid_ref[...], bl) == kv_1xC
 
 
+def _masked(s, r, bl: int, code):
+  """The logits, float32's lowest where the ids or the codes mask the pair (0 where they
+  say FLAT)."""
+  if code is None:
+    return jnp.where(_allowed(r['qid'], r['kvid'], bl), s, MASK_VALUE)
+  s = jnp.where(code >= FLAT, 0.0, s)
+  return jnp.where(code == MASKED, MASK_VALUE, s)
+
+
+def _code(r):
+  return None if r['code'] is None else r['code'][...].astype(jnp.int32)
+
+
 def _split(refs, flags):
   """Names the kernel's refs from the flat list in the order of :func:`_in_specs`."""
   refs = list(refs)
@@ -175,11 +207,11 @@ def _split(refs, flags):
   return out, refs
 
 
-def _forward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
+def _forward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed, codes, cb, rb):
   pl, _ = _pallas()
   r, rest = _split(refs, (('q', 1), ('k', 1), ('v', 1), ('kr', c2p), ('qr', p2c),
-                          ('qid', packed), ('kvid', 1), ('o', 1), ('lse', 1), ('m', 1),
-                          ('l', 1), ('acc', 1)))
+                          ('qid', packed), ('kvid', not codes), ('code', codes), ('cb', cb),
+                          ('rb', rb), ('o', 1), ('lse', 1), ('m', 1), ('l', 1), ('acc', 1)))
   assert not rest
   i, j = pl.program_id(2), pl.program_id(3)
 
@@ -190,8 +222,10 @@ def _forward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
     r['acc'][...] = jnp.zeros(r['acc'].shape, jnp.float32)
 
   q, k, v = r['q'][...], r['k'][...], r['v'][...]
-  s = _scores(q, k, r['kr'], r['qr'], i, j, bl=bl, padded=padded, inv_scale=inv_scale)
-  s = jnp.where(_allowed(r['qid'], r['kvid'], bl), s, MASK_VALUE)
+  code = _code(r)
+  s = _scores(q, k, r['kr'], r['qr'], i, j, bl=bl, padded=padded, inv_scale=inv_scale,
+              cb_ref=r['cb'], rb_ref=r['rb'], code=code)
+  s = _masked(s, r, bl, code)
   m_prev, l_prev = r['m'][...], r['l'][...]
   m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bl, LANES]
   p = jnp.exp(s - _to_lanes(m_next, bl))
@@ -208,13 +242,14 @@ def _forward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
     r['lse'][...] = _row_stat(r['m'][...] + jnp.log(l))
 
 
-def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
+def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed, codes, cb, rb):
   pl, _ = _pallas()
   r, rest = _split(refs, (('q', 1), ('k', 1), ('v', 1), ('do', 1), ('lse', 1), ('di', 1),
                           ('kr', c2p), ('kr_rev', c2p), ('qr', p2c), ('qr_rev', p2c),
-                          ('qid', packed), ('kvid', 1), ('dq_out', 1), ('dk_out', 1),
-                          ('dv_out', 1), ('dkr_rev', c2p), ('dqr_rev', p2c), ('dq', 1),
-                          ('dk', 1), ('dv', 1)))
+                          ('qid', packed), ('kvid', not codes), ('code', codes), ('cb', cb),
+                          ('rb', rb), ('dq_out', 1), ('dk_out', 1), ('dv_out', 1),
+                          ('dkr_rev', c2p), ('dqr_rev', p2c), ('dcb_out', cb), ('drb_out', rb),
+                          ('dq', 1), ('dk', 1), ('dv', 1), ('dcb', cb), ('drb', rb)))
   assert not rest
   b, j, i = pl.program_id(1), pl.program_id(2), pl.program_id(3)
   last_i, last_j = pl.num_programs(3) - 1, pl.num_programs(2) - 1
@@ -225,19 +260,25 @@ def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
     for t in tables:
       t[...] = jnp.zeros(t.shape, t.dtype)
 
+  per_row = [x for x in (r['dq'], r['drb']) if x is not None]
+  per_key = [x for x in (r['dk'], r['dv'], r['dcb']) if x is not None]
+
   @pl.when((j == 0) & (i == 0))
   def _init_dq():
-    r['dq'][...] = jnp.zeros(r['dq'].shape, r['dq'].dtype)
+    for x in per_row:
+      x[...] = jnp.zeros(x.shape, x.dtype)
 
   @pl.when(i == 0)
   def _init_dkv():
-    r['dk'][...] = jnp.zeros(r['dk'].shape, r['dk'].dtype)
-    r['dv'][...] = jnp.zeros(r['dv'].shape, r['dv'].dtype)
+    for x in per_key:
+      x[...] = jnp.zeros(x.shape, x.dtype)
 
   q, k, v, do = r['q'][...], r['k'][...], r['v'][...], r['do'][...]
   dt = q.dtype
-  s = _scores(q, k, r['kr'], r['qr'], i, j, bl=bl, padded=padded, inv_scale=inv_scale)
-  s = jnp.where(_allowed(r['qid'], r['kvid'], bl), s, MASK_VALUE)
+  code = _code(r)
+  s = _scores(q, k, r['kr'], r['qr'], i, j, bl=bl, padded=padded, inv_scale=inv_scale,
+              cb_ref=r['cb'], rb_ref=r['rb'], code=code)
+  s = _masked(s, r, bl, code)
   p = jnp.exp(s - _to_lanes(_column_stat(r['lse'][...]), bl))
   dp = _dot_nt(do, v)
   dr32 = p * (dp - _to_lanes(_column_stat(r['di'][...]), bl)) * inv_scale  # d of the logits.
@@ -260,15 +301,25 @@ def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed):
     r['dqr_rev'][pl.ds(w0, 2 * bl), :] += _dot_tn(g, k)
   r['dq'][rows, :] += dq
   r['dk'][...] += dk
+  if cb:  # The gradient of a key's bias: its column of the logits' gradient.
+    r['dcb'][...] += jnp.sum(dr32, axis=0, keepdims=True)
+  if rb:  # Of a query's row bias: its row, where the codes add it.
+    got = jnp.sum(jnp.where((code & READ_WITH_ROW_BIAS) != 0, dr32, 0.0), axis=1,
+                  keepdims=True)
+    r['drb'][rows, :] += jnp.broadcast_to(got, (bl, LANES))
 
   @pl.when(i == last_i)
   def _write_dkv():  # In the operands' dtype, from the float32 accumulators.
     r['dk_out'][...] = r['dk'][...].astype(r['dk_out'].dtype)
     r['dv_out'][...] = r['dv'][...].astype(r['dv_out'].dtype)
+    if cb:
+      r['dcb_out'][...] = r['dcb'][...]
 
   @pl.when((j == last_j) & (i == last_i))
   def _write_dq():
     r['dq_out'][...] = r['dq'][...].astype(r['dq_out'].dtype)
+    if rb:
+      r['drb_out'][...] = _row_stat(r['drb'][...])
 
 
 def _specs(pl, names, bl, padded, d, order):
@@ -290,12 +341,17 @@ def _specs(pl, names, bl, padded, d, order):
       'dkr_rev': table(), 'dqr_rev': table(),
       'qid': pl.BlockSpec((None, bl, LANES), qi(lambda h, b, i, j: (b, i, 0))),
       'kvid': pl.BlockSpec((None, 1, bl), qi(lambda h, b, i, j: (b, 0, j))),
+      'code': pl.BlockSpec((None, bl, bl), qi(lambda h, b, i, j: (b, i, j))),
+      'cb': pl.BlockSpec((None, None, 1, bl), qi(lambda h, b, i, j: (b, h, 0, j))),
+      'rb': stat(),
       'dq': pl.BlockSpec((None, None, padded, d), qi(lambda h, b, i, j: (b, h, 0, 0))),
+      'drb': pl.BlockSpec((None, None, SUBLANES, padded), qi(lambda h, b, i, j: (b, h, 0, 0))),
   }
+  spec['dcb'] = spec['cb']
   return [spec[n] for n in names]
 
 
-def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, backward):
+def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, codes, cb, rb, backward):
   """The blocks' bytes as the grid fetches them, and the matrix products' FLOPs."""
   n = padded // bl
   steps = b * h * n * n
@@ -304,23 +360,27 @@ def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, backward):
   stats = padded * SUBLANES * 4  # One row's log-sum-exp (or dO . O) for one head.
   # The key ids ([1, bl] int32) and the query ids ([bl, LANES] int32, packed rows only):
   # forward, the keys' every step and the queries' once per (b, h, i); backward the other
-  # way round.
-  kv_ids, q_ids = b * h * padded * 4, (b * h * padded * LANES * 4 if packed else 0)
+  # way round. The codes: a [bl, bl] int8 block every step. The biases: a key's ([1, bl]
+  # float32) with the keys, a query's ([SUBLANES, bl] float32) with the queries.
+  kv_ids = 0 if codes else b * h * padded * 4
+  q_ids = b * h * padded * LANES * 4 if packed else 0
+  code_bytes = steps * bl * bl if codes else 0
+  key_bias, row_bias = b * h * padded * 4 * int(cb), stats * b * h * int(rb)
   block = 2 * bl * bl * d  # One [bl, bl] x d product.
   if not backward:
     # q, o, lse once per (b, h, i); k, v again for every i; tables once a head.
     read = (b * h * (seq + 2 * n * seq) + h * terms * 2 * padded * d * isz + n * kv_ids
-            + q_ids)
+            + q_ids + code_bytes + n * key_bias + row_bias)
     write = b * h * (seq + stats)
     flops = steps * block * (2 + 2 * terms)
     return pl.CostEstimate(flops=int(flops), transcendentals=int(steps * bl * bl),
                            bytes_accessed=int(read + write))
   # q, do, lse, di (and the query ids) again for every j; k, v once per (b, h, j); both
   # orders of the tables once a head; dq, dk, dv written once per row, the table
-  # gradients once a head (float32).
+  # gradients once a head (float32), the biases' once per row.
   read = (b * h * (n * (2 * seq + 2 * stats) + 2 * seq) + h * terms * 2 * 2 * padded * d * isz
-          + kv_ids + n * q_ids)
-  write = b * h * 3 * seq + h * terms * 2 * padded * d * 4
+          + kv_ids + n * q_ids + code_bytes + key_bias + n * row_bias)
+  write = b * h * 3 * seq + h * terms * 2 * padded * d * 4 + key_bias + row_bias
   # Recomputed scores (1 + 2 per term), dP, dV, dQ, dK (4), and per term the flip (1), the
   # unskewed product against the table (2) and the table's gradient (2).
   flops = steps * block * (1 + 2 * terms + 4 + 5 * terms)
@@ -328,15 +388,26 @@ def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, backward):
                          bytes_accessed=int(read + write))
 
 
-def _forward_call(q, k, v, kr, qr, q_ids, kv_ids, *, bl, inv_scale, interpret):
+def _present(**operands):
+  """(names, arrays) of the operands given (not None), in order."""
+  names = [n for n, x in operands.items() if x is not None]
+  return names, [operands[n] for n in names]
+
+
+def _flags(kr, qr, q_ids, codes, cb, rb):
+  return dict(c2p=kr is not None, p2c=qr is not None, packed=q_ids is not None,
+              codes=codes is not None, cb=cb is not None, rb=rb is not None)
+
+
+def _forward_call(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb, *, bl, inv_scale, interpret):
   pl, pltpu = _pallas()
   b, h, padded, d = q.shape
   n = padded // bl
-  c2p, p2c, packed = kr is not None, qr is not None, q_ids is not None
-  names = ['q', 'k', 'v'] + ['kr'] * c2p + ['qr'] * p2c + ['qid'] * packed + ['kvid']
-  args = [x for x in (q, k, v, kr, qr, q_ids, kv_ids) if x is not None]
+  flags = _flags(kr, qr, q_ids, codes, cb, rb)
+  names, args = _present(q=q, k=k, v=v, kr=kr, qr=qr, qid=q_ids, kvid=kv_ids, code=codes,
+                         cb=cb, rb=rb)
   kernel = functools.partial(_forward_kernel, bl=bl, padded=padded, inv_scale=inv_scale,
-                             c2p=c2p, p2c=p2c, packed=packed)
+                             **flags)
   return pl.pallas_call(
       kernel, grid=(h, b, n, n),
       in_specs=_specs(pl, names, bl, padded, d, 'fwd'),
@@ -348,43 +419,51 @@ def _forward_call(q, k, v, kr, qr, q_ids, kv_ids, *, bl, inv_scale, interpret):
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
       cost_estimate=_cost(pl, b=b, h=h, padded=padded, bl=bl, d=d, isz=q.dtype.itemsize,
-                          c2p=c2p, p2c=p2c, packed=packed, backward=False),
+                          backward=False, **flags),
       interpret=interpret, name='disentangled_attention_fwd',
   )(*args)
 
 
-def _backward_call(q, k, v, do, lse, di, kr, qr, q_ids, kv_ids, *, bl, inv_scale, interpret):
+def _backward_call(q, k, v, do, lse, di, kr, qr, q_ids, kv_ids, codes, cb, rb, *, bl,
+                   inv_scale, interpret):
   pl, pltpu = _pallas()
   b, h, padded, d = q.shape
   n = padded // bl
-  c2p, p2c, packed = kr is not None, qr is not None, q_ids is not None
+  flags = _flags(kr, qr, q_ids, codes, cb, rb)
+  c2p, p2c = flags['c2p'], flags['p2c']
   kr_rev = reverse_table(kr) if c2p else None
   qr_rev = reverse_table(qr) if p2c else None
-  names = (['q', 'k', 'v', 'do', 'lse', 'di'] + ['kr', 'kr_rev'] * c2p + ['qr', 'qr_rev'] * p2c
-           + ['qid'] * packed + ['kvid'])
-  args = [x for x in (q, k, v, do, lse, di, kr, kr_rev, qr, qr_rev, q_ids, kv_ids)
-          if x is not None]
-  out_names = ['dq', 'dk', 'dv'] + ['dkr_rev'] * c2p + ['dqr_rev'] * p2c
+  names, args = _present(q=q, k=k, v=v, do=do, lse=lse, di=di, kr=kr, kr_rev=kr_rev, qr=qr,
+                         qr_rev=qr_rev, qid=q_ids, kvid=kv_ids, code=codes, cb=cb, rb=rb)
+  out_names = (['dq', 'dk', 'dv'] + ['dkr_rev'] * c2p + ['dqr_rev'] * p2c
+               + ['dcb'] * flags['cb'] + ['drb'] * flags['rb'])
   table = jax.ShapeDtypeStruct((h, 2 * padded, d), jnp.float32)
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [table] * (c2p + p2c)
+  out_shape += [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (cb, rb) if x is not None]
+  scratch = [pltpu.VMEM((padded, d), jnp.float32), pltpu.VMEM((bl, d), jnp.float32),
+             pltpu.VMEM((bl, d), jnp.float32)]
+  scratch += [pltpu.VMEM((1, bl), jnp.float32)] * flags['cb']
+  scratch += [pltpu.VMEM((padded, LANES), jnp.float32)] * flags['rb']
   kernel = functools.partial(_backward_kernel, bl=bl, padded=padded, inv_scale=inv_scale,
-                             c2p=c2p, p2c=p2c, packed=packed)
+                             **flags)
   outs = pl.pallas_call(
       kernel, grid=(h, b, n, n),
       in_specs=_specs(pl, names, bl, padded, d, 'bwd'),
       out_specs=_specs(pl, out_names, bl, padded, d, 'bwd'),
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [table] * (c2p + p2c),
-      scratch_shapes=[pltpu.VMEM((padded, d), jnp.float32), pltpu.VMEM((bl, d), jnp.float32),
-                      pltpu.VMEM((bl, d), jnp.float32)],
+      out_shape=out_shape,
+      scratch_shapes=scratch,
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'arbitrary', 'arbitrary', 'arbitrary')),
       cost_estimate=_cost(pl, b=b, h=h, padded=padded, bl=bl, d=d, isz=q.dtype.itemsize,
-                          c2p=c2p, p2c=p2c, packed=packed, backward=True),
+                          backward=True, **flags),
       interpret=interpret, name='disentangled_attention_bwd',
   )(*args)
   dq, dk, dv, *rest = outs
   dkr = reverse_table(rest.pop(0)) if c2p else None
   dqr = reverse_table(rest.pop(0)) if p2c else None
-  return dq, dk, dv, dkr, dqr
+  dcb = rest.pop(0) if flags['cb'] else None
+  drb = rest.pop(0) if flags['rb'] else None
+  return dq, dk, dv, dkr, dqr, dcb, drb
 
 
 def _sharded(f, args, in_kinds, out_kinds, mesh_specs):
@@ -420,24 +499,38 @@ def _sharded(f, args, in_kinds, out_kinds, mesh_specs):
 
 
 def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_ids_BxP, *,
-           block: int, scale: float, interpret: bool, mesh_specs: Any = None):
-  """softmax((q k^T + c2p + p2c) / scale) v [B, H, P, D] (see the module doc).
+           block: int, scale: float, interpret: bool, mesh_specs: Any = None,
+           codes_BxPxP=None, key_bias_BxHxP=None, row_bias_BxHxP=None):
+  """softmax((q k^T + c2p + p2c [+ biases]) / scale) v [B, H, P, D] (see the module doc).
 
   ``kr_HxTxD`` / ``qr_HxTxD``: the ascending c2p and descending p2c tables [H, 2P, D], or
   None for a term the model does not have. ``kv_ids_BxP``: key padding (1 real, 0 padding,
   -1 block padding) when ``q_ids_BxP`` is None, else the keys' documents (and
-  ``q_ids_BxP`` the queries'). ``mesh_specs``: (mesh, batch axes, head axis) to run the
-  kernels in a ``shard_map`` (a Mosaic call is a custom call XLA cannot partition); the
-  table gradients are summed over the batch axes there.
+  ``q_ids_BxP`` the queries'). Or, in their place (both None), ``codes_BxPxP`` int8, a
+  code a (query, key) pair: READ, READ_WITH_ROW_BIAS (the query's ``row_bias_BxHxP`` added
+  to that logit: XLNet's segment term), MASKED, or FLAT (| READ_WITH_ROW_BIAS): the logit
+  reads 0, its gradient reaches the score (a row of XLNet's that may read no key). A query
+  whose keys are all masked reads all P alike.
+  ``key_bias_BxHxP``: a bias a key, on
+  every query's logit (float32; XLNet's content bias ``r_w_bias . k_j``, its queries
+  carrying ``r_r_bias``). The biases come before the scale, and have gradients.
+  ``mesh_specs``: (mesh, batch axes, head axis) to run the kernels in a ``shard_map`` (a
+  Mosaic call is a custom call XLA cannot partition); the table gradients are summed over
+  the batch axes there.
   """
   b, h, padded, d = q_BxHxPxD.shape
   if padded % block or block % 8:
     raise ValueError(f'disentangled kernel: length {padded} is not a multiple of the block '
                      f'{block} (itself a multiple of 8)')
+  if (codes_BxPxP is None) == (kv_ids_BxP is None):
+    raise ValueError('disentangled kernel: pass the key ids or the codes, one of them')
+  if row_bias_BxHxP is not None and codes_BxPxP is None:
+    raise ValueError('disentangled kernel: a row bias is added where the codes say')
   kw = dict(bl=block, inv_scale=1.0 / scale, interpret=interpret)
   q_ids = None if q_ids_BxP is None else jnp.broadcast_to(
       q_ids_BxP.astype(jnp.int32)[:, :, None], (b, padded, LANES))
-  kv_ids = kv_ids_BxP.astype(jnp.int32)[:, None, :]
+  kv_ids = None if kv_ids_BxP is None else kv_ids_BxP.astype(jnp.int32)[:, None, :]
+  codes = None if codes_BxPxP is None else codes_BxPxP.astype(jnp.int8)
 
   def sharded(f, args, in_kinds, out_kinds):
     return _sharded(f, args, in_kinds, out_kinds, mesh_specs)
@@ -445,32 +538,44 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
   def kinds(*pairs):
     return [kind if x is not None else None for x, kind in pairs]
 
-  def forward(q, k, v, kr, qr, q_ids, kv_ids):
-    args = (q, k, v, kr, qr, q_ids, kv_ids)
-    in_kinds = ('seq', 'seq', 'seq', 'table', 'table', 'ids', 'ids')
+  def blocked(cb, rb):  # The biases as the kernel reads them: [B, H, 1, P], [B, H, 8, P].
+    cb = None if cb is None else cb.astype(jnp.float32)[:, :, None, :]
+    rb = None if rb is None else jnp.broadcast_to(
+        rb.astype(jnp.float32)[:, :, None, :], (b, h, SUBLANES, padded))
+    return cb, rb
+
+  in_kinds = ('seq', 'seq', 'seq', 'table', 'table', 'ids', 'ids', 'ids', 'seq', 'seq')
+
+  def forward(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb):
+    args = (q, k, v, kr, qr, q_ids, kv_ids, codes, *blocked(cb, rb))
     return sharded(lambda *a: _forward_call(*a, **kw), args, in_kinds, ('seq', 'seq'))
 
   # The ids are arguments, not closed over: a custom_vjp must not capture traced values (the
   # layer scan's).
   @jax.custom_vjp
-  def run(q, k, v, kr, qr, q_ids, kv_ids):
-    return forward(q, k, v, kr, qr, q_ids, kv_ids)[0]
+  def run(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb):
+    return forward(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb)[0]
 
-  def run_fwd(q, k, v, kr, qr, q_ids, kv_ids):
-    o, lse = forward(q, k, v, kr, qr, q_ids, kv_ids)
-    return o, (q, k, v, kr, qr, q_ids, kv_ids, o, lse)
+  def run_fwd(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb):
+    o, lse = forward(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb)
+    return o, (q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb, o, lse)
 
   def run_bwd(res, do):
-    q, k, v, kr, qr, q_ids, kv_ids, o, lse = res
+    q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb, o, lse = res
     di = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
     di = jnp.broadcast_to(di[:, :, None, :], lse.shape)  # [B, H, SUBLANES, P]
-    args = (q, k, v, do, lse, di, kr, qr, q_ids, kv_ids)
-    in_kinds = ('seq',) * 6 + ('table', 'table', 'ids', 'ids')
-    out_kinds = kinds((q, 'seq'), (k, 'seq'), (v, 'seq'), (kr, 'table'), (qr, 'table'))
-    dq, dk, dv, dkr, dqr = sharded(lambda *a: _backward_call(*a, **kw), args, in_kinds,
-                                   out_kinds)
+    args = (q, k, v, do, lse, di, kr, qr, q_ids, kv_ids, codes, *blocked(cb, rb))
+    bwd_kinds = ('seq',) * 6 + in_kinds[3:]
+    out_kinds = kinds((q, 'seq'), (k, 'seq'), (v, 'seq'), (kr, 'table'), (qr, 'table'),
+                      (cb, 'seq'), (rb, 'seq'))
+    dq, dk, dv, dkr, dqr, dcb, drb = sharded(lambda *a: _backward_call(*a, **kw), args,
+                                             bwd_kinds, out_kinds)
     cast = lambda g, x: None if g is None else g.astype(x.dtype)
-    return cast(dq, q), cast(dk, k), cast(dv, v), cast(dkr, kr), cast(dqr, qr), None, None
+    dcb = None if dcb is None else dcb[:, :, 0]
+    drb = None if drb is None else drb[:, :, 0]
+    return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dkr, kr), cast(dqr, qr), None, None,
+            None, cast(dcb, cb), cast(drb, rb))
 
   run.defvjp(run_fwd, run_bwd)
-  return run(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids, kv_ids)
+  return run(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids, kv_ids, codes,
+             key_bias_BxHxP, row_bias_BxHxP)

@@ -47,6 +47,19 @@ Faithful to the original code (zihangdai/xlnet ``modeling.py``) and equal to Hug
   shape (the training state holds it from step 0) and padding cached from a short row is
   never attended to; with an all-ones mask it is Hugging Face's memory.
 
+On a TPU (``config.model.attention_implementation`` None or 'splash') both streams' attention
+runs the Pallas kernel of DeBERTa's attention (``models/disentangled_kernel``: a
+[block, block] tile of scores at a time, never an [L, L] array in HBM), without memory and
+without attention dropout in training (else XLA's, one log line): the content term as its
+content term plus a bias a key, the position term as its content-to-position term against
+the encodings of the 2P distances, the segment term as a bias a query where the segments
+differ, the masks as a code a (query, key) pair (:func:`kernel_codes`); the query stream
+at its targets' positions among the L. With ``bi_data`` the batch's second half, read at
+negated distances, is the same network on its rows reversed: the encoder reverses them on
+the way in and out and the kernel reads one table (the encodings' dropout is then one draw
+for both halves). ``tests/models/test_xlnet.py`` checks it against the XLA path, values and
+every gradient.
+
 The attention is not an ``attention_kinds.REGISTRY`` kind: a registered kind maps one stream to
 one stream (``(x, mask, context) -> x``), and two-stream attention needs the key/value and
 position projections of the content stream shared by both streams in one call (computing
@@ -67,6 +80,7 @@ import jax.numpy as jnp
 
 from encoder_jax.models import attention
 from encoder_jax.models import config as config_lib
+from encoder_jax.models import disentangled_attention
 from encoder_jax.models import layers
 
 # Scores of masked keys: ``score - 1e30 * mask`` as the original and Hugging Face (a fully
@@ -201,6 +215,104 @@ def _relative_attention(c, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
   return out_NxBxLxD.transpose(1, 2, 0, 3)
 
 
+def _kernel_attention(c, p, q_BxQxNxD, k_BxLxNxD, v_BxLxNxD, kr_1xTxNxD, codes_BxPxP,
+                      rows_BxQ=None, valid_BxQ=None):
+  """:func:`_relative_attention` by the Pallas kernel (``models/disentangled_kernel``),
+  without memory or attention dropout: the content term ``(q + r_w_bias) . k`` as the
+  kernel's ``(q + r_r_bias) . k`` plus a bias a key, ``(r_w_bias - r_r_bias) . k``; the
+  position term as its c2p against ``kr_1xTxNxD`` (the projected encodings of the 2P
+  distances ``P - 1 .. -P``: :func:`kernel_distances`); the segment term as a bias a query,
+  ``(q + r_s_bias) . (seg_embed[1] - seg_embed[0])``, added where the codes say the
+  segments differ (the "same" vector's share is a bias a query, which the softmax drops);
+  the masks in ``codes_BxPxP`` (:func:`kernel_codes`). The query stream's queries
+  (``rows_BxQ``: positions; ``valid_BxQ``: filled slots) run at their positions among the L
+  (zeros elsewhere; slots at one position read the first one's row, as
+  ``disentangled_attention.queries_at_positions`` places them) and their rows are read
+  back."""
+  from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
+  dt, f32 = c.jnp_dtype, jnp.float32
+  b, l, n, d = k_BxLxNxD.shape
+  padded, block = disentangled_attention.kernel_block(l)
+  if rows_BxQ is not None:  # Each filled slot's query at its position; empty ones dropped.
+    q_BxQxNxD = disentangled_attention.queries_at_positions(
+        q_BxQxNxD, jnp.where(valid_BxQ, rows_BxQ, l), l)
+  bias = lambda name: p[name].astype(dt)
+  seg_2xNxD = p['seg_embed'].astype(dt)
+  key_bias_BxNxL = jnp.einsum('blnd,nd->bnl', k_BxLxNxD, bias('r_w_bias') - bias('r_r_bias'),
+                              preferred_element_type=f32)
+  row_bias_BxNxL = jnp.einsum('blnd,nd->bnl', q_BxQxNxD + bias('r_s_bias'),
+                              seg_2xNxD[1] - seg_2xNxD[0], preferred_element_type=f32)
+  pad = lambda x, axis: jnp.pad(x, [(0, padded - l) if a == axis else (0, 0)
+                                    for a in range(x.ndim)])
+  heads_first = lambda x_BxLxNxD: pad(x_BxLxNxD, 1).transpose(0, 2, 1, 3)
+  out_BxNxPxD = disentangled_kernel.attend(
+      heads_first(q_BxQxNxD + bias('r_r_bias')), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
+      kr_1xTxNxD[0].transpose(1, 0, 2), None, None, None, block=block, scale=d ** 0.5,
+      interpret=attention._backend() != 'tpu',  # pylint: disable=protected-access
+      mesh_specs=attention._splash_mesh_specs(b, n),  # pylint: disable=protected-access
+      codes_BxPxP=codes_BxPxP, key_bias_BxHxP=pad(key_bias_BxNxL, 2),
+      row_bias_BxHxP=pad(row_bias_BxNxL, 2))
+  out_BxLxNxD = out_BxNxPxD.transpose(0, 2, 1, 3)[:, :l]
+  if rows_BxQ is None:
+    return out_BxLxNxD
+  return jnp.take_along_axis(out_BxLxNxD, rows_BxQ[:, :, None, None], axis=1)
+
+
+def kernel_distances(length: int, clamp_len: int = -1) -> jax.Array:
+  """float32 [2P]: the distances ``P - 1, ..., -P`` of the kernel's ascending table (row t
+  at distance ``P - 1 - t``; P the kernel's padded length), clipped as
+  :func:`relative_positions`'s."""
+  padded, _ = disentangled_attention.kernel_block(length)
+  pos_T = jnp.arange(padded - 1, -padded - 1, -1, dtype=jnp.float32)
+  return jnp.clip(pos_T, -clamp_len, clamp_len) if clamp_len > 0 else pos_T
+
+
+def kernel_codes(masked_BxLxL, segment_differs_BxLxL):
+  """int8 [B, P, P]: the kernel's code of each (query, key), padded to P with MASKED. A
+  query whose L keys are all masked reads them all FLAT: ``score - 1e30`` makes each
+  -1e30, a uniform softmax whose gradient still reaches the scores."""
+  from encoder_jax.models import disentangled_kernel as dk  # pylint: disable=g-import-not-at-top
+  l = masked_BxLxL.shape[-1]
+  padded, _ = disentangled_attention.kernel_block(l)
+  bias = jnp.where(segment_differs_BxLxL, dk.READ_WITH_ROW_BIAS, dk.READ)
+  flat_BxLx1 = jnp.all(masked_BxLxL, axis=-1, keepdims=True)
+  codes = jnp.where(flat_BxLx1, dk.FLAT | bias, jnp.where(masked_BxLxL, dk.MASKED, bias))
+  pad = padded - l
+  return jnp.pad(codes.astype(jnp.int8), ((0, 0), (0, pad), (0, pad)), constant_values=dk.MASKED)
+
+
+def use_kernel(c: config_lib.EncoderConfig, length: int, memory: int,
+               deterministic: bool) -> bool:
+  """Whether a pass runs the two streams' attention by the Pallas kernel: the
+  implementation resolves to splash (None or 'splash' on a TPU, 'splash' in Pallas
+  interpret mode elsewhere), no memory, no attention dropout in training, the table fits
+  VMEM and the kernel can be placed. One log line per reason it cannot."""
+  requested, dt = c.attention_implementation, c.jnp_dtype
+  if not (requested in (None, 'splash')
+          and attention.resolve_implementation(requested, dt) == 'splash'):
+    return False
+  what = ("XLNet's two-stream attention kernel (config.model.attention_implementation="
+          f'{requested!r})')
+  if memory:
+    attention.warn_fallback(f'{what} has no memory, and config.model.mem_len={c.mem_len} '
+                            'asks for it')
+    return False
+  if not deterministic and c.attention_dropout_rate > 0:
+    attention.warn_fallback(
+        f'{what} has no attention dropout, and config.model.attention_dropout_rate='
+        f'{c.attention_dropout_rate} asks for it in training (set it to 0 to run the kernel)')
+    return False
+  from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
+  padded, _ = disentangled_attention.kernel_block(length)
+  need = disentangled_kernel.vmem_table_bytes(padded, c.head_dim, jnp.dtype(dt).itemsize, 1)
+  if need > disentangled_attention.KERNEL_TABLE_BYTES:
+    attention.warn_fallback(f'{what}: the position table at {length} tokens takes '
+                            f'{need / 2 ** 20:.1f} MiB of VMEM (over '
+                            f'{disentangled_attention.KERNEL_TABLE_BYTES >> 20})')
+    return False
+  return attention.splash_placeable()
+
+
 class Layer(nn.Module):
   """One XLNet block on both streams (the ``nn.scan`` body).
 
@@ -267,12 +379,22 @@ class Layer(nn.Module):
       cat_BxKxE = h_BxLxE
     k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
     kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)  # Once per direction, not per row.
-    attend = lambda q, rows_of, ks: _relative_attention(
-        c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
+    kernel = context.get('kernel')
+    if kernel is not None:  # The kernel's masks: a stream's codes.
+      attend = lambda q, rows_of, ks: _kernel_attention(
+          c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of)
+      content_rows = (kernel['content_codes'],)
+      target_rows = (kernel.get('query_codes'), context.get('target_rows_BxP'),
+                     context.get('target_valid_BxP'))
+    else:
+      attend = lambda q, rows_of, ks: _relative_attention(
+          c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
+      content_rows = (context['segment_differs_BxLxK'], context['content_masked_BxLxK'])
+      target_rows = (context.get('target_segment_differs_BxPxK'),
+                     context.get('target_masked_BxPxK'), context.get('target_rows_BxP'))
 
     def content(h, ks):
-      a_h = attend(project(h, wq), (context['segment_differs_BxLxK'],
-                                    context['content_masked_BxLxK']), ks)
+      a_h = attend(project(h, wq), content_rows, ks)
       return block(h, a_h, ks)
 
     h_keys = keys()
@@ -282,9 +404,7 @@ class Layer(nn.Module):
     g_out = None
     if g_BxPxE is not None:  # Only the P target rows attend (their masks and segments).
       g_keys = keys()
-      a_g = attend(project(g_BxPxE, wq), (context['target_segment_differs_BxPxK'],
-                                          context['target_masked_BxPxK'],
-                                          context['target_rows_BxP']), g_keys)
+      a_g = attend(project(g_BxPxE, wq), target_rows, g_keys)
       a_g = a_g * context['target_valid_BxP'][:, :, None, None].astype(a_g.dtype)
       g_out = block(g_BxPxE, a_g, g_keys)
     hidden = (h_out, g_out) if self.collect_hidden else None
@@ -301,14 +421,26 @@ class Encoder(nn.Module):
                mems_NxBxMxE=None, mem_mask_BxM=None, bi_data: bool = False,
                collect_hidden: bool = False, content_output: bool = True):
     c = self.config
-    attention.warn_no_splash(c.attention_implementation, c.jnp_dtype,
-                             "XLNet's two-stream relative attention")
     b, l = input_mask_BxL.shape
     if bi_data and b % 2:
       raise ValueError(f'XLNet with bi_data reads the second half of the batch backward; '
                        f'got a batch of {b} rows (expected an even number)')
     m = 0 if mems_NxBxMxE is None else mems_NxBxMxE.shape[2]
     klen = m + l
+    kernel = use_kernel(c, l, m, deterministic)
+    flip = None
+    if kernel and bi_data:
+      # The kernel reads one table. A row read backward (negated distances) is the same
+      # network on the row reversed, read forward: the batch's second half is reversed in
+      # here (tokens, segments, masks, target positions) and its outputs back on the way out.
+      backward_B = jnp.arange(b) >= b // 2
+      flip = lambda x, axes: None if x is None else jnp.where(
+          backward_B.reshape((b,) + (1,) * (x.ndim - 1)), jnp.flip(x, axes), x)
+      h_BxLxE, segment_ids_BxL, input_mask_BxL = (
+          flip(x, 1) for x in (h_BxLxE, segment_ids_BxL, input_mask_BxL))
+      perm_mask_BxLxL = flip(perm_mask_BxLxL, (1, 2))
+      target_mapping_BxPxL = flip(target_mapping_BxPxL, 2)
+      bi_data = False
     # Keys a query may not read: padding, what the permutation hides, memory not yet filled.
     key_masked_BxK = input_mask_BxL == 0
     if m:
@@ -325,7 +457,9 @@ class Encoder(nn.Module):
     cat_ids_BxK = jnp.pad(segment_ids_BxL, ((0, 0), (m, 0)))
     segment_differs_BxLxK = segment_ids_BxL[:, :, None] != cat_ids_BxK[:, None, :]
     pos_R = relative_positions(l, klen, c.clamp_len)
-    if not bi_data:
+    if kernel:
+      pos_emb_XxRxE = sinusoid(kernel_distances(l, c.clamp_len), c.hidden_size)[None]
+    elif not bi_data:
       pos_emb_XxRxE = sinusoid(pos_R, c.hidden_size)[None]
     else:  # The first half reads +distance, the second -distance (the original's bi_data).
       pos_emb_XxRxE = sinusoid(jnp.stack([pos_R, -pos_R]), c.hidden_size)
@@ -333,7 +467,16 @@ class Encoder(nn.Module):
         pos_emb_XxRxE.astype(c.jnp_dtype), deterministic=deterministic)
     context = dict(pos_emb_XxRxE=pos_emb_XxRxE, segment_differs_BxLxK=segment_differs_BxLxK,
                    content_masked_BxLxK=content_masked_BxLxK)
-    if target_mapping_BxPxL is not None:
+    if kernel:
+      context['kernel'] = dict(
+          content_codes=kernel_codes(content_masked_BxLxK, segment_differs_BxLxK))
+      if target_mapping_BxPxL is not None:
+        context['kernel'].update(
+            query_codes=kernel_codes(query_masked_BxLxK, segment_differs_BxLxK))
+    if target_mapping_BxPxL is not None and kernel:
+      context.update(target_rows_BxP=jnp.argmax(target_mapping_BxPxL, axis=-1).astype(jnp.int32),
+                     target_valid_BxP=target_mapping_BxPxL.sum(-1) > 0)
+    elif target_mapping_BxPxL is not None:
       # The query stream attends from its P targets only: each slot's position (a one-hot
       # row of target_mapping; a zero row is an empty slot, whose attention output is 0 as
       # when its query is spread over no position), and that row of the masks and segments.
@@ -348,8 +491,9 @@ class Encoder(nn.Module):
     # (When initialising, every layer runs in full: that creates the parameters.)
     skip_last = not content_output and g_BxPxE is not None and not collect_hidden
     if skip_last and not self.is_initializing():
-      return self._skipping_last_content(h_BxLxE, g_BxPxE, mems_NxBxMxE, context,
-                                         deterministic)
+      h_BxLxE, g_BxPxE, new_mems_NxBxMxE, hidden = self._skipping_last_content(
+          h_BxLxE, g_BxPxE, mems_NxBxMxE, context, deterministic)
+      return (h_BxLxE if flip is None else flip(h_BxLxE, 1)), g_BxPxE, new_mems_NxBxMxE, hidden
     body = nn.remat(Layer, prevent_cse=False) if c.remat else Layer
     stack = nn.scan(body, variable_axes={'params': 0},
                     split_rngs={'params': True, 'dropout': True},
@@ -359,6 +503,11 @@ class Encoder(nn.Module):
     (h_BxLxE, g_BxPxE), (new_mems_NxBxMxE, hidden) = stack(
         c, deterministic, collect_hidden, name='layers')((h_BxLxE, g_BxPxE), mems_NxBxMxE,
                                                          None, context)
+    if flip is not None:  # The reversed rows' content states, back in order.
+      h_BxLxE = flip(h_BxLxE, 1)
+      if hidden is not None:
+        per_layer = jax.vmap(lambda x: flip(x, 1))
+        hidden = (per_layer(hidden[0]),) + tuple(hidden[1:])
     return h_BxLxE, g_BxPxE, new_mems_NxBxMxE, hidden
 
   def _skipping_last_content(self, h_BxLxE, g_BxPxE, mems_NxBxMxE, context, deterministic):

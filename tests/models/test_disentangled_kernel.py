@@ -186,6 +186,61 @@ def test_kernel_equals_the_direct_sum_over_its_tables(terms, packed):
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-5)
 
 
+def test_codes_and_biases_equal_the_direct_sum():
+  """XLNet's operands (c2p, codes, a bias a key and a bias a query where the codes say):
+  three blocks of 8 each way, masked pairs at random, block padding, a FLAT row (logits 0,
+  gradients to the scores: ``s - stop_gradient(s)``) and a row that reads no key (unread)."""
+  b, h, p, d, bl = 2, 2, 24, 16, 8
+  rng = np.random.default_rng(11)
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k, v, do = (draw(b, h, p, d) for _ in range(4))
+  kr, key_bias, row_bias = draw(h, 2 * p, d), draw(b, h, p), draw(b, h, p)
+  codes = rng.integers(dk.READ, dk.MASKED + 1, (b, p, p)).astype(np.int8)
+  codes[:, :, 21:] = dk.MASKED
+  codes[0, 3] = dk.MASKED
+  codes[1, 5, :21] = dk.FLAT | rng.integers(0, 2, 21)
+  weights = do.at[0, :, 3].set(0.0).at[:, :, 21:].set(0.0)
+  i, j = np.arange(p)[:, None], np.arange(p)[None, :]
+
+  def direct(q, k, v, kr, key_bias, row_bias):
+    s = (jnp.einsum('bhid,bhjd->bhij', q, k)
+         + jnp.einsum('bhid,hijd->bhij', q, kr[:, j - i + p - 1])
+         + key_bias[:, :, None, :] + jnp.where(codes[:, None] % 2 == 1, row_bias[..., None],
+                                               0.0))
+    s = jnp.where(codes[:, None] >= dk.FLAT, s - jax.lax.stop_gradient(s), s)
+    s = jnp.where(codes[:, None] == dk.MASKED, jnp.finfo(jnp.float32).min, s / 7.0)
+    return jnp.einsum('bhij,bhjd->bhid', jax.nn.softmax(s, -1), v)
+
+  def kernel(q, k, v, kr, key_bias, row_bias):
+    return dk.attend(q, k, v, kr, None, None, None, block=bl, scale=7.0, interpret=True,
+                     codes_BxPxP=jnp.asarray(codes), key_bias_BxHxP=key_bias,
+                     row_bias_BxHxP=row_bias)
+
+  value = lambda f: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) * weights),
+                                               tuple(range(6))))
+  args = (q, k, v, kr, key_bias, row_bias)
+  out, grads = value(kernel)(*args)
+  ref, ref_grads = value(direct)(*args)
+  np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-5)
+  for g, r in zip(grads, ref_grads):
+    assert np.abs(np.asarray(r)).max() > 0
+    np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-5)
+
+
+def test_the_kernel_takes_ids_or_codes():
+  x = jnp.zeros((1, 1, 8, 8))
+  ids = jnp.ones((1, 8), jnp.int32)
+  codes = jnp.zeros((1, 8, 8), jnp.int8)
+  call = lambda **kw: dk.attend(x, x, x, None, None, None, kw.pop('ids', None), block=8,
+                                scale=1.0, interpret=True, **kw)
+  with pytest.raises(ValueError, match='key ids or the codes'):
+    call(ids=ids, codes_BxPxP=codes)
+  with pytest.raises(ValueError, match='key ids or the codes'):
+    call()
+  with pytest.raises(ValueError, match='row bias'):
+    call(ids=ids, row_bias_BxHxP=jnp.zeros((1, 1, 8)))
+
+
 def test_reverse_table_is_its_own_adjoint():
   t = jnp.arange(2 * 2 * 6 * 3, dtype=jnp.float32).reshape(2, 12, 3)
   u = jnp.asarray(np.random.default_rng(0).standard_normal(t.shape), jnp.float32)

@@ -5,6 +5,10 @@ tests/interop/test_hf_parity_xlnet.py; the permutation masks: tests/objectives/t
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -266,3 +270,112 @@ def test_config_checks_name_the_key():
     _net(position_offset=1)
   with pytest.raises(ValueError, match='share_layers'):
     _net(share_layers='all')
+
+
+# ------------------------------------------------------------- the Pallas kernel's path
+
+
+def _permuted_inputs(b=4, l=13, seed=0):
+  """A batch as the PLM objective gives it (its permutation masks and target slots), rows
+  of different lengths, segments with [CLS]'s own, and one target that may read no key."""
+  from encoder_jax.objectives import plm  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(seed)
+  ids, seg, mask = _inputs(rng, b, l, [l, l - 3, l, l - 4])
+  seg[:, 0] = 2
+  selected = jnp.asarray(rng.rand(b, l) < 0.3) & (mask > 0)
+  perm, targets = plm.permutation_masks(jax.random.key(seed), selected, jnp.asarray(mask == 0))
+  first = int(np.argmax(np.asarray(targets[0])))
+  perm = perm.at[0, first].set(True)  # Target `first` of row 0 reads nothing.
+  mapping, _, _ = plm.target_slots(targets, jnp.asarray(ids), 5)
+  return ids, seg, mask, perm, mapping
+
+
+@pytest.mark.parametrize('bi_data,content_output', [(True, False), (False, True)])
+def test_the_kernel_path_equals_the_xla_path(bi_data, content_output):
+  """attention_implementation='splash' (the Pallas kernel, interpret mode) against 'xla':
+  logits, content states and every parameter's gradient, with the permutation masks, the
+  backward half of the batch, padding, 13 tokens (two blocks of 8) and a query stream row
+  that reads no key."""
+  ids, seg, mask, perm, mapping = _permuted_inputs()
+  ours, ref = _net(attention_implementation='splash'), _net(attention_implementation='xla')
+  params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(1), x.shape),
+                        _params(ref))
+
+  def run(net):
+    def loss(p):
+      out = net.pretraining.apply({'params': p}, ids, seg, mask, perm_mask=perm,
+                                  target_mapping=mapping, bi_data=bi_data,
+                                  content_output=content_output)
+      weights = jnp.sin(jnp.arange(out['mlm_logits'].size)).reshape(out['mlm_logits'].shape)
+      total = jnp.sum(out['mlm_logits'] * weights)
+      if content_output:
+        total += jnp.sum(jnp.cos(out['sequence_output']) * mask[..., None])
+      return total, (out['mlm_logits'], out.get('sequence_output'))
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+  jaxpr = jax.make_jaxpr(lambda p: ours.pretraining.apply(
+      {'params': p}, ids, seg, mask, perm_mask=perm, target_mapping=mapping, bi_data=bi_data,
+      content_output=content_output))(params)
+  assert 'pallas_call' in str(jaxpr) and 'pallas_call' not in str(jax.make_jaxpr(
+      lambda p: ref.pretraining.apply({'params': p}, ids, seg, mask, perm_mask=perm,
+                                      target_mapping=mapping, bi_data=bi_data))(params))
+  (_, (logits, states)), grads = run(ours)
+  (_, (ref_logits, ref_states)), ref_grads = run(ref)
+  np.testing.assert_allclose(logits, ref_logits, atol=2e-5, rtol=1e-5)
+  if content_output:
+    np.testing.assert_allclose(states, ref_states, atol=2e-5, rtol=1e-5)
+  for (path, g), r in zip(jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads)):
+    scale = np.abs(np.asarray(r)).max()
+    np.testing.assert_allclose(g, r, atol=2e-5 * max(scale, 1.0), rtol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_which_passes_run_the_kernel(monkeypatch):
+  """'splash': the kernel; memory and attention dropout in training: XLA's attention and
+  one log line naming the key; 'xla': XLA's, no line."""
+  from encoder_jax.models import attention  # pylint: disable=g-import-not-at-top
+  lines = []
+  monkeypatch.setattr(attention, '_warned', set())
+  monkeypatch.setattr(attention.logging, 'warning', lambda fmt, *a: lines.append(fmt % a))
+  ids, seg, mask, perm, mapping = _permuted_inputs()
+  runs = lambda net, **kw: 'pallas_call' in str(jax.make_jaxpr(
+      lambda p: net.pretraining.apply({'params': p}, ids, seg, mask, perm_mask=perm,
+                                      target_mapping=mapping, **kw))(_params(net)))
+  assert runs(_net(attention_implementation='splash'))
+  assert not runs(_net(attention_implementation='xla')) and lines == []
+  mems = jnp.zeros((4, TINY['num_layers'], 4, TINY['hidden_size']))
+  assert not runs(_net(attention_implementation='splash', mem_len=4), mems=mems)
+  assert not runs(_net(attention_implementation='splash', attention_dropout_rate=0.1),
+                  deterministic=False, rngs={'dropout': jax.random.key(0)})
+  assert len(lines) == 2, lines
+  assert 'mem_len=4' in lines[0] and 'attention_dropout_rate=0.1' in lines[1], lines
+
+
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason="libtpu (pip install 'encoder_jax[tpu]') is not installed")
+def test_the_tpu_compiler_lowers_both_streams_kernels():
+  """One v5e chip, bfloat16, 200 tokens (padded to 256), the backward half of the batch, two
+  layers: both streams' forward and backward kernels in the first, the query stream's in
+  the last (its content stream is skipped) are the step's six Mosaic calls, and the step has
+  no [B, heads, L, L] float32 array."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  devices = topologies.get_topology_desc(topology_name='v5e:2x2', platform='tpu').devices
+  mesh = jax.sharding.Mesh(np.asarray(devices[:1]), ('data',))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  net = _net(hidden_size=128, num_heads=2, num_layers=2, max_position_embeddings=256,
+             dtype='bfloat16', attention_implementation=None)
+  b, l, p = 2, 200, 16
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+  ids, seg, mask = (spec((b, l), jnp.int32) for _ in range(3))
+  perm, mapping = spec((b, l, l), jnp.bool_), spec((b, p, l), jnp.float32)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    params = jax.tree.map(lambda a: spec(a.shape, a.dtype),
+                          nn.unbox(jax.eval_shape(net.init, jax.random.key(0))))
+    loss = lambda w, *a: jnp.sum(net.pretraining.apply(
+        {'params': w}, *a[:3], perm_mask=a[3], target_mapping=a[4], bi_data=True,
+        content_output=False)['mlm_logits'])
+    compiled = jax.jit(jax.grad(loss)).lower(params, ids, seg, mask, perm, mapping).compile()
+  text = compiled.as_text()
+  assert text.count('custom_call_target="tpu_custom_call"') == 6
+  assert not re.search(r'f32\[2,2,(200|256),(200|256)\]', text)
