@@ -65,7 +65,7 @@ recomputation and the flips of the backward included).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,11 +74,35 @@ import numpy as np
 LANES = 128  # Lane width: the running max and sum are [rows, LANES] in VMEM.
 SUBLANES = 8  # The log-sum-exp and dO . O in HBM: [SUBLANES, rows] (a row per query, lanes).
 MASK_VALUE = float(np.finfo(np.float32).min)  # As the XLA path's masked logits.
-# ``codes`` (a [P, P] int8 block input): what each (query, key) pair of scores does. Bit 0:
-# the query's row bias is added; MASKED: the pair is not read; FLAT: the logit reads 0 and
-# passes its gradient to the score (a row of XLNet's keys all hidden: ``score - 1e30`` is
-# -1e30 for each, a uniform softmax whose backward still reaches the scores).
-READ, READ_WITH_ROW_BIAS, MASKED, FLAT = 0, 1, 2, 4
+# A code a (query, key) pair (:func:`pack_codes`): read; read with the query's row bias
+# added; not read.
+READ, READ_WITH_ROW_BIAS, MASKED = 0, 1, 2
+CODE_BITS = 2  # Four codes a byte: a block's [bl, bl] codes are [bl / 4, bl] bytes.
+
+
+class Codes(NamedTuple):
+  """The kernel's masks by code (:func:`pack_codes`): ``bits`` int8 [B, P / 4, P] (within
+  each block of ``bl`` query rows, byte row r holds rows r + m bl / 4, m = 0..3, at bits
+  2m, 2m + 1) and ``flat`` float32 [B, SUBLANES, P] (1: the query's logits read 0 and pass
+  their gradient to the scores: a row of XLNet's keys all hidden, where ``score - 1e30``
+  is -1e30 for each, a uniform softmax whose backward still reaches the scores)."""
+  bits: Any
+  flat: Any
+
+
+def pack_codes(codes_BxPxP, flat_BxP, block: int) -> Codes:
+  """int [B, P, P] codes (READ, READ_WITH_ROW_BIAS, MASKED) and bool [B, P] flat rows ->
+  :class:`Codes` for blocks of ``block`` queries (once per pass, not per call)."""
+  b, padded, _ = codes_BxPxP.shape
+  if block % 4 or padded % block:
+    raise ValueError(f'disentangled kernel: codes of {padded} rows in blocks of {block} '
+                     '(a multiple of 4 that divides them)')
+  quarters = codes_BxPxP.astype(jnp.int32).reshape(b, padded // block, 4, block // 4, padded)
+  shifts = (CODE_BITS * jnp.arange(4, dtype=jnp.int32))[None, None, :, None, None]
+  packed = jnp.sum(quarters << shifts, axis=2).reshape(b, padded // 4, padded)
+  bits = jax.lax.bitcast_convert_type(packed.astype(jnp.uint8), jnp.int8)
+  flat = jnp.broadcast_to(flat_BxP.astype(jnp.float32)[:, None, :], (b, SUBLANES, padded))
+  return Codes(bits, flat)
 
 
 def _pallas():
@@ -167,8 +191,8 @@ def _scores(q, k, kr_ref, qr_ref, i, j, *, bl: int, padded: int, inv_scale: floa
   if cb_ref is not None:
     s = s + cb_ref[...]  # [1, bl]: a bias a key.
   if rb_ref is not None:
-    s = s + jnp.where((code & READ_WITH_ROW_BIAS) != 0,
-                      _to_lanes(_column_stat(rb_ref[...]), bl), 0.0)
+    s = s + jnp.where(code == READ_WITH_ROW_BIAS, _to_lanes(_column_stat(rb_ref[...]), bl),
+                      0.0)
   if kr_ref is not None:
     w0 = (j - i) * bl + padded - bl
     s = s + _skew(_dot_nt(q, _window(kr_ref, w0, 2 * bl, bl)), bl)
@@ -186,16 +210,21 @@ def _allowed(qid_ref, kvid_ref, bl: int):
 
 
 def _masked(s, r, bl: int, code):
-  """The logits, float32's lowest where the ids or the codes mask the pair (0 where they
-  say FLAT)."""
+  """The logits, float32's lowest where the ids or the codes mask the pair (0 in a flat
+  query's row)."""
   if code is None:
     return jnp.where(_allowed(r['qid'], r['kvid'], bl), s, MASK_VALUE)
-  s = jnp.where(code >= FLAT, 0.0, s)
-  return jnp.where(code == MASKED, MASK_VALUE, s)
+  flat = _to_lanes(_column_stat(r['flat'][...]), bl) > 0
+  return jnp.where(code == MASKED, MASK_VALUE, jnp.where(flat, 0.0, s))
 
 
 def _code(r):
-  return None if r['code'] is None else r['code'][...].astype(jnp.int32)
+  """The [bl, bl] int32 codes of the step's block, from its [bl / 4, bl] bytes."""
+  if r['code'] is None:
+    return None
+  x = r['code'][...].astype(jnp.int32)  # Sign-extended: the low 8 bits are the byte's.
+  mask = (1 << CODE_BITS) - 1
+  return jnp.concatenate([(x >> (CODE_BITS * m)) & mask for m in range(4)], axis=0)
 
 
 def _split(refs, flags):
@@ -210,7 +239,8 @@ def _split(refs, flags):
 def _forward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed, codes, cb, rb):
   pl, _ = _pallas()
   r, rest = _split(refs, (('q', 1), ('k', 1), ('v', 1), ('kr', c2p), ('qr', p2c),
-                          ('qid', packed), ('kvid', not codes), ('code', codes), ('cb', cb),
+                          ('qid', packed), ('kvid', not codes), ('code', codes), ('flat', codes),
+                          ('cb', cb),
                           ('rb', rb), ('o', 1), ('lse', 1), ('m', 1), ('l', 1), ('acc', 1)))
   assert not rest
   i, j = pl.program_id(2), pl.program_id(3)
@@ -246,7 +276,8 @@ def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed, codes, cb, 
   pl, _ = _pallas()
   r, rest = _split(refs, (('q', 1), ('k', 1), ('v', 1), ('do', 1), ('lse', 1), ('di', 1),
                           ('kr', c2p), ('kr_rev', c2p), ('qr', p2c), ('qr_rev', p2c),
-                          ('qid', packed), ('kvid', not codes), ('code', codes), ('cb', cb),
+                          ('qid', packed), ('kvid', not codes), ('code', codes), ('flat', codes),
+                          ('cb', cb),
                           ('rb', rb), ('dq_out', 1), ('dk_out', 1), ('dv_out', 1),
                           ('dkr_rev', c2p), ('dqr_rev', p2c), ('dcb_out', cb), ('drb_out', rb),
                           ('dq', 1), ('dk', 1), ('dv', 1), ('dcb', cb), ('drb', rb)))
@@ -304,8 +335,7 @@ def _backward_kernel(*refs, bl, padded, inv_scale, c2p, p2c, packed, codes, cb, 
   if cb:  # The gradient of a key's bias: its column of the logits' gradient.
     r['dcb'][...] += jnp.sum(dr32, axis=0, keepdims=True)
   if rb:  # Of a query's row bias: its row, where the codes add it.
-    got = jnp.sum(jnp.where((code & READ_WITH_ROW_BIAS) != 0, dr32, 0.0), axis=1,
-                  keepdims=True)
+    got = jnp.sum(jnp.where(code == READ_WITH_ROW_BIAS, dr32, 0.0), axis=1, keepdims=True)
     r['drb'][rows, :] += jnp.broadcast_to(got, (bl, LANES))
 
   @pl.when(i == last_i)
@@ -341,7 +371,8 @@ def _specs(pl, names, bl, padded, d, order):
       'dkr_rev': table(), 'dqr_rev': table(),
       'qid': pl.BlockSpec((None, bl, LANES), qi(lambda h, b, i, j: (b, i, 0))),
       'kvid': pl.BlockSpec((None, 1, bl), qi(lambda h, b, i, j: (b, 0, j))),
-      'code': pl.BlockSpec((None, bl, bl), qi(lambda h, b, i, j: (b, i, j))),
+      'code': pl.BlockSpec((None, bl // 4, bl), qi(lambda h, b, i, j: (b, i, j))),
+      'flat': pl.BlockSpec((None, SUBLANES, bl), qi(lambda h, b, i, j: (b, 0, i))),
       'cb': pl.BlockSpec((None, None, 1, bl), qi(lambda h, b, i, j: (b, h, 0, j))),
       'rb': stat(),
       'dq': pl.BlockSpec((None, None, padded, d), qi(lambda h, b, i, j: (b, h, 0, 0))),
@@ -360,17 +391,19 @@ def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, codes, cb, rb, back
   stats = padded * SUBLANES * 4  # One row's log-sum-exp (or dO . O) for one head.
   # The key ids ([1, bl] int32) and the query ids ([bl, LANES] int32, packed rows only):
   # forward, the keys' every step and the queries' once per (b, h, i); backward the other
-  # way round. The codes: a [bl, bl] int8 block every step. The biases: a key's ([1, bl]
+  # way round. The codes: a [bl / 4, bl] int8 block every step (and the flat rows' [8, bl]
+  # float32 with the queries'). The biases: a key's ([1, bl]
   # float32) with the keys, a query's ([SUBLANES, bl] float32) with the queries.
   kv_ids = 0 if codes else b * h * padded * 4
   q_ids = b * h * padded * LANES * 4 if packed else 0
-  code_bytes = steps * bl * bl if codes else 0
+  code_bytes = steps * bl * bl // 4 if codes else 0
+  flat_bytes = b * h * stats if codes else 0
   key_bias, row_bias = b * h * padded * 4 * int(cb), stats * b * h * int(rb)
   block = 2 * bl * bl * d  # One [bl, bl] x d product.
   if not backward:
     # q, o, lse once per (b, h, i); k, v again for every i; tables once a head.
     read = (b * h * (seq + 2 * n * seq) + h * terms * 2 * padded * d * isz + n * kv_ids
-            + q_ids + code_bytes + n * key_bias + row_bias)
+            + q_ids + code_bytes + flat_bytes + n * key_bias + row_bias)
     write = b * h * (seq + stats)
     flops = steps * block * (2 + 2 * terms)
     return pl.CostEstimate(flops=int(flops), transcendentals=int(steps * bl * bl),
@@ -379,7 +412,7 @@ def _cost(pl, *, b, h, padded, bl, d, isz, c2p, p2c, packed, codes, cb, rb, back
   # orders of the tables once a head; dq, dk, dv written once per row, the table
   # gradients once a head (float32), the biases' once per row.
   read = (b * h * (n * (2 * seq + 2 * stats) + 2 * seq) + h * terms * 2 * 2 * padded * d * isz
-          + kv_ids + n * q_ids + code_bytes + key_bias + n * row_bias)
+          + kv_ids + n * q_ids + code_bytes + n * flat_bytes + key_bias + n * row_bias)
   write = b * h * 3 * seq + h * terms * 2 * padded * d * 4 + key_bias + row_bias
   # Recomputed scores (1 + 2 per term), dP, dV, dQ, dK (4), and per term the flip (1), the
   # unskewed product against the table (2) and the table's gradient (2).
@@ -404,8 +437,9 @@ def _forward_call(q, k, v, kr, qr, q_ids, kv_ids, codes, cb, rb, *, bl, inv_scal
   b, h, padded, d = q.shape
   n = padded // bl
   flags = _flags(kr, qr, q_ids, codes, cb, rb)
-  names, args = _present(q=q, k=k, v=v, kr=kr, qr=qr, qid=q_ids, kvid=kv_ids, code=codes,
-                         cb=cb, rb=rb)
+  names, args = _present(q=q, k=k, v=v, kr=kr, qr=qr, qid=q_ids, kvid=kv_ids,
+                         code=None if codes is None else codes.bits,
+                         flat=None if codes is None else codes.flat, cb=cb, rb=rb)
   kernel = functools.partial(_forward_kernel, bl=bl, padded=padded, inv_scale=inv_scale,
                              **flags)
   return pl.pallas_call(
@@ -434,7 +468,9 @@ def _backward_call(q, k, v, do, lse, di, kr, qr, q_ids, kv_ids, codes, cb, rb, *
   kr_rev = reverse_table(kr) if c2p else None
   qr_rev = reverse_table(qr) if p2c else None
   names, args = _present(q=q, k=k, v=v, do=do, lse=lse, di=di, kr=kr, kr_rev=kr_rev, qr=qr,
-                         qr_rev=qr_rev, qid=q_ids, kvid=kv_ids, code=codes, cb=cb, rb=rb)
+                         qr_rev=qr_rev, qid=q_ids, kvid=kv_ids,
+                         code=None if codes is None else codes.bits,
+                         flat=None if codes is None else codes.flat, cb=cb, rb=rb)
   out_names = (['dq', 'dk', 'dv'] + ['dkr_rev'] * c2p + ['dqr_rev'] * p2c
                + ['dcb'] * flags['cb'] + ['drb'] * flags['rb'])
   table = jax.ShapeDtypeStruct((h, 2 * padded, d), jnp.float32)
@@ -500,17 +536,17 @@ def _sharded(f, args, in_kinds, out_kinds, mesh_specs):
 
 def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_ids_BxP, *,
            block: int, scale: float, interpret: bool, mesh_specs: Any = None,
-           codes_BxPxP=None, key_bias_BxHxP=None, row_bias_BxHxP=None):
+           codes: Codes | None = None, key_bias_BxHxP=None, row_bias_BxHxP=None):
   """softmax((q k^T + c2p + p2c [+ biases]) / scale) v [B, H, P, D] (see the module doc).
 
   ``kr_HxTxD`` / ``qr_HxTxD``: the ascending c2p and descending p2c tables [H, 2P, D], or
   None for a term the model does not have. ``kv_ids_BxP``: key padding (1 real, 0 padding,
   -1 block padding) when ``q_ids_BxP`` is None, else the keys' documents (and
-  ``q_ids_BxP`` the queries'). Or, in their place (both None), ``codes_BxPxP`` int8, a
-  code a (query, key) pair: READ, READ_WITH_ROW_BIAS (the query's ``row_bias_BxHxP`` added
-  to that logit: XLNet's segment term), MASKED, or FLAT (| READ_WITH_ROW_BIAS): the logit
-  reads 0, its gradient reaches the score (a row of XLNet's that may read no key). A query
-  whose keys are all masked reads all P alike.
+  ``q_ids_BxP`` the queries'). Or, in their place (both None), ``codes``
+  (:func:`pack_codes`, for this ``block``): a code a (query, key) pair, READ,
+  READ_WITH_ROW_BIAS (the query's ``row_bias_BxHxP`` added to that logit: XLNet's segment
+  term) or MASKED, and the flat queries (logits 0, gradients to the scores). A query whose
+  keys are all masked reads all P alike.
   ``key_bias_BxHxP``: a bias a key, on
   every query's logit (float32; XLNet's content bias ``r_w_bias . k_j``, its queries
   carrying ``r_r_bias``). The biases come before the scale, and have gradients.
@@ -522,15 +558,17 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
   if padded % block or block % 8:
     raise ValueError(f'disentangled kernel: length {padded} is not a multiple of the block '
                      f'{block} (itself a multiple of 8)')
-  if (codes_BxPxP is None) == (kv_ids_BxP is None):
+  if (codes is None) == (kv_ids_BxP is None):
     raise ValueError('disentangled kernel: pass the key ids or the codes, one of them')
-  if row_bias_BxHxP is not None and codes_BxPxP is None:
+  if row_bias_BxHxP is not None and codes is None:
     raise ValueError('disentangled kernel: a row bias is added where the codes say')
+  if codes is not None and codes.bits.shape[1] * 4 != padded:
+    raise ValueError(f'disentangled kernel: codes of {codes.bits.shape[1] * 4} rows for a '
+                     f'length of {padded}')
   kw = dict(bl=block, inv_scale=1.0 / scale, interpret=interpret)
   q_ids = None if q_ids_BxP is None else jnp.broadcast_to(
       q_ids_BxP.astype(jnp.int32)[:, :, None], (b, padded, LANES))
   kv_ids = None if kv_ids_BxP is None else kv_ids_BxP.astype(jnp.int32)[:, None, :]
-  codes = None if codes_BxPxP is None else codes_BxPxP.astype(jnp.int8)
 
   def sharded(f, args, in_kinds, out_kinds):
     return _sharded(f, args, in_kinds, out_kinds, mesh_specs)

@@ -215,47 +215,44 @@ def _relative_attention(c, p, q_BxLxNxD, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD,
   return out_NxBxLxD.transpose(1, 2, 0, 3)
 
 
-def _kernel_attention(c, p, q_BxQxNxD, k_BxLxNxD, v_BxLxNxD, kr_1xTxNxD, codes_BxPxP,
-                      rows_BxQ=None, valid_BxQ=None):
+def _kernel_attention(c, p, q, k_BxNxLxD, v_BxNxLxD, kr_1xTxNxD, codes, place_BxQxL=None,
+                      read_BxQxL=None):
   """:func:`_relative_attention` by the Pallas kernel (``models/disentangled_kernel``),
-  without memory or attention dropout: the content term ``(q + r_w_bias) . k`` as the
-  kernel's ``(q + r_r_bias) . k`` plus a bias a key, ``(r_w_bias - r_r_bias) . k``; the
-  position term as its c2p against ``kr_1xTxNxD`` (the projected encodings of the 2P
+  without memory or attention dropout, head-major: the content term ``(q + r_w_bias) . k``
+  as the kernel's ``(q + r_r_bias) . k`` plus a bias a key, ``(r_w_bias - r_r_bias) . k``;
+  the position term as its c2p against ``kr_1xTxNxD`` (the projected encodings of the 2P
   distances ``P - 1 .. -P``: :func:`kernel_distances`); the segment term as a bias a query,
   ``(q + r_s_bias) . (seg_embed[1] - seg_embed[0])``, added where the codes say the
   segments differ (the "same" vector's share is a bias a query, which the softmax drops);
-  the masks in ``codes_BxPxP`` (:func:`kernel_codes`). The query stream's queries
-  (``rows_BxQ``: positions; ``valid_BxQ``: filled slots) run at their positions among the L
-  (zeros elsewhere; slots at one position read the first one's row, as
-  ``disentangled_attention.queries_at_positions`` places them) and their rows are read
-  back."""
+  the masks in ``codes`` (:func:`kernel_codes`). ``q``: the content stream's [B, N, L, D]
+  (the result likewise), or the query stream's [B, Q, N, D], run at their positions among
+  the L (zeros elsewhere) and read back, both by one-hot products over the target mapping:
+  ``place_BxQxL`` puts each position's first slot there, ``read_BxQxL`` (the mapping) gives
+  every slot its position's row (the result [B, Q, N, D]; 0 for an empty slot)."""
   from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
   dt, f32 = c.jnp_dtype, jnp.float32
-  b, l, n, d = k_BxLxNxD.shape
+  b, n, l, d = k_BxNxLxD.shape
   padded, block = disentangled_attention.kernel_block(l)
-  if rows_BxQ is not None:  # Each filled slot's query at its position; empty ones dropped.
-    q_BxQxNxD = disentangled_attention.queries_at_positions(
-        q_BxQxNxD, jnp.where(valid_BxQ, rows_BxQ, l), l)
-  bias = lambda name: p[name].astype(dt)
+  q_BxNxLxD = q
+  if place_BxQxL is not None:
+    q_BxNxLxD = jnp.einsum('bql,bqnd->bnld', place_BxQxL.astype(dt), q)
+  bias = lambda name: p[name].astype(dt)[:, None, :]  # [N, 1, D]
   seg_2xNxD = p['seg_embed'].astype(dt)
-  key_bias_BxNxL = jnp.einsum('blnd,nd->bnl', k_BxLxNxD, bias('r_w_bias') - bias('r_r_bias'),
-                              preferred_element_type=f32)
-  row_bias_BxNxL = jnp.einsum('blnd,nd->bnl', q_BxQxNxD + bias('r_s_bias'),
+  key_bias_BxNxL = jnp.einsum('bnld,nd->bnl', k_BxNxLxD, bias('r_w_bias')[:, 0]
+                              - bias('r_r_bias')[:, 0], preferred_element_type=f32)
+  row_bias_BxNxL = jnp.einsum('bnld,nd->bnl', q_BxNxLxD + bias('r_s_bias'),
                               seg_2xNxD[1] - seg_2xNxD[0], preferred_element_type=f32)
-  pad = lambda x, axis: jnp.pad(x, [(0, padded - l) if a == axis else (0, 0)
-                                    for a in range(x.ndim)])
-  heads_first = lambda x_BxLxNxD: pad(x_BxLxNxD, 1).transpose(0, 2, 1, 3)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, padded - l)] + [(0, 0)] * (x.ndim - 3))
   out_BxNxPxD = disentangled_kernel.attend(
-      heads_first(q_BxQxNxD + bias('r_r_bias')), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
+      pad(q_BxNxLxD + bias('r_r_bias')), pad(k_BxNxLxD), pad(v_BxNxLxD),
       kr_1xTxNxD[0].transpose(1, 0, 2), None, None, None, block=block, scale=d ** 0.5,
       interpret=attention._backend() != 'tpu',  # pylint: disable=protected-access
       mesh_specs=attention._splash_mesh_specs(b, n),  # pylint: disable=protected-access
-      codes_BxPxP=codes_BxPxP, key_bias_BxHxP=pad(key_bias_BxNxL, 2),
-      row_bias_BxHxP=pad(row_bias_BxNxL, 2))
-  out_BxLxNxD = out_BxNxPxD.transpose(0, 2, 1, 3)[:, :l]
-  if rows_BxQ is None:
-    return out_BxLxNxD
-  return jnp.take_along_axis(out_BxLxNxD, rows_BxQ[:, :, None, None], axis=1)
+      codes=codes, key_bias_BxHxP=pad(key_bias_BxNxL), row_bias_BxHxP=pad(row_bias_BxNxL))
+  out_BxNxLxD = out_BxNxPxD[:, :, :l]
+  if place_BxQxL is None:
+    return out_BxNxLxD
+  return jnp.einsum('bql,bnld->bqnd', read_BxQxL.astype(dt), out_BxNxLxD)
 
 
 def kernel_distances(length: int, clamp_len: int = -1) -> jax.Array:
@@ -268,17 +265,19 @@ def kernel_distances(length: int, clamp_len: int = -1) -> jax.Array:
 
 
 def kernel_codes(masked_BxLxL, segment_differs_BxLxL):
-  """int8 [B, P, P]: the kernel's code of each (query, key), padded to P with MASKED. A
-  query whose L keys are all masked reads them all FLAT: ``score - 1e30`` makes each
-  -1e30, a uniform softmax whose gradient still reaches the scores."""
+  """The kernel's masks (``disentangled_kernel.pack_codes``): a code a (query, key), padded
+  to P with MASKED. A query whose L keys are all masked is flat, reading them all:
+  ``score - 1e30`` makes each -1e30, a uniform softmax whose gradient still reaches the
+  scores."""
   from encoder_jax.models import disentangled_kernel as dk  # pylint: disable=g-import-not-at-top
   l = masked_BxLxL.shape[-1]
-  padded, _ = disentangled_attention.kernel_block(l)
-  bias = jnp.where(segment_differs_BxLxL, dk.READ_WITH_ROW_BIAS, dk.READ)
-  flat_BxLx1 = jnp.all(masked_BxLxL, axis=-1, keepdims=True)
-  codes = jnp.where(flat_BxLx1, dk.FLAT | bias, jnp.where(masked_BxLxL, dk.MASKED, bias))
+  padded, block = disentangled_attention.kernel_block(l)
+  flat_BxL = jnp.all(masked_BxLxL, axis=-1)
+  codes = jnp.where(masked_BxLxL & ~flat_BxL[:, :, None], dk.MASKED,
+                    jnp.where(segment_differs_BxLxL, dk.READ_WITH_ROW_BIAS, dk.READ))
   pad = padded - l
-  return jnp.pad(codes.astype(jnp.int8), ((0, 0), (0, pad), (0, pad)), constant_values=dk.MASKED)
+  codes = jnp.pad(codes, ((0, 0), (0, pad), (0, pad)), constant_values=dk.MASKED)
+  return dk.pack_codes(codes, jnp.pad(flat_BxL, ((0, 0), (0, pad))), block)
 
 
 def use_kernel(c: config_lib.EncoderConfig, length: int, memory: int,
@@ -360,8 +359,13 @@ class Layer(nn.Module):
     def drop(x, key):
       return x if key is None else layers.dropout(x, c.hidden_dropout_rate, key)
 
-    def block(x_BxTxE, a_BxTxNxD, ks):  # Output projection, residual, LN; feed-forward.
-      out_BxTxE = layers.project(a_BxTxNxD, wo.astype(dt), 2, in_first=False)
+    def block(x_BxTxE, a_BxTxNxD, ks, heads_first=False):
+      """Output projection, residual, LN; feed-forward. ``heads_first``: ``a`` is
+      [B, N, T, D] (the kernel's content stream)."""
+      if heads_first:
+        out_BxTxE = jnp.einsum('bntd,end->bte', a_BxTxNxD, wo.astype(dt))
+      else:
+        out_BxTxE = layers.project(a_BxTxNxD, wo.astype(dt), 2, in_first=False)
       x_BxTxE = layers.layer_norm(drop(out_BxTxE, ks[1]) + x_BxTxE, attention_norm['scale'],
                                   attention_norm['bias'], c.layer_norm_eps, dt)
       y = layers.dense(x_BxTxE, intermediate['kernel'], intermediate['bias'], 1, dt)
@@ -377,16 +381,20 @@ class Layer(nn.Module):
       new_mem = jax.lax.stop_gradient(cat_BxKxE[:, -mem_BxMxE.shape[1]:])
     else:
       cat_BxKxE = h_BxLxE
-    k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
     kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)  # Once per direction, not per row.
     kernel = context.get('kernel')
-    if kernel is not None:  # The kernel's masks: a stream's codes.
+    if kernel is not None:  # Head-major projections (the kernel's layout); a stream's codes.
+      heads = lambda x_BxTxE, w: jnp.einsum('bte,end->bntd', x_BxTxE.astype(dt), w.astype(dt))
+      k_BxNxKxD, v_BxNxKxD = heads(cat_BxKxE, wk), heads(cat_BxKxE, wv)
       attend = lambda q, rows_of, ks: _kernel_attention(
-          c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of)
+          c, p, q, k_BxNxKxD, v_BxNxKxD, kr_XxRxNxD, *rows_of)
+      content_query = lambda h: heads(h, wq)
       content_rows = (kernel['content_codes'],)
-      target_rows = (kernel.get('query_codes'), context.get('target_rows_BxP'),
-                     context.get('target_valid_BxP'))
+      target_rows = (kernel.get('query_codes'), kernel.get('place_BxPxL'),
+                     kernel.get('target_mapping_BxPxL'))
     else:
+      k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
+      content_query = lambda h: project(h, wq)
       attend = lambda q, rows_of, ks: _relative_attention(
           c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
       content_rows = (context['segment_differs_BxLxK'], context['content_masked_BxLxK'])
@@ -394,8 +402,8 @@ class Layer(nn.Module):
                      context.get('target_masked_BxPxK'), context.get('target_rows_BxP'))
 
     def content(h, ks):
-      a_h = attend(project(h, wq), content_rows, ks)
-      return block(h, a_h, ks)
+      a_h = attend(content_query(h), content_rows, ks)
+      return block(h, a_h, ks, heads_first=kernel is not None)
 
     h_keys = keys()
     # content_needed False: nothing reads this layer's content output (the last layer in
@@ -471,11 +479,14 @@ class Encoder(nn.Module):
       context['kernel'] = dict(
           content_codes=kernel_codes(content_masked_BxLxK, segment_differs_BxLxK))
       if target_mapping_BxPxL is not None:
+        # A position's first slot places its query there (one-hot rows; zero rows: empty).
+        first_BxPxL = jnp.cumsum(target_mapping_BxPxL, axis=1) <= 1
         context['kernel'].update(
-            query_codes=kernel_codes(query_masked_BxLxK, segment_differs_BxLxK))
-    if target_mapping_BxPxL is not None and kernel:
-      context.update(target_rows_BxP=jnp.argmax(target_mapping_BxPxL, axis=-1).astype(jnp.int32),
-                     target_valid_BxP=target_mapping_BxPxL.sum(-1) > 0)
+            query_codes=kernel_codes(query_masked_BxLxK, segment_differs_BxLxK),
+            place_BxPxL=target_mapping_BxPxL * first_BxPxL,
+            target_mapping_BxPxL=target_mapping_BxPxL)
+      context['target_valid_BxP'] = (None if target_mapping_BxPxL is None
+                                     else target_mapping_BxPxL.sum(-1) > 0)
     elif target_mapping_BxPxL is not None:
       # The query stream attends from its P targets only: each slot's position (a one-hot
       # row of target_mapping; a zero row is an empty slot, whose attention output is 0 as

@@ -188,7 +188,7 @@ def test_kernel_equals_the_direct_sum_over_its_tables(terms, packed):
 
 def test_codes_and_biases_equal_the_direct_sum():
   """XLNet's operands (c2p, codes, a bias a key and a bias a query where the codes say):
-  three blocks of 8 each way, masked pairs at random, block padding, a FLAT row (logits 0,
+  three blocks of 8 each way, masked pairs at random, block padding, a flat row (logits 0,
   gradients to the scores: ``s - stop_gradient(s)``) and a row that reads no key (unread)."""
   b, h, p, d, bl = 2, 2, 24, 16, 8
   rng = np.random.default_rng(11)
@@ -198,22 +198,25 @@ def test_codes_and_biases_equal_the_direct_sum():
   codes = rng.integers(dk.READ, dk.MASKED + 1, (b, p, p)).astype(np.int8)
   codes[:, :, 21:] = dk.MASKED
   codes[0, 3] = dk.MASKED
-  codes[1, 5, :21] = dk.FLAT | rng.integers(0, 2, 21)
+  flat = np.zeros((b, p), bool)
+  flat[1, 5] = True
+  codes[1, 5, :21] = rng.integers(dk.READ, dk.READ_WITH_ROW_BIAS + 1, 21)
   weights = do.at[0, :, 3].set(0.0).at[:, :, 21:].set(0.0)
   i, j = np.arange(p)[:, None], np.arange(p)[None, :]
 
   def direct(q, k, v, kr, key_bias, row_bias):
     s = (jnp.einsum('bhid,bhjd->bhij', q, k)
          + jnp.einsum('bhid,hijd->bhij', q, kr[:, j - i + p - 1])
-         + key_bias[:, :, None, :] + jnp.where(codes[:, None] % 2 == 1, row_bias[..., None],
-                                               0.0))
-    s = jnp.where(codes[:, None] >= dk.FLAT, s - jax.lax.stop_gradient(s), s)
+         + key_bias[:, :, None, :] + jnp.where(codes[:, None] == dk.READ_WITH_ROW_BIAS,
+                                               row_bias[..., None], 0.0))
+    s = jnp.where(flat[:, None, :, None], s - jax.lax.stop_gradient(s), s)
     s = jnp.where(codes[:, None] == dk.MASKED, jnp.finfo(jnp.float32).min, s / 7.0)
     return jnp.einsum('bhij,bhjd->bhid', jax.nn.softmax(s, -1), v)
 
   def kernel(q, k, v, kr, key_bias, row_bias):
     return dk.attend(q, k, v, kr, None, None, None, block=bl, scale=7.0, interpret=True,
-                     codes_BxPxP=jnp.asarray(codes), key_bias_BxHxP=key_bias,
+                     codes=dk.pack_codes(jnp.asarray(codes), jnp.asarray(flat), bl),
+                     key_bias_BxHxP=key_bias,
                      row_bias_BxHxP=row_bias)
 
   value = lambda f: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) * weights),
@@ -230,11 +233,11 @@ def test_codes_and_biases_equal_the_direct_sum():
 def test_the_kernel_takes_ids_or_codes():
   x = jnp.zeros((1, 1, 8, 8))
   ids = jnp.ones((1, 8), jnp.int32)
-  codes = jnp.zeros((1, 8, 8), jnp.int8)
+  codes = dk.pack_codes(jnp.zeros((1, 8, 8), jnp.int8), jnp.zeros((1, 8), bool), 8)
   call = lambda **kw: dk.attend(x, x, x, None, None, None, kw.pop('ids', None), block=8,
                                 scale=1.0, interpret=True, **kw)
   with pytest.raises(ValueError, match='key ids or the codes'):
-    call(ids=ids, codes_BxPxP=codes)
+    call(ids=ids, codes=codes)
   with pytest.raises(ValueError, match='key ids or the codes'):
     call()
   with pytest.raises(ValueError, match='row bias'):

@@ -330,6 +330,18 @@ def test_the_kernel_path_equals_the_xla_path(bi_data, content_output):
                                err_msg=jax.tree_util.keystr(path))
 
 
+def test_the_kernel_path_with_slots_at_one_position():
+  """Fill-mask's targets (every listed position hidden from every query), a position listed
+  twice: both slots read the same row, as the XLA path computes them alike."""
+  ids, seg, mask, _, _ = _permuted_inputs()
+  positions = np.array([[1, 4, 4], [0, 2, 7], [3, 3, 3], [5, 6, 0]], np.int32)
+  ours, ref = _net(attention_implementation='splash'), _net(attention_implementation='xla')
+  params = _params(ref)
+  logits = lambda net: jax.jit(net.pretraining.apply)({'params': params}, ids, seg, mask,
+                                                      positions)['mlm_logits']
+  np.testing.assert_allclose(logits(ours), logits(ref), atol=2e-5, rtol=1e-5)
+
+
 def test_which_passes_run_the_kernel(monkeypatch):
   """'splash': the kernel; memory and attention dropout in training: XLA's attention and
   one log line naming the key; 'xla': XLA's, no line."""
