@@ -47,6 +47,9 @@ _PHASES = flags.DEFINE_list('phases', None, 'Phase indices to compile (default: 
 _EVAL = flags.DEFINE_bool('eval', True, 'Also compile the eval step of each phase.')
 _FLOPS = flags.DEFINE_bool('flops', True, "Also compile one micro-batch with the layers "
                            "unrolled for XLA's FLOPs and bytes (the roofline).")
+_WHOLE = flags.DEFINE_bool('whole_stack', False, "Count XLA's FLOPs and bytes on the whole "
+                           'stack compiled unrolled, not extrapolated from 2 and 3 layers '
+                           '(slower to compile on deep stacks; not an estimate).')
 _FIT = flags.DEFINE_bool('fit', False, 'Search the grad_accum_steps and remat that fit each '
                          'phase, by compiling.')
 _JSON = flags.DEFINE_string('json', None, 'Also write the figures as JSON to this path.')
@@ -80,7 +83,7 @@ def main(argv):
       out.append(dict(phase=i, tried=found.tried, best=found.best))
       continue
     report = aot.compile_phase(target, target.phases[i], with_eval=_EVAL.value,
-                               with_flops=_FLOPS.value)
+                               with_flops=_FLOPS.value, whole_stack=_WHOLE.value)
     for line in summary.report_lines(report):
       print(line, flush=True)
     all_fit &= report.fits

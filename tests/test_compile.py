@@ -127,6 +127,19 @@ def test_the_flop_count_extended_by_layers_equals_the_whole_unrolled_stack(one_s
   assert r.xla_bytes == pytest.approx(accessed, rel=1e-2)
 
 
+def test_the_whole_stack_count_is_the_unrolled_stacks_own(one_slice):
+  """``--whole_stack``: the figures are the 4-layer unrolled program's, not extended from 2
+  and 3 layers, and the report says which."""
+  target, r = one_slice
+  whole = aot.compile_phase(target, target.phases[0], with_eval=False, whole_stack=True)
+  flops, accessed = flop_count._unrolled(target, target.phases[0], 4)
+  assert (whole.xla_flops, whole.xla_bytes) == (flops, accessed)
+  assert whole.whole_stack and not r.whole_stack
+  assert 'the whole stack unrolled' in '\n'.join(summary.report_lines(whole))
+  assert 'extrapolated from 2 and 3' in '\n'.join(summary.report_lines(r))
+  assert summary.as_json(whole)['whole_stack'] is True
+
+
 @pytest.fixture(scope='module')
 def local_layers():
   """A tiny ModernBERT stack for the same slice: 4 layers, every other one global (the

@@ -38,6 +38,7 @@ class PhaseReport:
   xla_bytes: float = 0.0  # HBM bytes accessed per chip per step (idem).
   formula_flops: float = 0.0  # The objective's flops_per_sequence x batch (all chips).
   flops_compile_s: float = 0.0
+  whole_stack: bool = False  # FLOPs and bytes from the whole stack, not extrapolated.
 
   @property
   def fits(self) -> bool:
@@ -62,9 +63,12 @@ class PhaseReport:
 
 
 def compile_phase(target: programs.Target, phase: length_phases.Phase, *,
-                  with_eval: bool = True, with_flops: bool = True) -> PhaseReport:
+                  with_eval: bool = True, with_flops: bool = True,
+                  whole_stack: bool = False) -> PhaseReport:
   """Compiles the run's train step (and eval step) of one phase for the slice; with
-  ``with_flops``, also one micro-batch with the layers unrolled, for FLOPs and bytes."""
+  ``with_flops``, also one micro-batch with the layers unrolled, for FLOPs and bytes (at 2
+  and 3 layers, extrapolated; the whole stack with ``whole_stack``:
+  ``flop_count.unrolled_cost``)."""
   c, mesh = target.config, target.mesh
   limit = programs.hbm_limit(target.devices[0])
   state = target.state
@@ -88,16 +92,20 @@ def compile_phase(target: programs.Target, phase: length_phases.Phase, *,
         programs.bytes_on_chip(state.params))
   if with_flops and train_program.fits:
     start = time.perf_counter()
-    counted = flop_count.unrolled_cost(target, phase, kernels=train_program.kernels > 0)
+    counted = flop_count.unrolled_cost(target, phase, kernels=train_program.kernels > 0,
+                                       whole=whole_stack)
     report.xla_flops, report.xla_bytes = (x * accum for x in counted)
+    report.whole_stack = whole_stack
     report.flops_compile_s = time.perf_counter() - start
   return report
 
 
 def compile_config(config: ml_collections.ConfigDict, devices, *, phases=None,
-                   with_eval: bool = True, with_flops: bool = True) -> list[PhaseReport]:
+                   with_eval: bool = True, with_flops: bool = True,
+                   whole_stack: bool = False) -> list[PhaseReport]:
   """:func:`compile_phase` for every phase of ``config`` (or the indices in ``phases``)."""
   target = programs.build(config, devices)
   wanted = range(len(target.phases)) if phases is None else phases
-  return [compile_phase(target, target.phases[i], with_eval=with_eval, with_flops=with_flops)
+  return [compile_phase(target, target.phases[i], with_eval=with_eval, with_flops=with_flops,
+                        whole_stack=whole_stack)
           for i in wanted]

@@ -120,7 +120,7 @@ def layer_costs(target: programs.Target, count) -> LayerCosts:
 
 
 def unrolled_cost(target: programs.Target, phase: length_phases.Phase,
-                  kernels: bool = True) -> tuple[float, float]:
+                  kernels: bool = True, whole: bool = False) -> tuple[float, float]:
   """XLA's (FLOPs, bytes accessed) a chip of one micro-batch's train step, every layer
   counted (``cost_analysis`` counts a loop's body once).
 
@@ -135,6 +135,13 @@ def unrolled_cost(target: programs.Target, phase: length_phases.Phase,
   kind throughout the scan (``model.scanned_attention``), weighted by the stack's layers of
   each kind (:func:`layer_kinds`).
 
+  With ``whole``, the count is that of the whole stack compiled unrolled (one program,
+  ``model.num_layers`` layers; a conditional still counted as its costliest branch): slower
+  to compile on deep stacks, but not an extrapolation. XLA schedules a 2- or 3-layer
+  program differently from the whole stack (its asynchronous copies into VMEM above all),
+  so the per-layer difference of the two small programs can be off by 10-40% for a kind
+  whose layers hold several kernels (docs/results/relative_attention_tpu.md).
+
   A Pallas kernel (splash attention) is opaque to XLA's FLOP count, so where the program
   has one (``kernels``) the FLOPs are those of the same step with XLA's attention (the same
   arithmetic, counted), and the bytes the program's own. When that step does not fit the
@@ -144,6 +151,8 @@ def unrolled_cost(target: programs.Target, phase: length_phases.Phase,
 
   def counted(attention=None) -> tuple[float, float]:
     try:
+      if whole:
+        return _unrolled(target, phase, int(target.config.model.num_layers), attention)
       costs = layer_costs(target, lambda n, scanned: _unrolled(target, phase, n, attention,
                                                              scanned))
     except Exception as e:  # pylint: disable=broad-except

@@ -45,7 +45,9 @@ def report_lines(r: aot.PhaseReport) -> list[str]:
     if p is not None:
       lines += ['  ' + line for line in _program_lines(p)]
   if r.xla_flops:
-    lines.append(f'  FLOPs a step: XLA {r.xla_flops * r.chips:.4g} (layers unrolled; compiled '
+    counted = ('the whole stack unrolled' if r.whole_stack
+               else 'layers unrolled, extrapolated from 2 and 3')
+    lines.append(f'  FLOPs a step: XLA {r.xla_flops * r.chips:.4g} ({counted}; compiled '
                  f'in {r.flops_compile_s:.0f} s), the objective\'s formula '
                  f'{r.formula_flops:.4g}: ratio {r.flops_ratio:.3f}')
     roof = r.roofline()
@@ -69,7 +71,8 @@ def as_json(r: aot.PhaseReport) -> dict:
   return dict(phase=r.phase.index, seq_len=r.phase.seq_len, batch_size=r.batch_size,
               grad_accum_steps=r.grad_accum_steps, remat=r.remat, chips=r.chips,
               train=program(r.train), eval=program(r.eval), xla_flops_per_chip=r.xla_flops,
-              xla_bytes_per_chip=r.xla_bytes, formula_flops=r.formula_flops,
+              xla_bytes_per_chip=r.xla_bytes, whole_stack=r.whole_stack,
+              formula_flops=r.formula_flops,
               flops_ratio=r.flops_ratio, roofline=r.roofline())
 
 
