@@ -534,6 +534,19 @@ def _sharded(f, args, in_kinds, out_kinds, mesh_specs):
   return tuple(full)
 
 
+def _check_operands(padded: int, block: int, kv_ids_BxP, codes, row_bias_BxHxP) -> None:
+  if padded % block or block % 8:
+    raise ValueError(f'disentangled kernel: length {padded} is not a multiple of the block '
+                     f'{block} (itself a multiple of 8)')
+  if (codes is None) == (kv_ids_BxP is None):
+    raise ValueError('disentangled kernel: pass the key ids or the codes, one of them')
+  if row_bias_BxHxP is not None and codes is None:
+    raise ValueError('disentangled kernel: a row bias is added where the codes say')
+  if codes is not None and codes.bits.shape[1] * 4 != padded:
+    raise ValueError(f'disentangled kernel: codes of {codes.bits.shape[1] * 4} rows for a '
+                     f'length of {padded}')
+
+
 def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_ids_BxP, *,
            block: int, scale: float, interpret: bool, mesh_specs: Any = None,
            codes: Codes | None = None, key_bias_BxHxP=None, row_bias_BxHxP=None):
@@ -555,16 +568,7 @@ def attend(q_BxHxPxD, k_BxHxPxD, v_BxHxPxD, kr_HxTxD, qr_HxTxD, q_ids_BxP, kv_id
   the batch axes there.
   """
   b, h, padded, d = q_BxHxPxD.shape
-  if padded % block or block % 8:
-    raise ValueError(f'disentangled kernel: length {padded} is not a multiple of the block '
-                     f'{block} (itself a multiple of 8)')
-  if (codes is None) == (kv_ids_BxP is None):
-    raise ValueError('disentangled kernel: pass the key ids or the codes, one of them')
-  if row_bias_BxHxP is not None and codes is None:
-    raise ValueError('disentangled kernel: a row bias is added where the codes say')
-  if codes is not None and codes.bits.shape[1] * 4 != padded:
-    raise ValueError(f'disentangled kernel: codes of {codes.bits.shape[1] * 4} rows for a '
-                     f'length of {padded}')
+  _check_operands(padded, block, kv_ids_BxP, codes, row_bias_BxHxP)
   kw = dict(bl=block, inv_scale=1.0 / scale, interpret=interpret)
   q_ids = None if q_ids_BxP is None else jnp.broadcast_to(
       q_ids_BxP.astype(jnp.int32)[:, :, None], (b, padded, LANES))

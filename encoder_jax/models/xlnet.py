@@ -312,6 +312,75 @@ def use_kernel(c: config_lib.EncoderConfig, length: int, memory: int,
   return attention.splash_placeable()
 
 
+def _masks(input_mask_BxL, segment_ids_BxL, perm_mask_BxLxL, m: int, mem_mask_BxM):
+  """(query stream's masked [B, L, K], content stream's masked, segments differ), K = m + L
+  keys (``m`` of memory first)."""
+  b, l = input_mask_BxL.shape
+  klen = m + l
+  # Keys a query may not read: padding, what the permutation hides, memory not yet filled.
+  key_masked_BxK = input_mask_BxL == 0
+  if m:
+    mem_valid_BxM = jnp.ones((b, m), bool) if mem_mask_BxM is None else mem_mask_BxM > 0
+    key_masked_BxK = jnp.concatenate([~mem_valid_BxM, key_masked_BxK], axis=1)
+  query_masked_BxLxK = jnp.broadcast_to(key_masked_BxK[:, None, :], (b, l, klen))
+  if perm_mask_BxLxL is not None:
+    perm_BxLxK = jnp.pad(perm_mask_BxLxL > 0, ((0, 0), (0, 0), (m, 0)))
+    query_masked_BxLxK = query_masked_BxLxK | perm_BxLxK
+  # The content stream always sees its own position (Hugging Face's ``non_tgt_mask``).
+  own_LxK = jnp.arange(klen)[None, :] == (jnp.arange(l) + m)[:, None]
+  # Segments: 1 = different (memory counts as segment 0).
+  cat_ids_BxK = jnp.pad(segment_ids_BxL, ((0, 0), (m, 0)))
+  segment_differs_BxLxK = segment_ids_BxL[:, :, None] != cat_ids_BxK[:, None, :]
+  return query_masked_BxLxK, query_masked_BxLxK & ~own_LxK, segment_differs_BxLxK
+
+
+def _backward_half_reversed(b: int):
+  """``flip(x, axes)``: x with the batch's second half (rows b / 2 ..) reversed along
+  ``axes``, the first half as it is (None stays None)."""
+  backward_B = jnp.arange(b) >= b // 2
+  return lambda x, axes: None if x is None else jnp.where(
+      backward_B.reshape((b,) + (1,) * (x.ndim - 1)), jnp.flip(x, axes), x)
+
+
+def _kernel_context(content_masked_BxLxL, query_masked_BxLxL, segment_differs_BxLxL,
+                    target_mapping_BxPxL):
+  """The kernel's per-pass operands: each stream's codes and, with targets, the one-hot
+  placement of the query stream (a position's first slot places its query there; zero
+  rows are empty slots) and the mapping that reads its rows back."""
+  out = dict(content_codes=kernel_codes(content_masked_BxLxL, segment_differs_BxLxL))
+  if target_mapping_BxPxL is not None:
+    first_BxPxL = jnp.cumsum(target_mapping_BxPxL, axis=1) <= 1
+    out.update(query_codes=kernel_codes(query_masked_BxLxL, segment_differs_BxLxL),
+               place_BxPxL=target_mapping_BxPxL * first_BxPxL,
+               target_mapping_BxPxL=target_mapping_BxPxL)
+  return out
+
+
+def _attention_of(c, p, context, cat_BxKxE, wq_wk_wv, kr_XxRxNxD):
+  """(attend, content query, content rows, target rows) of a layer: ``attend(q, rows, keys)``
+  the kernel's (head-major projections, a stream's codes: ``context['kernel']``) or XLA's,
+  over the keys and values of ``cat_BxKxE``."""
+  dt = c.jnp_dtype
+  wq, wk, wv = (w.astype(dt) for w in wq_wk_wv)
+  kernel = context.get('kernel')
+  if kernel is not None:
+    heads = lambda x_BxTxE, w: jnp.einsum('bte,end->bntd', x_BxTxE.astype(dt), w)
+    k_BxNxKxD, v_BxNxKxD = heads(cat_BxKxE, wk), heads(cat_BxKxE, wv)
+    attend = lambda q, rows_of, ks: _kernel_attention(
+        c, p, q, k_BxNxKxD, v_BxNxKxD, kr_XxRxNxD, *rows_of)
+    return (attend, lambda h: heads(h, wq), (kernel['content_codes'],),
+            (kernel.get('query_codes'), kernel.get('place_BxPxL'),
+             kernel.get('target_mapping_BxPxL')))
+  project = lambda x, w: layers.project(x.astype(dt), w, 1)
+  k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
+  attend = lambda q, rows_of, ks: _relative_attention(
+      c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
+  return (attend, lambda h: project(h, wq),
+          (context['segment_differs_BxLxK'], context['content_masked_BxLxK']),
+          (context.get('target_segment_differs_BxPxK'), context.get('target_masked_BxPxK'),
+           context.get('target_rows_BxP')))
+
+
 class Layer(nn.Module):
   """One XLNet block on both streams (the ``nn.scan`` body).
 
@@ -383,23 +452,8 @@ class Layer(nn.Module):
       cat_BxKxE = h_BxLxE
     kr_XxRxNxD = project(context['pos_emb_XxRxE'], wr)  # Once per direction, not per row.
     kernel = context.get('kernel')
-    if kernel is not None:  # Head-major projections (the kernel's layout); a stream's codes.
-      heads = lambda x_BxTxE, w: jnp.einsum('bte,end->bntd', x_BxTxE.astype(dt), w.astype(dt))
-      k_BxNxKxD, v_BxNxKxD = heads(cat_BxKxE, wk), heads(cat_BxKxE, wv)
-      attend = lambda q, rows_of, ks: _kernel_attention(
-          c, p, q, k_BxNxKxD, v_BxNxKxD, kr_XxRxNxD, *rows_of)
-      content_query = lambda h: heads(h, wq)
-      content_rows = (kernel['content_codes'],)
-      target_rows = (kernel.get('query_codes'), kernel.get('place_BxPxL'),
-                     kernel.get('target_mapping_BxPxL'))
-    else:
-      k_BxKxNxD, v_BxKxNxD = project(cat_BxKxE, wk), project(cat_BxKxE, wv)
-      content_query = lambda h: project(h, wq)
-      attend = lambda q, rows_of, ks: _relative_attention(
-          c, p, q, k_BxKxNxD, v_BxKxNxD, kr_XxRxNxD, *rows_of, dropout_key=ks[0])
-      content_rows = (context['segment_differs_BxLxK'], context['content_masked_BxLxK'])
-      target_rows = (context.get('target_segment_differs_BxPxK'),
-                     context.get('target_masked_BxPxK'), context.get('target_rows_BxP'))
+    attend, content_query, content_rows, target_rows = _attention_of(
+        c, p, context, cat_BxKxE, (wq, wk, wv), kr_XxRxNxD)
 
     def content(h, ks):
       a_h = attend(content_query(h), content_rows, ks)
@@ -441,29 +495,14 @@ class Encoder(nn.Module):
       # The kernel reads one table. A row read backward (negated distances) is the same
       # network on the row reversed, read forward: the batch's second half is reversed in
       # here (tokens, segments, masks, target positions) and its outputs back on the way out.
-      backward_B = jnp.arange(b) >= b // 2
-      flip = lambda x, axes: None if x is None else jnp.where(
-          backward_B.reshape((b,) + (1,) * (x.ndim - 1)), jnp.flip(x, axes), x)
+      flip = _backward_half_reversed(b)
       h_BxLxE, segment_ids_BxL, input_mask_BxL = (
           flip(x, 1) for x in (h_BxLxE, segment_ids_BxL, input_mask_BxL))
       perm_mask_BxLxL = flip(perm_mask_BxLxL, (1, 2))
       target_mapping_BxPxL = flip(target_mapping_BxPxL, 2)
       bi_data = False
-    # Keys a query may not read: padding, what the permutation hides, memory not yet filled.
-    key_masked_BxK = input_mask_BxL == 0
-    if m:
-      mem_valid_BxM = jnp.ones((b, m), bool) if mem_mask_BxM is None else mem_mask_BxM > 0
-      key_masked_BxK = jnp.concatenate([~mem_valid_BxM, key_masked_BxK], axis=1)
-    query_masked_BxLxK = jnp.broadcast_to(key_masked_BxK[:, None, :], (b, l, klen))
-    if perm_mask_BxLxL is not None:
-      perm_BxLxK = jnp.pad(perm_mask_BxLxL > 0, ((0, 0), (0, 0), (m, 0)))
-      query_masked_BxLxK = query_masked_BxLxK | perm_BxLxK
-    # The content stream always sees its own position (Hugging Face's ``non_tgt_mask``).
-    own_LxK = jnp.arange(klen)[None, :] == (jnp.arange(l) + m)[:, None]
-    content_masked_BxLxK = query_masked_BxLxK & ~own_LxK
-    # Segments: 1 = different (memory counts as segment 0).
-    cat_ids_BxK = jnp.pad(segment_ids_BxL, ((0, 0), (m, 0)))
-    segment_differs_BxLxK = segment_ids_BxL[:, :, None] != cat_ids_BxK[:, None, :]
+    query_masked_BxLxK, content_masked_BxLxK, segment_differs_BxLxK = _masks(
+        input_mask_BxL, segment_ids_BxL, perm_mask_BxLxL, m, mem_mask_BxM)
     pos_R = relative_positions(l, klen, c.clamp_len)
     if kernel:
       pos_emb_XxRxE = sinusoid(kernel_distances(l, c.clamp_len), c.hidden_size)[None]
@@ -476,15 +515,8 @@ class Encoder(nn.Module):
     context = dict(pos_emb_XxRxE=pos_emb_XxRxE, segment_differs_BxLxK=segment_differs_BxLxK,
                    content_masked_BxLxK=content_masked_BxLxK)
     if kernel:
-      context['kernel'] = dict(
-          content_codes=kernel_codes(content_masked_BxLxK, segment_differs_BxLxK))
-      if target_mapping_BxPxL is not None:
-        # A position's first slot places its query there (one-hot rows; zero rows: empty).
-        first_BxPxL = jnp.cumsum(target_mapping_BxPxL, axis=1) <= 1
-        context['kernel'].update(
-            query_codes=kernel_codes(query_masked_BxLxK, segment_differs_BxLxK),
-            place_BxPxL=target_mapping_BxPxL * first_BxPxL,
-            target_mapping_BxPxL=target_mapping_BxPxL)
+      context['kernel'] = _kernel_context(content_masked_BxLxK, query_masked_BxLxK,
+                                          segment_differs_BxLxK, target_mapping_BxPxL)
       context['target_valid_BxP'] = (None if target_mapping_BxPxL is None
                                      else target_mapping_BxPxL.sum(-1) > 0)
     elif target_mapping_BxPxL is not None:
