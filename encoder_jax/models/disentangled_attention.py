@@ -178,6 +178,37 @@ def kernel_block(length: int) -> tuple[int, int]:
 KERNEL_TABLE_BYTES = 4 << 20
 
 
+def kernel_requested(c) -> bool:
+  """Whether ``config.model.attention_implementation`` resolves to splash (None or 'splash'
+  on a TPU; 'splash' in Pallas interpret mode elsewhere): the relative-attention kernel's
+  cue, DeBERTa's and XLNet's."""
+  requested = c.attention_implementation
+  return (requested in (None, 'splash')
+          and attention.resolve_implementation(requested, c.jnp_dtype) == 'splash')
+
+
+def kernel_can_run(c, what: str, length: int, tables: int, deterministic: bool) -> bool:
+  """Whether a call the kernel was asked for can run it: no attention dropout in training,
+  its ``tables`` position tables at ``length`` tokens fit VMEM (``KERNEL_TABLE_BYTES``), and
+  it can be placed (``attention.splash_placeable``). One log line per reason it cannot,
+  naming ``what``."""
+  from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
+  what = f'{what} (config.model.attention_implementation={c.attention_implementation!r})'
+  if not deterministic and c.attention_dropout_rate > 0:
+    attention.warn_fallback(
+        f'{what} has no attention dropout, and config.model.attention_dropout_rate='
+        f'{c.attention_dropout_rate} asks for it in training (set it to 0 to run the kernel)')
+    return False
+  padded, _ = kernel_block(length)
+  need = disentangled_kernel.vmem_table_bytes(padded, c.head_dim,
+                                              jnp.dtype(c.jnp_dtype).itemsize, tables)
+  if need > KERNEL_TABLE_BYTES:
+    attention.warn_fallback(f'{what}: the position tables at {length} tokens take '
+                            f'{need / 2 ** 20:.1f} MiB of VMEM (over {KERNEL_TABLE_BYTES >> 20})')
+    return False
+  return attention.splash_placeable()
+
+
 def c2p_scores(c2p_BxHxQxU, positions_BxQ=None):
   """[B, H, Q, 2S] content-to-position scores over the distances S .. -(S - 1) ->
   [B, H, Q, S]: entry (i, j) reads column S - i + j (distance i - j), i the query's
@@ -240,29 +271,14 @@ class DisentangledAttention(nn.Module):
     resolves to splash, the mask is key padding or packed rows' documents, no attention
     dropout in training, the tables fit VMEM, and the kernel can be placed
     (``attention.splash_placeable``). One log line per reason it cannot."""
-    c, dt = self.config, self.config.jnp_dtype
-    if not (c.attention_implementation in (None, 'splash')
-            and attention.resolve_implementation(c.attention_implementation, dt) == 'splash'):
+    c = self.config
+    if not kernel_requested(c):
       return False
     if ((context.get('query_positions') is None and q_len != s_len)
         or (context.get('document_ids') is None and mask_Bx1x1xS.shape[-2] != 1)):
       return False  # A mask with a row per query.
-    what = "DeBERTa's disentangled attention kernel"
-    if not self.deterministic and c.attention_dropout_rate > 0:
-      attention.warn_fallback(
-          f'{what} (config.model.attention_implementation={c.attention_implementation!r}) has '
-          f'no attention dropout, and config.model.attention_dropout_rate='
-          f'{c.attention_dropout_rate} asks for it in training (set it to 0 to run the kernel)')
-      return False
-    from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
-    padded, _ = kernel_block(s_len)
-    need = disentangled_kernel.vmem_table_bytes(padded, c.head_dim, jnp.dtype(dt).itemsize,
-                                                len(position_terms(c)))
-    if need > KERNEL_TABLE_BYTES:
-      attention.warn_fallback(f'{what}: the position tables at {s_len} tokens take '
-                              f'{need / 2 ** 20:.1f} MiB of VMEM (over {KERNEL_TABLE_BYTES >> 20})')
-      return False
-    return attention.splash_placeable()
+    return kernel_can_run(c, "DeBERTa's disentangled attention kernel", s_len,
+                          len(position_terms(c)), self.deterministic)
 
   def _kernel(self, q_BxLxHxD, k_BxSxHxD, v_BxSxHxD, kr_RxHxD, qr_RxHxD, mask_Bx1x1xS,
               documents_BxS, scale: float, positions_BxQ=None):

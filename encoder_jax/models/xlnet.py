@@ -286,30 +286,15 @@ def use_kernel(c: config_lib.EncoderConfig, length: int, memory: int,
   implementation resolves to splash (None or 'splash' on a TPU, 'splash' in Pallas
   interpret mode elsewhere), no memory, no attention dropout in training, the table fits
   VMEM and the kernel can be placed. One log line per reason it cannot."""
-  requested, dt = c.attention_implementation, c.jnp_dtype
-  if not (requested in (None, 'splash')
-          and attention.resolve_implementation(requested, dt) == 'splash'):
+  if not disentangled_attention.kernel_requested(c):
     return False
-  what = ("XLNet's two-stream attention kernel (config.model.attention_implementation="
-          f'{requested!r})')
+  what = "XLNet's two-stream attention kernel"
   if memory:
-    attention.warn_fallback(f'{what} has no memory, and config.model.mem_len={c.mem_len} '
-                            'asks for it')
+    attention.warn_fallback(f'{what} (config.model.attention_implementation='
+                            f'{c.attention_implementation!r}) has no memory, and '
+                            f'config.model.mem_len={c.mem_len} asks for it')
     return False
-  if not deterministic and c.attention_dropout_rate > 0:
-    attention.warn_fallback(
-        f'{what} has no attention dropout, and config.model.attention_dropout_rate='
-        f'{c.attention_dropout_rate} asks for it in training (set it to 0 to run the kernel)')
-    return False
-  from encoder_jax.models import disentangled_kernel  # pylint: disable=g-import-not-at-top
-  padded, _ = disentangled_attention.kernel_block(length)
-  need = disentangled_kernel.vmem_table_bytes(padded, c.head_dim, jnp.dtype(dt).itemsize, 1)
-  if need > disentangled_attention.KERNEL_TABLE_BYTES:
-    attention.warn_fallback(f'{what}: the position table at {length} tokens takes '
-                            f'{need / 2 ** 20:.1f} MiB of VMEM (over '
-                            f'{disentangled_attention.KERNEL_TABLE_BYTES >> 20})')
-    return False
-  return attention.splash_placeable()
+  return disentangled_attention.kernel_can_run(c, what, length, 1, deterministic)
 
 
 def _masks(input_mask_BxL, segment_ids_BxL, perm_mask_BxLxL, m: int, mem_mask_BxM):
